@@ -1,0 +1,123 @@
+"""Counter-based noise addressed by token id: the randomness behind every sampler.
+
+The noise of token ``i`` in a row is a pure function of ``(row key, i)``: one threefry-2x32 hash of
+the counter ``i // 2`` (each hash yields two words). So the same Gumbel value is produced whether a
+sampler draws noise for the whole vocabulary or only for a few candidate ids, and a row's draws never
+depend on the batch it sits in. This is what lets :func:`jaxsample.categorical` sample from a
+candidate set and still return exactly ``argmax(logits + gumbel)`` over the full vocabulary.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.extend.random as jrandom
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsample._types import Array, KeyLike
+
+
+def _is_typed(key) -> bool:
+    return jnp.issubdtype(jnp.result_type(key), jax.dtypes.prng_key)
+
+
+def row_keys(key: KeyLike, batch_shape: tuple[int, ...]) -> Array:
+    """Normalises a key argument to one typed key per row.
+
+    Args:
+      key: a typed key (shape ``()`` or ``batch_shape``) or raw ``uint32`` key data (shape ``(2,)``
+        or ``batch_shape + (2,)``). A single key is expanded with ``fold_in(key, flat_row_index)``
+        so that row ``b`` gets the same key whatever the batch size.
+      batch_shape: ``logits.shape[:-1]``.
+
+    Returns:
+      Typed keys of shape ``batch_shape``.
+    """
+    if not _is_typed(key):
+        key = jnp.asarray(key)
+        if key.dtype != jnp.uint32 or key.ndim == 0 or key.shape[-1] != 2:
+            raise ValueError(
+                f"key must be a typed PRNG key or raw uint32 key data of shape [..., 2], "
+                f"got dtype {key.dtype} and shape {key.shape}"
+            )
+        key = jax.random.wrap_key_data(key)
+    if key.shape == tuple(batch_shape):
+        return key
+    if key.shape == ():
+        n = int(np.prod(batch_shape, dtype=np.int64))
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(n, dtype=jnp.uint32))
+        return keys.reshape(batch_shape)
+    raise ValueError(
+        f"key must be a single key or one key per row (batch shape {tuple(batch_shape)}), "
+        f"got key batch shape {key.shape}"
+    )
+
+
+def _words(keys: Array) -> tuple[Array, Array]:
+    """Two ``uint32`` words per typed key (works for every PRNG implementation)."""
+    flat = keys.reshape(-1)
+    w = jax.vmap(lambda k: jax.random.bits(k, (2,), jnp.uint32))(flat)
+    w = w.reshape(keys.shape + (2,))
+    return w[..., 0], w[..., 1]
+
+
+def _to_unit_open(bits: Array) -> Array:
+    """``uint32`` -> float32 in ``(0, 1)``: ``(bits + 0.5) / 2**32``."""
+    return (bits.astype(jnp.float32) + 0.5) * jnp.float32(2.0**-32)
+
+
+def _gumbel_from_bits(bits: Array) -> Array:
+    # -log(E) with E = -log1p(-w) ~ Exp(1). For small w, log1p keeps full relative precision, so
+    # the upper tail of the Gumbel (the one argmax cares about) reaches -log(2**-33) ~ 22.9.
+    w = _to_unit_open(bits)
+    return -jnp.log(-jnp.log1p(-w))
+
+
+def bits_at(keys: Array, ids: Array) -> Array:
+    """``uint32`` random words for token ids.
+
+    Args:
+      keys: typed keys ``[*B]``.
+      ids: ``int32[*B, K]`` token ids (any non-negative values).
+
+    Returns:
+      ``uint32[*B, K]``; entry ``[b, j]`` depends only on ``(keys[b], ids[b, j])``.
+    """
+    k1, k2 = _words(keys)
+    ids = ids.astype(jnp.uint32)
+    counter = ids >> 1
+    k1 = jnp.broadcast_to(k1[..., None], ids.shape)
+    k2 = jnp.broadcast_to(k2[..., None], ids.shape)
+    lo, hi = jrandom.threefry2x32_p.bind(k1, k2, jnp.zeros_like(counter), counter)
+    return jnp.where((ids & 1) == 0, lo, hi)
+
+
+def bits_all(keys: Array, vocab_size: int) -> Array:
+    """``uint32[*B, V]``: :func:`bits_at` for every id ``0..V-1`` (one hash per pair of ids)."""
+    k1, k2 = _words(keys)
+    half = (vocab_size + 1) // 2
+    counter = jnp.broadcast_to(jnp.arange(half, dtype=jnp.uint32), keys.shape + (half,))
+    k1 = jnp.broadcast_to(k1[..., None], counter.shape)
+    k2 = jnp.broadcast_to(k2[..., None], counter.shape)
+    lo, hi = jrandom.threefry2x32_p.bind(k1, k2, jnp.zeros_like(counter), counter)
+    return jnp.stack([lo, hi], axis=-1).reshape(keys.shape + (2 * half,))[..., :vocab_size]
+
+
+def gumbel_at(keys: Array, ids: Array) -> Array:
+    """Standard Gumbel noise ``float32[*B, K]`` for token ids (see :func:`bits_at`)."""
+    return _gumbel_from_bits(bits_at(keys, ids))
+
+
+def gumbel_all(keys: Array, vocab_size: int) -> Array:
+    """Standard Gumbel noise ``float32[*B, V]`` for the whole vocabulary."""
+    return _gumbel_from_bits(bits_all(keys, vocab_size))
+
+
+def uniform(keys: Array, stream: int = 0) -> Array:
+    """One uniform ``float32`` in ``(0, 1)`` per row, independent of the token noise.
+
+    ``stream`` selects an independent value (e.g. one per stage); it is folded into the key.
+    """
+    flat = keys.reshape(-1)
+    u = jax.vmap(lambda k: jax.random.bits(jax.random.fold_in(k, 0x5EED0000 + stream), (), jnp.uint32))(flat)
+    return _to_unit_open(u).reshape(keys.shape)

@@ -1,0 +1,175 @@
+"""Parameter checking and broadcasting shared by every sampler function.
+
+Every numeric parameter may be a Python number or an array broadcastable to the batch shape
+``logits.shape[:-1]``. Concrete values (numbers, numpy arrays, non-traced jax arrays) are checked
+eagerly and raise ``ValueError`` naming the parameter; traced values are left to the caller, which
+clamps them to the nearest meaningful value inside the computation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsample._types import Array
+
+
+def is_concrete(value: Any) -> bool:
+    """True when ``value`` can be inspected on the host (not a tracer under ``jit``/``vmap``)."""
+    return not isinstance(value, jax.core.Tracer)
+
+
+def _describe(arr: np.ndarray) -> str:
+    return repr(arr.item()) if arr.size == 1 else f"array of shape {arr.shape}"
+
+
+def check_range(
+    value: Any,
+    name: str,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    integer: bool = False,
+) -> None:
+    """Raises ``ValueError`` naming ``name`` if a concrete ``value`` is outside the range.
+
+    Bounds are inclusive unless ``lo_open`` / ``hi_open``. NaN is always rejected. Traced values
+    pass unchecked.
+    """
+    if value is None or not is_concrete(value):
+        return
+    arr = np.asarray(value)
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
+        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    if arr.size == 0:
+        return
+    if np.issubdtype(arr.dtype, np.floating):
+        if np.isnan(arr).any():
+            raise ValueError(f"{name} must not be NaN, got {_describe(arr)}")
+        if integer and not np.all(np.isinf(arr) | (arr == np.round(arr))):
+            raise ValueError(f"{name} must be an integer, got {_describe(arr)}")
+    if lo is not None:
+        bad = arr <= lo if lo_open else arr < lo
+        if bad.any():
+            op = ">" if lo_open else ">="
+            raise ValueError(f"{name} must be {op} {lo}, got {_describe(arr[bad][:1])}")
+    if hi is not None:
+        bad = arr >= hi if hi_open else arr > hi
+        if bad.any():
+            op = "<" if hi_open else "<="
+            raise ValueError(f"{name} must be {op} {hi}, got {_describe(arr[bad][:1])}")
+
+
+def row_param(value: Any, batch_shape: tuple[int, ...], name: str, dtype=jnp.float32) -> Array:
+    """Broadcasts a scalar or per-row parameter to ``batch_shape``.
+
+    Args:
+      value: Python number or array whose shape broadcasts to ``batch_shape``.
+      batch_shape: ``logits.shape[:-1]``.
+      name: parameter name used in error messages.
+      dtype: dtype of the result (``float32`` or ``int32``).
+
+    Returns:
+      ``dtype[*batch_shape]``.
+
+    Raises:
+      ValueError: if the shape of ``value`` does not broadcast to ``batch_shape``.
+    """
+    shape = tuple(np.shape(value))
+    try:
+        ok = np.broadcast_shapes(shape, batch_shape) == tuple(batch_shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{name} has shape {shape}, which does not broadcast to the batch shape "
+            f"{tuple(batch_shape)} (logits.shape[:-1])"
+        )
+    arr = jnp.asarray(value)
+    if jnp.issubdtype(dtype, jnp.integer) and jnp.issubdtype(arr.dtype, jnp.floating):
+        # Large or infinite "off" values (e.g. top_k=inf) saturate instead of wrapping.
+        info = jnp.iinfo(dtype)
+        arr = jnp.clip(jnp.nan_to_num(arr, nan=0.0), info.min, info.max)
+    return jnp.broadcast_to(arr.astype(dtype), batch_shape)
+
+
+def param(
+    value: Any,
+    batch_shape: tuple[int, ...],
+    name: str,
+    *,
+    dtype=jnp.float32,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> Array:
+    """``check_range`` followed by ``row_param``: the one call every sampler makes per parameter."""
+    check_range(
+        value,
+        name,
+        lo=lo,
+        hi=hi,
+        lo_open=lo_open,
+        hi_open=hi_open,
+        integer=jnp.issubdtype(dtype, jnp.integer),
+    )
+    return row_param(value, batch_shape, name, dtype)
+
+
+def check_logits(logits: Any, name: str = "logits") -> None:
+    """Raises ``ValueError`` unless ``logits`` is a floating array with a vocabulary axis."""
+    shape = np.shape(logits)
+    if len(shape) == 0:
+        raise ValueError(f"{name} must have a vocabulary axis (shape [..., V]), got a scalar")
+    if shape[-1] == 0:
+        raise ValueError(f"{name} has an empty vocabulary axis (V == 0)")
+    dtype = jnp.result_type(logits)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"{name} must be a floating array, got dtype {dtype}")
+
+
+def check_tokens(tokens: Any, name: str, batch_shape: tuple[int, ...] | None = None) -> Array:
+    """Validates an int array of token ids ``[..., T]`` (entries ``< 0`` are padding).
+
+    The leading dimensions must broadcast to ``batch_shape`` when it is given; the result is
+    broadcast to ``batch_shape + (T,)`` as ``int32``.
+    """
+    arr = jnp.asarray(tokens)
+    if arr.ndim == 0:
+        raise ValueError(f"{name} must have a trailing token axis (shape [..., T]), got a scalar")
+    if not jnp.issubdtype(arr.dtype, jnp.integer):
+        raise ValueError(f"{name} must be an integer array of token ids, got dtype {arr.dtype}")
+    arr = arr.astype(jnp.int32)
+    if batch_shape is None:
+        return arr
+    lead = arr.shape[:-1]
+    try:
+        ok = np.broadcast_shapes(lead, batch_shape) == tuple(batch_shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{name} has leading shape {lead}, which does not broadcast to the batch shape "
+            f"{tuple(batch_shape)} (logits.shape[:-1])"
+        )
+    return jnp.broadcast_to(arr, tuple(batch_shape) + arr.shape[-1:])
+
+
+def static_int(value: Any, name: str, *, lo: int | None = None) -> int:
+    """Validates a static (compile-time) integer such as a buffer size or n-gram order."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if isinstance(value, float) and math.isfinite(value) and value == int(value):
+            value = int(value)
+        else:
+            raise ValueError(f"{name} must be a Python int (it fixes array shapes), got {value!r}")
+    value = int(value)
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    return value

@@ -1,0 +1,356 @@
+"""Composable sampler chains with explicit state, in the style of optax.
+
+A :class:`Stage` is a tuple of pure functions (``init``, ``update``, ``accept``) plus the names,
+defaults and ranges of the per-row parameters it reads. :func:`chain` composes stages and a final
+:class:`Selector` into a :class:`Sampler`, whose whole step is one pytree-in / pytree-out function:
+
+>>> import jax, jax.numpy as jnp
+>>> from jaxsample import stages
+>>> sampler = chain(stages.temperature(0.8), select=stages.categorical())
+>>> params = sampler.params((2,), temperature=jnp.array([0.0, 1.0]), seed=jnp.array([1, 2]))
+>>> state = sampler.init(params, vocab_size=5)
+>>> logits = jnp.log(jnp.arange(1.0, 6.0)) * jnp.ones((2, 1))
+>>> tokens, processed, state = jax.jit(sampler.sample)(logits, state, params)
+>>> int(tokens[0])   # temperature 0 is greedy
+4
+
+Static structure (which stages exist, window sizes) lives in the :class:`Sampler`; every value a
+user may vary per call or per row lives in ``params`` (a dict of ``[B]`` arrays), so changing a
+value never recompiles. Randomness is explicit and per request: at step ``position`` a row's key is
+``fold_in(key(seed), position)``, further folded with a hash of the stage name, so a row's draws
+depend on neither its batch slot nor its neighbours.
+
+State conventions: every array in a stage's state has the batch shape as leading axes, which lets
+:meth:`Sampler.accept` freeze finished rows generically (``active=False`` rows keep their state).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsample import _validate
+from jaxsample._types import Array, ArrayLike
+
+Params = Mapping[str, Array]
+
+
+class Param(NamedTuple):
+    """A per-row parameter a stage reads from ``params``: name, default and accepted range."""
+
+    name: str
+    default: float | int
+    dtype: Any = jnp.float32
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+
+class InitInfo(NamedTuple):
+    """What a stage may look at when it builds its state."""
+
+    batch_shape: tuple[int, ...]
+    vocab_size: int
+    params: Params
+    prompt: Array | None  # int32[B, P] prompt tokens, -1 = padding
+    encoder_ids: Array | None  # int32[B, S] encoder input ids (enc-dec models), -1 = padding
+
+
+class StepInfo(NamedTuple):
+    """Per-step context handed to ``update``/``accept``/``select``."""
+
+    key: Array  # typed keys [B]: this stage's key for this step
+    position: Array  # int32[B]: tokens generated so far (0 at the first sampled token)
+    history: Array  # int32[B, W]: prompt + generated tokens, oldest first, -1 = empty slot
+    prompt: Array | None  # int32[B, P] prompt tokens given to init (-1 = padding)
+    encoder_ids: Array | None  # int32[B, S] encoder ids given to init (-1 = padding)
+
+
+def _no_state(info: InitInfo) -> tuple:
+    return ()
+
+
+class Stage(NamedTuple):
+    """A logits transform: ``update(logits, state, params, info) -> (logits, state)``.
+
+    Attributes:
+      name: unique name in a chain; also seeds the stage's randomness.
+      update: pure function of ``(logits float32[B, V], state, params, StepInfo)``.
+      params: the per-row parameters the stage reads.
+      init: ``InitInfo -> state`` (stateless stages return ``()``).
+      accept: optional ``(tokens int32[B], state, params, StepInfo) -> state``.
+      history: how many past tokens the stage reads from ``StepInfo.history`` (static; ``-1``
+        means everything the sampler keeps).
+    """
+
+    name: str
+    update: Callable[[Array, Any, Params, StepInfo], tuple[Array, Any]]
+    params: tuple[Param, ...] = ()
+    init: Callable[[InitInfo], Any] = _no_state
+    accept: Callable[[Array, Any, Params, StepInfo], Any] | None = None
+    history: int = 0
+
+
+class Selector(NamedTuple):
+    """The last step of a chain: ``select(logits, state, params, info) -> (tokens, state)``."""
+
+    name: str
+    select: Callable[[Array, Any, Params, StepInfo], tuple[Array, Any]]
+    params: tuple[Param, ...] = ()
+    init: Callable[[InitInfo], Any] = _no_state
+
+
+def stateless(name: str, fn: Callable[..., Array], params: tuple[Param, ...], keyed: bool = False) -> Stage:
+    """Wraps a functional sampler ``fn(logits, *param_values)`` (or ``fn(key, logits, ...)``) as a stage."""
+
+    def update(logits, state, p, info):
+        args = [p[q.name] for q in params]
+        out = fn(info.key, logits, *args) if keyed else fn(logits, *args)
+        return out, state
+
+    return Stage(name=name, update=update, params=params)
+
+
+class SamplerState(NamedTuple):
+    """Everything that evolves during decoding, as a pytree with leading batch axes."""
+
+    position: Array  # int32[B]: tokens accepted since init
+    ring: Array  # int32[B, W]: history ring buffer (-1 = empty)
+    filled: Array  # int32[B]: tokens ever written to the ring (prompt included)
+    prompt: Array | None  # int32[B, P]
+    encoder_ids: Array | None  # int32[B, S]
+    stages: tuple  # one state per stage
+    selector: Any
+
+
+def _stage_salt(name: str) -> int:
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+def _ring_view(ring: Array, filled: Array) -> Array:
+    """Chronological view (oldest first) of a ring buffer ``[B, W]``."""
+    w = ring.shape[-1]
+    idx = (filled[..., None] + jnp.arange(w)) % w
+    return jnp.take_along_axis(ring, idx, axis=-1)
+
+
+def _fill_ring(tokens: Array, w: int) -> tuple[Array, Array]:
+    """Ring buffer ``[B, W]`` holding the last ``W`` valid tokens of ``tokens [B, P]`` and its count."""
+    valid = tokens >= 0
+    order = jnp.argsort(~valid, axis=-1, stable=True)
+    compact = jnp.take_along_axis(tokens, order, axis=-1)
+    n = jnp.sum(valid, axis=-1).astype(jnp.int32)
+    s = jnp.arange(w)
+    j = s + w * jnp.floor_divide(n[..., None] - 1 - s, w)
+    ok = (n[..., None] - 1 - s >= 0) & (j < tokens.shape[-1])
+    ring = jnp.where(ok, jnp.take_along_axis(compact, jnp.clip(j, 0, tokens.shape[-1] - 1), axis=-1), -1)
+    return ring.astype(jnp.int32), n
+
+
+def _where_rows(active: Array, new, old):
+    def pick(a, b):
+        m = active.reshape(active.shape + (1,) * (a.ndim - active.ndim))
+        return jnp.where(m, a, b)
+
+    return jax.tree.map(pick, new, old)
+
+
+class Sampler(NamedTuple):
+    """A chain of stages ending in a selector. Build with :func:`chain`."""
+
+    stages: tuple[Stage, ...]
+    selector: Selector
+
+    # ----------------------------------------------------------------------------------- params
+    def param_specs(self) -> dict[str, Param]:
+        """All parameters read by the chain, by name (``seed`` is always present)."""
+        specs: dict[str, Param] = {"seed": Param("seed", 0, jnp.int32)}
+        for part in self.stages + (self.selector,):
+            for p in part.params:
+                specs.setdefault(p.name, p)
+        return specs
+
+    def params(self, batch_shape: tuple[int, ...] = (), **values: ArrayLike) -> dict[str, Array]:
+        """Validated per-row parameters, defaults filled in.
+
+        Args:
+          batch_shape: the logits batch shape (``()`` for a single row).
+          **values: overrides, each a scalar or an array broadcastable to ``batch_shape``.
+
+        Returns:
+          ``{name: array[*batch_shape]}`` for every parameter of the chain.
+
+        Raises:
+          ValueError: on an unknown name, a value out of range, or a shape that does not broadcast.
+        """
+        specs = self.param_specs()
+        unknown = sorted(set(values) - set(specs))
+        if unknown:
+            raise ValueError(f"unknown sampler parameter(s) {unknown}; this chain reads {sorted(specs)}")
+        batch_shape = tuple(batch_shape)
+        out = {}
+        for name, s in specs.items():
+            out[name] = _validate.param(
+                values.get(name, s.default),
+                batch_shape,
+                name,
+                dtype=s.dtype,
+                lo=s.lo,
+                hi=s.hi,
+                lo_open=s.lo_open,
+                hi_open=s.hi_open,
+            )
+        return out
+
+    def history_size(self) -> int:
+        """Static window the chain needs: the largest ``Stage.history`` (``-1`` if any stage wants all)."""
+        sizes = [s.history for s in self.stages]
+        return -1 if -1 in sizes else max(sizes, default=0)
+
+    # ------------------------------------------------------------------------------------- init
+    def init(
+        self,
+        params: Params,
+        *,
+        vocab_size: int,
+        prompt: ArrayLike | None = None,
+        encoder_ids: ArrayLike | None = None,
+        history_size: int | None = None,
+    ) -> SamplerState:
+        """Builds the state for a batch.
+
+        Args:
+          params: from :meth:`params`; fixes the batch shape.
+          vocab_size: ``V`` of the logits.
+          prompt: ``int32[B, P]`` prompt tokens (``-1`` padding anywhere). They fill the history
+            window first, as llama.cpp pushes the prompt into its samplers.
+          encoder_ids: ``int32[B, S]`` encoder input ids for encoder-side processors.
+          history_size: ring size ``W``; defaults to the largest window a stage declares. Required
+            when a stage reads the whole history (``history=-1``).
+        """
+        batch_shape = tuple(np.shape(params["seed"]))
+        need = self.history_size()
+        if history_size is None:
+            if need == -1:
+                raise ValueError(
+                    "history_size is required: a stage of this chain reads the whole history "
+                    "(e.g. penalty_last_n=-1); pass the longest prompt + generation length"
+                )
+            history_size = need
+        w = _validate.static_int(history_size, "history_size", lo=0)
+        if need > w:
+            raise ValueError(f"history_size={w} is smaller than the window a stage needs ({need})")
+        if prompt is not None:
+            prompt = _validate.check_tokens(prompt, "prompt", batch_shape)
+        if encoder_ids is not None:
+            encoder_ids = _validate.check_tokens(encoder_ids, "encoder_ids", batch_shape)
+        if prompt is not None and w > 0:
+            ring, filled = _fill_ring(prompt, w)
+        else:
+            ring = jnp.full(batch_shape + (w,), -1, jnp.int32)
+            filled = jnp.zeros(batch_shape, jnp.int32)
+        info = InitInfo(batch_shape, int(vocab_size), params, prompt, encoder_ids)
+        return SamplerState(
+            position=jnp.zeros(batch_shape, jnp.int32),
+            ring=ring,
+            filled=filled,
+            prompt=prompt,
+            encoder_ids=encoder_ids,
+            stages=tuple(s.init(info) for s in self.stages),
+            selector=self.selector.init(info),
+        )
+
+    # ------------------------------------------------------------------------------------- step
+    def _info(self, state: SamplerState, params: Params, name: str) -> StepInfo:
+        seeds = params["seed"]
+        base = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(
+            seeds.reshape(-1), state.position.reshape(-1)
+        )
+        key = jax.vmap(lambda k: jax.random.fold_in(k, _stage_salt(name)))(base).reshape(seeds.shape)
+        return StepInfo(
+            key=key,
+            position=state.position,
+            history=_ring_view(state.ring, state.filled),
+            prompt=state.prompt,
+            encoder_ids=state.encoder_ids,
+        )
+
+    def process(self, logits: ArrayLike, state: SamplerState, params: Params) -> tuple[Array, SamplerState]:
+        """Applies every stage: ``logits [B, V]`` (any float dtype) -> float32 ``[B, V]``."""
+        x = jnp.asarray(logits).astype(jnp.float32)
+        x = jnp.where(jnp.isnan(x), -jnp.inf, x)
+        new = []
+        for stage, s in zip(self.stages, state.stages):
+            x, s = stage.update(x, s, params, self._info(state, params, stage.name))
+            new.append(s)
+        return x, state._replace(stages=tuple(new))
+
+    def select(self, logits: Array, state: SamplerState, params: Params) -> tuple[Array, SamplerState]:
+        """Runs the selector on processed logits: ``int32[B]`` tokens."""
+        tokens, s = self.selector.select(logits, state.selector, params, self._info(state, params, self.selector.name))
+        return tokens.astype(jnp.int32), state._replace(selector=s)
+
+    def accept(
+        self, tokens: ArrayLike, state: SamplerState, params: Params, active: ArrayLike | None = None
+    ) -> SamplerState:
+        """Records tokens (sampled, forced or drafted): stage ``accept``s, history, position.
+
+        Rows where ``active`` is False keep their state unchanged.
+        """
+        tokens = jnp.asarray(tokens, jnp.int32)
+        new = []
+        for stage, s in zip(self.stages, state.stages):
+            if stage.accept is not None:
+                s = stage.accept(tokens, s, params, self._info(state, params, stage.name))
+            new.append(s)
+        w = state.ring.shape[-1]
+        ring = state.ring
+        if w > 0:
+            slot = state.filled % w
+            ring = jnp.where(jnp.arange(w) == slot[..., None], tokens[..., None], ring)
+        updated = state._replace(
+            stages=tuple(new), ring=ring, filled=state.filled + 1, position=state.position + 1
+        )
+        if active is None:
+            return updated
+        return _where_rows(jnp.asarray(active, bool), updated, state)
+
+    def sample(
+        self, logits: ArrayLike, state: SamplerState, params: Params, active: ArrayLike | None = None
+    ) -> tuple[Array, Array, SamplerState]:
+        """One decoding step: ``process`` -> ``select`` -> ``accept``.
+
+        Returns:
+          ``(tokens int32[B], processed_logits float32[B, V], new_state)``.
+        """
+        x, state = self.process(logits, state, params)
+        tokens, state = self.select(x, state, params)
+        return tokens, x, self.accept(tokens, state, params, active)
+
+
+def chain(*stages: Stage, select: Selector) -> Sampler:
+    """Composes stages (applied in order) and a selector into a :class:`Sampler`.
+
+    Raises:
+      ValueError: if two stages share a name, or two stages declare the same parameter with
+        different defaults or ranges.
+    """
+    names = [s.name for s in stages] + [select.name]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"stage names must be unique in a chain; repeated: {dupes} (rename with stage._replace(name=...))")
+    seen: dict[str, tuple[str, Param]] = {}
+    for part in stages + (select,):
+        for p in part.params:
+            if p.name in seen and seen[p.name][1] != p:
+                raise ValueError(
+                    f"parameter {p.name!r} is declared differently by stages {seen[p.name][0]!r} and "
+                    f"{part.name!r}: {seen[p.name][1]} vs {p}"
+                )
+            seen.setdefault(p.name, (part.name, p))
+    return Sampler(tuple(stages), select)

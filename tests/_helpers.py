@@ -1,0 +1,58 @@
+"""Test utilities: trace counting, sort-free-vs-reference comparisons, small logits factories."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class CountingJit:
+    """``jax.jit`` that counts how many times the wrapped function is traced.
+
+    >>> f = CountingJit(lambda x, t: x / t)
+    >>> _ = f(jnp.ones(3), 1.0); _ = f(jnp.ones(3), 2.0)
+    >>> f.traces
+    1
+    """
+
+    def __init__(self, fn, **jit_kwargs):
+        self.traces = 0
+
+        @functools.wraps(fn)
+        def counted(*args, **kwargs):
+            self.traces += 1
+            return fn(*args, **kwargs)
+
+        self._jitted = jax.jit(counted, **jit_kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return self._jitted(*args, **kwargs)
+
+
+def assert_single_trace(fn, calls):
+    """Calls ``fn`` with each argument tuple in ``calls`` under one jit; asserts a single trace."""
+    counted = CountingJit(fn)
+    outs = [jax.block_until_ready(counted(*args)) for args in calls]
+    assert counted.traces == 1, f"{counted.traces} traces for {len(calls)} calls with new values"
+    return outs
+
+
+def probs_logits(probs, dtype=jnp.float32):
+    """Logits ``log(p)`` from a list of probabilities, as the llama.cpp tests build them."""
+    return jnp.log(jnp.asarray(probs, jnp.float32)).astype(dtype)
+
+
+def kept(x):
+    """Boolean numpy mask of finite (kept) logits."""
+    return np.asarray(jnp.asarray(x) > -jnp.inf)
+
+
+def renormalised(x):
+    """Softmax over kept tokens as float64 numpy (what llama.cpp ``dist`` leaves in ``p``)."""
+    x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+    m = np.max(x, axis=-1, keepdims=True)
+    e = np.where(np.isfinite(x), np.exp(x - m), 0.0)
+    return e / e.sum(axis=-1, keepdims=True)

@@ -1,0 +1,94 @@
+"""greedy / categorical: exactness of the candidate path, distribution, key handling, invariances."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import jaxsample as js
+from jaxsample import _noise
+
+
+def test_greedy_first_max_and_nan():
+    assert js.greedy(jnp.array([1.0, 3.0, 3.0])) == 1
+    assert js.greedy(jnp.array([jnp.nan, 1.0])) == 1
+    assert js.greedy(jnp.full((3,), -jnp.inf)) == 0
+    assert js.greedy(jnp.array([[0.0, 1.0], [2.0, 1.0]])).tolist() == [1, 0]
+
+
+def _reference_gumbel_max(keys, x):
+    g = _noise.gumbel_all(_noise.row_keys(keys, x.shape[:-1]), x.shape[-1])
+    return jnp.argmax(jnp.where(x > -jnp.inf, x + g, -jnp.inf), axis=-1)
+
+
+@pytest.mark.parametrize("n_finite", [1, 5, 64, 65, 300])
+def test_candidate_and_full_paths_agree_with_gumbel_max(n_finite):
+    x = jax.random.normal(jax.random.key(0), (8, 300))
+    x = jnp.where(jnp.arange(300) < n_finite, x, -jnp.inf)
+    keys = jax.random.split(jax.random.key(1), 8)
+    expected = _reference_gumbel_max(keys, x)
+    np.testing.assert_array_equal(js.categorical(keys, x), expected)
+    np.testing.assert_array_equal(js.categorical(keys, x, candidates=4), expected)
+
+
+def test_mixed_covered_rows_are_batch_invariant():
+    x = jax.random.normal(jax.random.key(2), (6, 200))
+    x = x.at[::2, 10:].set(-jnp.inf)  # even rows covered, odd rows take the full path
+    keys = jax.random.split(jax.random.key(3), 6)
+    batched = js.categorical(keys, x)
+    for i in range(6):
+        assert js.categorical(keys[i], x[i]) == batched[i]
+    # a covered row alone or next to uncovered rows gives the same token
+    assert js.categorical(keys[::2], x[::2]).tolist() == batched[::2].tolist()
+
+
+def test_raw_and_typed_keys_agree():
+    x = jax.random.normal(jax.random.key(4), (3, 10))
+    typed = jax.random.split(jax.random.key(5), 3)
+    raw = jax.random.key_data(typed)
+    np.testing.assert_array_equal(js.categorical(typed, x), js.categorical(raw, x))
+
+
+def test_single_key_rows_do_not_depend_on_batch_size():
+    x = jax.random.normal(jax.random.key(6), (5, 10))
+    k = jax.random.key(7)
+    np.testing.assert_array_equal(js.categorical(k, x)[:3], js.categorical(k, x[:3]))
+
+
+def test_distribution_matches_softmax():
+    p = np.array([0.05, 0.15, 0.3, 0.5])
+    keys = jax.random.split(jax.random.key(8), 100_000)
+    sample = jax.jit(jax.vmap(lambda k: js.categorical(k, jnp.log(jnp.asarray(p)))))
+    counts = np.bincount(np.asarray(sample(keys)), minlength=4)
+    expected = p * len(keys)
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 21.1  # df=3, p=1e-4
+
+
+def test_plus_inf_tokens_share_the_mass():
+    x = jnp.array([jnp.inf, 0.0, jnp.inf, 5.0])
+    keys = jax.random.split(jax.random.key(9), 4000)
+    toks = np.asarray(jax.vmap(lambda k: js.categorical(k, x))(keys))
+    assert set(toks.tolist()) == {0, 2}
+    assert abs((toks == 0).mean() - 0.5) < 0.05
+
+
+def test_empty_row_returns_zero_and_v1():
+    assert js.categorical(jax.random.key(0), jnp.full((4,), -jnp.inf)) == 0
+    assert js.categorical(jax.random.key(0), jnp.array([3.0])) == 0
+
+
+def test_bad_key_shape_raises():
+    with pytest.raises(ValueError, match="key"):
+        js.categorical(jax.random.split(jax.random.key(0), 3), jnp.zeros((2, 4)))
+
+
+@given(st.lists(st.sampled_from([-jnp.inf, jnp.nan, 0.0, 1.0, 2.5]), min_size=1, max_size=8), st.integers(0, 2**30))
+def test_always_returns_a_finite_token(values, seed):
+    x = jnp.array(values, jnp.float32)
+    tok = int(js.categorical(jax.random.key(seed), x, candidates=2))
+    assert 0 <= tok < len(values)
+    if np.isfinite(np.asarray(values, np.float32)).any():
+        assert np.isfinite(values[tok])
