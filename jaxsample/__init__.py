@@ -25,3 +25,44 @@ __all__ = sorted([
     "stages",
     "temperature",
 ])
+
+# --- processors: token constraints, lengths, infill, guidance, logprobs (branch `processors`) ----------------------
+from jaxsample.bias import allowed_tokens, ignore_eos, logit_bias, suppress_tokens, suppress_tokens_at_begin  # noqa: E402
+from jaxsample.guidance import classifier_free_guidance, classifier_free_guidance_logits  # noqa: E402
+from jaxsample.infill import InfillTable, infill, infill_table, infill_table_from_tokenizer, token_pieces  # noqa: E402
+from jaxsample.lengths import (  # noqa: E402
+    exponential_decay_length_penalty,
+    forced_bos,
+    forced_eos,
+    min_tokens,
+)
+from jaxsample.logprobs import TopLogprobs, compute_logprobs, gather_logprobs, step_logprobs, top_logprobs  # noqa: E402
+from jaxsample.processors import log_softmax, remove_inf_nan, token_mask  # noqa: E402
+
+__all__ = sorted(__all__ + [
+    "InfillTable",
+    "TopLogprobs",
+    "allowed_tokens",
+    "classifier_free_guidance",
+    "classifier_free_guidance_logits",
+    "compute_logprobs",
+    "exponential_decay_length_penalty",
+    "forced_bos",
+    "forced_eos",
+    "gather_logprobs",
+    "ignore_eos",
+    "infill",
+    "infill_table",
+    "infill_table_from_tokenizer",
+    "log_softmax",
+    "logit_bias",
+    "min_tokens",
+    "remove_inf_nan",
+    "step_logprobs",
+    "suppress_tokens",
+    "suppress_tokens_at_begin",
+    "token_mask",
+    "token_pieces",
+    "top_logprobs",
+])
+# --- end processors -------------------------------------------------------------------------------------------------
