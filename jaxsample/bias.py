@@ -7,11 +7,10 @@ every remaining token is banned (as upstream), and callers can detect such rows.
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 
 from jaxsample import _math, _validate
 from jaxsample._types import NEG_INF, Array, ArrayLike
-from jaxsample.processors import _as_ids, _mask, _valid
+from jaxsample.processors import _as_ids, _check_broadcast, _mask, _valid
 
 
 def _scatter_add(ids: Array, values: Array, vocab_size: int) -> Array:
@@ -74,15 +73,13 @@ def logit_bias(
     if bias is not None:
         _validate.check_range(bias, "bias")
         b = jnp.asarray(bias, jnp.float32)
-        if np.broadcast_shapes(b.shape, x.shape) != x.shape:
-            raise ValueError(f"bias has shape {b.shape}, which does not broadcast to the logits shape {x.shape}")
+        _check_broadcast(b.shape, x.shape, "bias", "logits")
         total = total + (b if c is None else jnp.clip(b, -c, c))
     if ids is not None:
         idx = _as_ids(ids, batch, vocab, "ids")
         _validate.check_range(values, "values")
         v = jnp.asarray(values, jnp.float32)
-        if np.broadcast_shapes(v.shape, idx.shape) != idx.shape:
-            raise ValueError(f"values has shape {v.shape}, which does not broadcast to the ids shape {idx.shape}")
+        _check_broadcast(v.shape, idx.shape, "values", "ids")
         v = jnp.broadcast_to(v, idx.shape)
         total = total + _scatter_add(idx, v if c is None else jnp.clip(v, -c, c), vocab)
     out = x + total
@@ -117,8 +114,7 @@ def allowed_tokens(logits: ArrayLike, ids: ArrayLike | None = None, *, mask: Arr
         allowed = jnp.asarray(mask)
         if allowed.dtype != jnp.bool_:
             raise ValueError(f"mask must be a boolean array, got dtype {allowed.dtype}")
-        if np.broadcast_shapes(allowed.shape, x.shape) != x.shape:
-            raise ValueError(f"mask has shape {allowed.shape}, which does not broadcast to the logits shape {x.shape}")
+        _check_broadcast(allowed.shape, x.shape, "mask", "logits")
         allowed = jnp.broadcast_to(allowed, x.shape)
     allowed = allowed | ~jnp.any(allowed, axis=-1, keepdims=True)
     return _math.restore(_math.keep(x, allowed), dtype)

@@ -8,10 +8,10 @@ sampler chain. ``scale`` may differ per row and is traced.
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 
 from jaxsample import _math, _validate
 from jaxsample._types import NEG_INF, Array, ArrayLike
+from jaxsample.processors import _check_broadcast
 
 
 def _combine(cond: Array, uncond: Array, s: Array) -> Array:
@@ -39,8 +39,7 @@ def _inputs(cond: ArrayLike, uncond: ArrayLike | None, scale: ArrayLike):
         x, u = jnp.split(x, 2, axis=0)
     else:
         u, _ = _math.prepare(uncond)
-        if np.broadcast_shapes(u.shape, x.shape) != x.shape:
-            raise ValueError(f"uncond has shape {u.shape}, which does not broadcast to the cond shape {x.shape}")
+        _check_broadcast(u.shape, x.shape, "uncond", "cond")
     s = _validate.param(scale, x.shape[:-1], "scale")[..., None]
     return x, u, s, dtype
 

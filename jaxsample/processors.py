@@ -35,6 +35,16 @@ def _as_ids(ids, batch_shape: tuple[int, ...], vocab_size: int, name: str) -> Ar
     return _validate.check_tokens(ids, name, batch_shape)
 
 
+def _check_broadcast(shape: tuple[int, ...], target: tuple[int, ...], name: str, what: str) -> None:
+    """Raises ``ValueError`` naming ``name`` unless ``shape`` broadcasts to ``target``."""
+    try:
+        ok = np.broadcast_shapes(tuple(shape), tuple(target)) == tuple(target)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} has shape {tuple(shape)}, which does not broadcast to the {what} shape {tuple(target)}")
+
+
 def _valid(ids: Array, vocab_size: int) -> Array:
     """``bool[..., n]``: entries that are real token ids (not padding, not out of range)."""
     return (ids >= 0) & (ids < vocab_size)
