@@ -26,17 +26,30 @@ __all__ = sorted([
     "temperature",
 ])
 
-# --- processors: token constraints, lengths, infill, guidance, logprobs (branch `processors`) ----------------------
-from jaxsample.bias import allowed_tokens, ignore_eos, logit_bias, suppress_tokens, suppress_tokens_at_begin  # noqa: E402
-from jaxsample.guidance import classifier_free_guidance, classifier_free_guidance_logits  # noqa: E402
-from jaxsample.infill import InfillTable, infill, infill_table, infill_table_from_tokenizer, token_pieces  # noqa: E402
-from jaxsample.lengths import (  # noqa: E402
-    exponential_decay_length_penalty,
-    forced_bos,
-    forced_eos,
-    min_tokens,
+# --- processors: token constraints, lengths, infill, guidance, logprobs (branch `processors`) ---------------
+from jaxsample.bias import (  # noqa: E402
+    allowed_tokens,
+    ignore_eos,
+    logit_bias,
+    suppress_tokens,
+    suppress_tokens_at_begin,
 )
-from jaxsample.logprobs import TopLogprobs, compute_logprobs, gather_logprobs, step_logprobs, top_logprobs  # noqa: E402
+from jaxsample.guidance import classifier_free_guidance, classifier_free_guidance_logits  # noqa: E402
+from jaxsample.infill import (  # noqa: E402
+    InfillTable,
+    infill,
+    infill_table,
+    infill_table_from_tokenizer,
+    token_pieces,
+)
+from jaxsample.lengths import exponential_decay_length_penalty, forced_bos, forced_eos, min_tokens  # noqa: E402
+from jaxsample.logprobs import (  # noqa: E402
+    TopLogprobs,
+    compute_logprobs,
+    gather_logprobs,
+    step_logprobs,
+    top_logprobs,
+)
 from jaxsample.processors import log_softmax, remove_inf_nan, token_mask  # noqa: E402
 
 __all__ = sorted(__all__ + [
@@ -65,4 +78,4 @@ __all__ = sorted(__all__ + [
     "token_pieces",
     "top_logprobs",
 ])
-# --- end processors -------------------------------------------------------------------------------------------------
+# --- end processors ------------------------------------------------------------------------------------------

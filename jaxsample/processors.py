@@ -42,7 +42,9 @@ def _check_broadcast(shape: tuple[int, ...], target: tuple[int, ...], name: str,
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"{name} has shape {tuple(shape)}, which does not broadcast to the {what} shape {tuple(target)}")
+        raise ValueError(
+            f"{name} has shape {tuple(shape)}, which does not broadcast to the {what} shape {tuple(target)}"
+        )
 
 
 def _valid(ids: Array, vocab_size: int) -> Array:

@@ -42,7 +42,7 @@ def categorical(*, candidates: int = DEFAULT_CANDIDATES) -> Selector:
     return Selector("dist", lambda x, s, p, info: (selection.categorical(info.key, x, candidates=candidates), s))
 
 
-# --- processors: token constraints, lengths, infill (branch `processors`) -------------------------------------------
+# --- processors: token constraints, lengths, infill (branch `processors`) ------------------------------------
 # Token-id lists: a stage combines the static ids given to its factory (model-level, e.g. EOS ids)
 # with optional per-row ids read from ``params[f"{name}_ids"]`` (``int32[B, capacity]``, -1 padding;
 # build them with :func:`token_params`). A fixed capacity means changing the ids never recompiles.
@@ -88,7 +88,9 @@ def _padded(rows, batch_shape: tuple[int, ...], capacity: int, fill, dtype, name
     try:
         return _np.broadcast_to(arr, tuple(batch_shape) + (capacity,)).copy()
     except ValueError:
-        raise ValueError(f"{name} has shape {arr.shape[:-1]}, which does not broadcast to the batch shape {batch_shape}")
+        raise ValueError(
+            f"{name} has shape {arr.shape[:-1]}, which does not broadcast to the batch shape {batch_shape}"
+        ) from None
 
 
 def token_params(
@@ -150,8 +152,9 @@ def _static_ids(ids, name: str) -> tuple[int, ...]:
 
 
 def logit_bias(ids=(), values=(), *, clamp: float | None = None, name: str = "logit_bias") -> Stage:
-    """:func:`jaxsample.logit_bias`: static ``ids``/``values`` plus per-row ``params[f"{name}_ids"]``,
-    ``params[f"{name}_values"]`` (sparse, see :func:`token_params`) and ``params[f"{name}_dense"]`` (``[B, V]``)."""
+    """:func:`jaxsample.logit_bias`: static ``ids``/``values`` plus per-row sparse ``params[f"{name}_ids"]``
+    and ``params[f"{name}_values"]`` (see :func:`token_params`) and dense ``params[f"{name}_dense"]`` ``[B, V]``.
+    """
     static = _static_ids(ids, "ids")
     static_values = tuple(float(v) for v in _np.broadcast_to(_np.asarray(values, _np.float64), (len(static),)))
 
@@ -160,6 +163,8 @@ def logit_bias(ids=(), values=(), *, clamp: float | None = None, name: str = "lo
         idx = _row_ids(p, name, static, batch)
         vals = [_jnp.broadcast_to(_jnp.asarray(static_values, _jnp.float32), batch + (len(static),))]
         if f"{name}_ids" in p:
+            if f"{name}_values" not in p:
+                raise ValueError(f"params has {name}_ids but no {name}_values (see token_params(values=))")
             vals.append(_jnp.broadcast_to(_jnp.asarray(p[f"{name}_values"], _jnp.float32), p[f"{name}_ids"].shape))
         dense = p.get(f"{name}_dense")
         return _logit_bias(x, dense, ids=idx, values=_jnp.concatenate(vals, axis=-1), clamp=clamp), s
@@ -174,6 +179,8 @@ def allowed_tokens(ids=(), *, name: str = "allowed_tokens") -> Stage:
 
     def update(x, s, p, info):
         if f"{name}_mask" in p:
+            if static or f"{name}_ids" in p:
+                raise ValueError(f"stage {name!r}: give allowed tokens as ids or as a {name}_mask param, not both")
             return _allowed_tokens(x, mask=p[f"{name}_mask"]), s
         return _allowed_tokens(x, _row_ids(p, name, static, x.shape[:-1])), s
 
@@ -183,7 +190,11 @@ def allowed_tokens(ids=(), *, name: str = "allowed_tokens") -> Stage:
 def suppress_tokens(ids=(), *, name: str = "suppress_tokens") -> Stage:
     """:func:`jaxsample.suppress_tokens` over static ``ids`` plus per-row ``params[f"{name}_ids"]``."""
     static = _static_ids(ids, "ids")
-    return Stage(name=name, update=lambda x, s, p, info: (_suppress_tokens(x, _row_ids(p, name, static, x.shape[:-1])), s))
+
+    def update(x, s, p, info):
+        return _suppress_tokens(x, _row_ids(p, name, static, x.shape[:-1])), s
+
+    return Stage(name=name, update=update)
 
 
 def suppress_tokens_at_begin(ids=(), begin_index: int = 0, *, name: str = "suppress_tokens_at_begin") -> Stage:
@@ -269,4 +280,4 @@ def infill(table: _InfillTable, *, name: str = "infill") -> Stage:
     return stateless(name, lambda x: _infill(x, table), ())
 
 
-# --- end processors -------------------------------------------------------------------------------------------------
+# --- end processors ------------------------------------------------------------------------------------------

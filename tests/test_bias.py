@@ -95,7 +95,8 @@ def test_suppress_and_suppress_at_begin():
 def test_ignore_eos_per_row():
     out = ignore(jnp.zeros((3, 4)), jnp.array([3, 2]), jnp.array([True, False, True]))
     np.testing.assert_array_equal(kept(out), [[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
-    assert_single_trace(js.ignore_eos, [(jnp.zeros((2, 3)), jnp.array([2]), jnp.array(v)) for v in ([1, 0], [0, 1])])
+    calls = [(jnp.zeros((2, 3)), jnp.array([2]), jnp.array(v)) for v in ([1, 0], [0, 1])]
+    assert_single_trace(js.ignore_eos, calls)
 
 
 def test_bf16_in_bf16_out():

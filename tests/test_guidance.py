@@ -41,10 +41,11 @@ def test_musicgen_form_stacked_and_per_row_scale():
     s = jnp.array([3.0, 0.5])
     want = uncond + s[:, None] * (cond - uncond)
     np.testing.assert_array_equal(cfg_logits(cond, uncond, s), want)
-    np.testing.assert_array_equal(js.classifier_free_guidance_logits(jnp.concatenate([cond, uncond]), None, s), want)
+    stacked = jnp.concatenate([cond, uncond])
+    np.testing.assert_array_equal(cfg_logits(stacked, None, s), want)
     for i in range(2):
         np.testing.assert_array_equal(cfg_logits(cond[i], uncond[i], s[i]), want[i])
-    u = js.classifier_free_guidance(jnp.concatenate([cond, uncond]), None, s)
+    u = cfg(stacked, None, s)
     np.testing.assert_array_equal(u, cfg(cond, uncond, s))
 
 

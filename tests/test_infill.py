@@ -189,7 +189,9 @@ def _padded_table(pieces, eog, capacity):
     t = infill_table(pieces, eog)
     pad = capacity - t.ancestor.shape[0]
     fill = jnp.full((pad,), len(pieces), jnp.int32)
-    return t._replace(ancestor=jnp.concatenate([t.ancestor, fill]), descendant=jnp.concatenate([t.descendant, fill]))
+    return t._replace(
+        ancestor=jnp.concatenate([t.ancestor, fill]), descendant=jnp.concatenate([t.descendant, fill])
+    )
 
 
 def test_matches_transcription_on_random_vocabularies():
@@ -205,7 +207,8 @@ def test_matches_transcription_on_random_vocabularies():
         x[:, 0] = np.where(np.isfinite(x).any(axis=1), x[:, 0], 0.0)
         out = np.asarray(infill_jit(jnp.asarray(x), table))
         for row, got in zip(x, out):
-            np.testing.assert_array_equal(got, oracle_dense(row, pieces, eog, eog[0]), err_msg=f"{pieces} {row.tolist()}")
+            want = oracle_dense(row, pieces, eog, eog[0])
+            np.testing.assert_array_equal(got, want, err_msg=f"{pieces} {row.tolist()}")
 
 
 def test_batch_shapes_and_per_row_equals_single_row():
@@ -253,8 +256,9 @@ def test_padded_vocabulary_columns_are_plain_tokens():
 
 def test_pieces_from_byte_level_tokenizer():
     tokenizers = pytest.importorskip("tokenizers")
-    vocab = {"a": 0, "b": 1, "ab": 2, "\u0120": 3, "\u0120a": 4, "\u0120ab": 5, "\u00c3": 6, "\u00a9": 7, "\u00c3\u00a9": 8}
-    merges = [("a", "b"), ("\u0120", "a"), ("\u0120a", "b"), ("\u00c3", "\u00a9")]
+    g = "\u0120"  # byte-level space
+    vocab = {"a": 0, "b": 1, "ab": 2, g: 3, g + "a": 4, g + "ab": 5, "\u00c3": 6, "\u00a9": 7, "\u00c3\u00a9": 8}
+    merges = [("a", "b"), (g, "a"), (g + "a", "b"), ("\u00c3", "\u00a9")]
     tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, merges))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tokenizers.decoders.ByteLevel()

@@ -44,8 +44,9 @@ def test_vllm_min_tokens_several_stop_ids_per_row():
     stop = jnp.array([[5, 2, -1], [5, -1, -1], [1, 3, 4]])
     out = min_tokens(x, jnp.array([0, 4, 2]), jnp.array([1, 4, 3]), stop)
     np.testing.assert_array_equal(kept(out), [[1, 1, 0, 1, 1, 0], [1] * 6, [1, 0, 1, 0, 0, 1]])
+    pos, n = jnp.array([0, 4, 2]), jnp.array([1, 4, 3])
     for i in range(3):
-        np.testing.assert_array_equal(out[i], min_tokens(x[i], jnp.array([0, 4, 2])[i], jnp.array([1, 4, 3])[i], stop[i]))
+        np.testing.assert_array_equal(out[i], min_tokens(x[i], pos[i], n[i], stop[i]))
 
 
 def test_hf_forced_bos_upstream_case():
@@ -93,13 +94,12 @@ def test_exponential_decay_starts_strictly_after_start_and_keeps_removed_eos():
 def test_no_retrace_for_any_per_row_value():
     x = jnp.zeros((2, 5))
     ids = jnp.array([1, 4])
-    assert_single_trace(js.min_tokens, [(x, jnp.array(p), jnp.array(m), ids) for p, m in [([0, 1], [2, 0]), ([3, 3], [1, 9])]])
-    assert_single_trace(js.forced_bos, [(x, jnp.array(p), jnp.array(b)) for p, b in [([0, 1], [2, 0]), ([1, 0], [4, 4])]])
-    assert_single_trace(js.forced_eos, [(x, jnp.array(p), jnp.array(m), ids) for p, m in [([0, 1], [1, 2]), ([5, 5], [6, 9])]])
-    assert_single_trace(
-        js.exponential_decay_length_penalty,
-        [(x + 1, jnp.array(p), jnp.array(s), jnp.array(f), ids) for p, s, f in [([0, 9], [1, 2], [1.5, 2.0]), ([4, 4], [0, 8], [0.5, 1.0])]],
-    )
+    a = jnp.array
+    assert_single_trace(js.min_tokens, [(x, a(p), a(m), ids) for p, m in [([0, 1], [2, 0]), ([3, 3], [1, 9])]])
+    assert_single_trace(js.forced_bos, [(x, a(p), a(b)) for p, b in [([0, 1], [2, 0]), ([1, 0], [4, 4])]])
+    assert_single_trace(js.forced_eos, [(x, a(p), a(m), ids) for p, m in [([0, 1], [1, 2]), ([5, 5], [6, 9])]])
+    values = [([0, 9], [1, 2], [1.5, 2.0]), ([4, 4], [0, 8], [0.5, 1.0])]
+    assert_single_trace(js.exponential_decay_length_penalty, [(x + 1, a(p), a(s), a(f), ids) for p, s, f in values])
 
 
 def test_bf16_in_bf16_out():

@@ -12,6 +12,7 @@ from tests._helpers import assert_single_trace
 
 INF = float("inf")
 top = jax.jit(js.top_logprobs, static_argnums=2)
+logprobs = jax.jit(js.compute_logprobs)
 step = jax.jit(js.step_logprobs, static_argnames=("n", "mode"))
 
 
@@ -25,7 +26,7 @@ def _reference(values, sampled, n):
 
 def test_raw_logprobs_is_float32_log_softmax():
     x = jax.random.normal(jax.random.key(0), (3, 11)).astype(jnp.bfloat16)
-    out = js.compute_logprobs(x)
+    out = logprobs(x)
     assert out.dtype == jnp.float32
     np.testing.assert_allclose(out, jax.nn.log_softmax(x.astype(jnp.float32)), atol=1e-6)
     np.testing.assert_array_equal(js.compute_logprobs(jnp.array([-INF, jnp.nan])), [-INF, -INF])
@@ -44,7 +45,7 @@ def test_matches_sorted_reference():
     x = jax.random.normal(jax.random.key(1), (4, 50))
     x = x.at[:, ::7].set(x[:, 1:2])  # ties
     x = x.at[1, 5:20].set(-INF)
-    lp = js.compute_logprobs(x)
+    lp = logprobs(x)
     sampled = jnp.array([0, 7, 49, 13])
     r = top(lp, sampled, 6)
     want = _reference(lp, sampled, 6)
@@ -90,7 +91,8 @@ def test_vllm_layout_and_gather():
 
 def test_no_retrace_n_zero_and_errors():
     x = jnp.zeros((2, 5))
-    assert_single_trace(lambda a, s: js.step_logprobs(a, a, s, 2), [(x, jnp.array([0, 1])), (x + 1, jnp.array([4, 2]))])
+    calls = [(x, jnp.array([0, 1])), (x + 1, jnp.array([4, 2]))]
+    assert_single_trace(lambda a, s: js.step_logprobs(a, a, s, 2), calls)
     assert top(x, jnp.array([0, 0]), 0).ids.shape == (2, 0)
     with pytest.raises(ValueError, match="n"):
         js.top_logprobs(x, 0, 6)
@@ -104,9 +106,9 @@ def test_no_retrace_n_zero_and_errors():
         js.gather_logprobs(x, [5])
 
 
-@given(st.lists(st.sampled_from([-INF, float("nan"), -1.0, 0.0, 0.0, 2.0]), min_size=5, max_size=5), st.integers(0, 4))
+@given(st.lists(st.sampled_from([-INF, float("nan"), -1.0, 0.0, 2.0]), min_size=5, max_size=5), st.integers(0, 4))
 def test_rank_and_top_against_reference(values, sampled):
-    lp = js.compute_logprobs(jnp.asarray(values, jnp.float32))
+    lp = logprobs(jnp.asarray(values, jnp.float32))
     assert not np.isnan(np.asarray(lp)).any()
     r = top(lp, jnp.array(sampled), 3)
     want = _reference(lp, sampled, 3)

@@ -81,21 +81,28 @@ def test_stage_chain_equals_functions_applied_by_hand():
     state = sampler.init(params, vocab_size=v)
     step = CountingJit(sampler.sample)
     x = jax.random.normal(jax.random.key(1), (b, v))
-    for pos in range(3):
-        tokens, processed, state = step(x, state, params)
+
+    @jax.jit
+    def by_hand(x, pos):
         y = js.logit_bias(x, ids=jnp.array([[1, 2, -1], [1, -1, -1], [1, 3, 3]]),
                           values=jnp.array([[0.5, 1.0, 0.0], [0.5, 0.0, 0.0], [0.5, 200.0, -1.0]]), clamp=100.0)
         y = js.allowed_tokens(y, jnp.array([[-1] * 4, [0, 1, 2, 7], [-1] * 4]))
         y = js.min_tokens(y, pos, jnp.array([0, 3, 1]), jnp.array([[7, 4], [7, -1], [7, -1]]))
-        y = js.suppress_tokens(y, [6])
-        y = js.suppress_tokens_at_begin(y, [5], pos, 0)
-        y = js.exponential_decay_length_penalty(y, pos, 1, 1.5, [7])
-        y = js.forced_eos(y, pos, jnp.array([1, 9, 3]), [7])
+        y = js.suppress_tokens(y, jnp.array([6]))
+        y = js.suppress_tokens_at_begin(y, jnp.array([5]), pos, 0)
+        y = js.exponential_decay_length_penalty(y, pos, 1, 1.5, jnp.array([7]))
+        return js.forced_eos(y, pos, jnp.array([1, 9, 3]), jnp.array([7]))
+
+    for pos in range(3):
+        tokens, processed, state = step(x, state, params)
+        y = by_hand(x, pos)
         np.testing.assert_allclose(processed, y, rtol=1e-6)
         np.testing.assert_array_equal(tokens, js.greedy(y))
     # new values of every kind (same capacities): no recompilation
     params2 = {
-        **sampler.params((b,), min_tokens=5, max_new_tokens=2, begin_index=1, exp_decay_start=0, exp_decay_factor=2.0),
+        **sampler.params(
+            (b,), min_tokens=5, max_new_tokens=2, begin_index=1, exp_decay_start=0, exp_decay_factor=2.0
+        ),
         **stages.token_params("logit_bias", (b,), [[0, 1], [2], []], 2, values=[[-INF, 3.0], [4.0], []]),
         **stages.token_params("allowed_tokens", (b,), [[5], [], [1, 2]], 4),
         **stages.token_params("min_tokens", (b,), [[], [0], [1]], 1),
@@ -123,7 +130,7 @@ def test_allowed_tokens_mask_param_and_dense_bias_param():
         "logit_bias_dense": jnp.array([[0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]),
         "allowed_tokens_mask": jnp.array([[True, True, False], [False, False, False]]),
     }
-    processed, _ = sampler.process(jnp.zeros((2, 3)), sampler.init(params, vocab_size=3), params)
+    processed, _ = jax.jit(sampler.process)(jnp.zeros((2, 3)), sampler.init(params, vocab_size=3), params)
     np.testing.assert_array_equal(processed, [[0.0, 1.0, -INF], [0.0, 0.0, -2.0]])
 
 
@@ -131,9 +138,17 @@ def test_stateless_stages_and_static_id_errors():
     sampler = _chain(stages.remove_inf_nan(), stages.log_softmax())
     params = sampler.params((1,))
     x = jnp.array([[0.0, INF, -INF]])
-    processed, _ = sampler.process(x, sampler.init(params, vocab_size=3), params)
+    processed, _ = jax.jit(sampler.process)(x, sampler.init(params, vocab_size=3), params)
     np.testing.assert_allclose(processed, js.log_softmax(js.remove_inf_nan(x)))
     with pytest.raises(ValueError, match="stop_ids"):
         stages.min_tokens(1, stop_ids=[-3])
+    bias = _chain(stages.logit_bias())
+    params = {**bias.params((1,)), **stages.token_params("logit_bias", (1,), [2], 1)}
+    with pytest.raises(ValueError, match="logit_bias_values"):
+        bias.process(jnp.zeros((1, 3)), bias.init(params, vocab_size=3), params)
+    allowed = _chain(stages.allowed_tokens([1]))
+    params = {**allowed.params((1,)), "allowed_tokens_mask": jnp.ones((1, 3), bool)}
+    with pytest.raises(ValueError, match="not both"):
+        allowed.process(jnp.zeros((1, 3)), allowed.init(params, vocab_size=3), params)
     with pytest.raises(ValueError, match="min_tokens"):
         js.chain(stages.min_tokens(), select=stages.greedy()).params((2,), min_tokens=-1)
