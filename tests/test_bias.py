@@ -79,11 +79,14 @@ def test_allowed_tokens_ids_mask_and_empty_rows():
     np.testing.assert_array_equal(kept(allowed_mask(x, mask)), [[1, 0, 0, 0, 0], [1] * 5, [1] * 5])
     # vLLM: a whitelist whose tokens are all removed leaves the row empty (detectable by the caller)
     assert not kept(allowed_ids(jnp.array([0.0, -INF]), jnp.array([1]))).any()
+    assert_single_trace(lambda a, b: js.allowed_tokens(a, b), [(x, ids), (x, ids[::-1]), (x, -ids)])
+    assert_single_trace(lambda a, m: js.allowed_tokens(a, mask=m), [(x, mask), (x, ~mask)])
 
 
 def test_suppress_and_suppress_at_begin():
     x = jnp.zeros((2, 4))
     np.testing.assert_array_equal(kept(suppress(x, jnp.array([3, -1, 0]))), [[0, 1, 1, 0]] * 2)
+    assert_single_trace(js.suppress_tokens, [(x, jnp.array([[1, 2], [3, -1]])), (x, jnp.array([[0, 0], [-1, -1]]))])
     ids = jnp.array([1, 2])
     pos = jnp.array([0, 1])
     np.testing.assert_array_equal(kept(suppress_begin(x, ids, pos, 0)), [[1, 0, 0, 1], [1, 1, 1, 1]])
