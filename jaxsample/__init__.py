@@ -25,3 +25,57 @@ __all__ = sorted([
     "stages",
     "temperature",
 ])
+
+# --- processors: token constraints, lengths, infill, guidance, logprobs (branch `processors`) ---------------
+from jaxsample.bias import (  # noqa: E402
+    allowed_tokens,
+    ignore_eos,
+    logit_bias,
+    suppress_tokens,
+    suppress_tokens_at_begin,
+)
+from jaxsample.guidance import classifier_free_guidance, classifier_free_guidance_logits  # noqa: E402
+from jaxsample.infill import (  # noqa: E402
+    InfillTable,
+    infill,
+    infill_table,
+    infill_table_from_tokenizer,
+    token_pieces,
+)
+from jaxsample.lengths import exponential_decay_length_penalty, forced_bos, forced_eos, min_tokens  # noqa: E402
+from jaxsample.logprobs import (  # noqa: E402
+    TopLogprobs,
+    compute_logprobs,
+    gather_logprobs,
+    step_logprobs,
+    top_logprobs,
+)
+from jaxsample.processors import log_softmax, remove_inf_nan, token_mask  # noqa: E402
+
+__all__ = sorted(__all__ + [
+    "InfillTable",
+    "TopLogprobs",
+    "allowed_tokens",
+    "classifier_free_guidance",
+    "classifier_free_guidance_logits",
+    "compute_logprobs",
+    "exponential_decay_length_penalty",
+    "forced_bos",
+    "forced_eos",
+    "gather_logprobs",
+    "ignore_eos",
+    "infill",
+    "infill_table",
+    "infill_table_from_tokenizer",
+    "log_softmax",
+    "logit_bias",
+    "min_tokens",
+    "remove_inf_nan",
+    "step_logprobs",
+    "suppress_tokens",
+    "suppress_tokens_at_begin",
+    "token_mask",
+    "token_pieces",
+    "top_logprobs",
+])
+# --- end processors ------------------------------------------------------------------------------------------
