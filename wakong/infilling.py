@@ -116,18 +116,26 @@ def span_scheme(rng: random.Random, n: int, spec: SpanSpec = SpanSpec()) -> Mask
         return []
     if spec.is_reference:
         return generate_mask_scheme(rng, n)
-    whole = int(n * spec.budget_rate)
-    budget = min(whole + (rng.random() < n * spec.budget_rate - float(whole)), n // 2)
-    cdfs, lengths = spec.cdfs(), []
+    return _scheme(rng, n, spec.budget_rate, spec.max_span_len, spec.cdfs())
+
+
+def _scheme(rng: random.Random, n: int, rate: float, max_span_len: int, cdfs) -> MaskScheme:
+    """The reference algorithm with its constants as arguments (same draws, in the same order)."""
+    whole = int(n * rate)
+    budget = min(whole + (rng.random() < n * rate - float(whole)), n // 2)
+    lengths = []
     while budget > 0:
-        cap = min(spec.max_span_len, budget)
+        cap = min(max_span_len, budget)
         lengths.append(rng.choices(range(cap + 1), cum_weights=cdfs[cap - 1])[0])
         budget -= lengths[-1] + 1
     rng.shuffle(lengths)
     slots = sorted(rng.sample(range(n - sum(lengths) - len(lengths) + 1), len(lengths)))
-    offsets = np.cumsum([0] + [s + 1 for s in lengths[:-1]])
     shift = rng.random() < 0.5
-    return [(slot + int(off) + shift, s) for slot, off, s in zip(slots, offsets, lengths)]
+    scheme, offset = [], shift
+    for slot, length in zip(slots, lengths):
+        scheme.append((slot + offset, length))
+        offset += length + 1
+    return scheme
 
 
 def scheme_masks(scheme: MaskScheme, length: int, max_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -236,7 +244,7 @@ def replace_random(ids: Sequence[int], rng: random.Random, ratio: float, mask_id
     out = list(ids)
     for i, token in enumerate(out):
         if token == mask_id and rng.random() < ratio:
-            out[i] = vocab[rng.randrange(len(vocab))]
+            out[i] = int(vocab[rng.randrange(len(vocab))])
     return out
 
 
