@@ -108,6 +108,25 @@ def test_spec_validation():
             SpanSpec(**bad)
 
 
+def test_pickled_specs_carry_their_tables_so_workers_never_import_jax():
+    import pickle
+    import subprocess
+    import sys
+
+    data = pickle.dumps([SpanSpec(), BART])
+    for spec in pickle.loads(data):
+        spec.cdfs()
+    data = pickle.dumps([SpanSpec(), BART])
+    code = (
+        "import pickle, random, sys; specs = pickle.loads(sys.stdin.buffer.read());"
+        "from wakong.infilling import span_scheme;"
+        "print([span_scheme(random.Random(42), 40, s) for s in specs], 'jax' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, check=True).stdout.decode()
+    expected = [span_scheme(random.Random(42), 40, s) for s in (SpanSpec(), BART)]
+    assert out.strip() == f"{expected} False"
+
+
 def test_tables_of_a_new_spec_are_truncated_poisson():
     pmfs = BART.pmfs()
     k = np.arange(11)
@@ -281,7 +300,24 @@ def test_noise_example_is_deterministic_and_pinned():
     assert run() == GOLDEN
 
 
-GOLDEN = ([24, 4, 10, 11, 169, 21, 22, 23], TARGET, 12, [(3, 4)])
+GOLDEN = ([24, 4, 10, 11, 169, 21, 22, 23], TARGET, 12, [(3, 4)], 0)
+
+
+def test_max_source_leaves_out_trailing_inserted_masks_only():
+    spec = SpanSpec(budget_rate=0.5, poisson_rate=0.3, max_span_len=3)  # mostly zero-length spans
+    config = NoiseConfig(spans=spec, unit="token")
+    dropped = 0
+    for seed in range(300):
+        free = noise_example(SENTENCES, random.Random(seed), config, mask_id=4)
+        out = noise_example(SENTENCES, random.Random(seed), config, mask_id=4, max_source=len(TARGET))
+        assert len(out.source) <= len(TARGET) and out.target == TARGET
+        assert out.source == infill(TARGET, out.scheme, 4)  # every remaining mask keeps its span
+        removed = [span for span in free.scheme if span not in out.scheme]
+        assert len(removed) == out.dropped_inserts and all(s == 0 for _, s in removed)
+        inserts = [span for span in free.scheme if span[1] == 0]
+        assert removed == inserts[len(inserts) - len(removed) :]  # the last inserted masks
+        dropped += out.dropped_inserts
+    assert dropped > 0
 
 
 def test_noise_config_validation():

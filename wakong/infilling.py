@@ -25,15 +25,14 @@ into fixed-shape encoder token ids, the swap-in point for on-device masking.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import random
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from wakong._distribution import MAX_SPAN_LEN, POISSON_RATE, PROPOSED_MASK_RATE, span_length_cdfs, span_length_pmfs
-from wakong._reference import MaskScheme, apply_mask_scheme, generate_mask_scheme
+from wakong._distribution import MAX_SPAN_LEN, POISSON_RATE, PROPOSED_MASK_RATE, span_length_cdfs
+from wakong._reference import MaskScheme, apply_mask_scheme
 
 #: Longest ``max_span_len`` accepted by :class:`SpanSpec`.
 SPAN_LEN_LIMIT = 64
@@ -74,38 +73,47 @@ class SpanSpec:
 
     def cdfs(self) -> tuple[tuple[float, ...], ...]:
         """``cdfs[m - 1]``: CDF over ``0..m`` of the span length when at most ``m`` units are left."""
-        return _cdfs(self)
+        key = (self.poisson_rate, self.max_span_len)
+        if key not in _TABLES:
+            _TABLES[key] = span_length_cdfs() if key == (POISSON_RATE, MAX_SPAN_LEN) else _poisson_cdfs(*key)
+        return _TABLES[key]
 
     def pmfs(self) -> np.ndarray:
         """``float64[max_span_len, max_span_len + 1]``: the exact pmfs :func:`span_scheme` samples."""
-        return _pmfs(self)
+        out = np.zeros((self.max_span_len, self.max_span_len + 1))
+        for m, cdf in enumerate(self.cdfs(), start=1):
+            c = np.asarray(cdf, np.float64)
+            out[m - 1, : m + 1] = np.diff(c / c[-1], prepend=0.0)  # random.choices scales by the last entry
+        return out
+
+    def __getstate__(self) -> dict:
+        # Pickles carry the tables, so grain worker processes never derive them (no JAX import there).
+        return {**dataclasses.asdict(self), "cdfs": _TABLES.get((self.poisson_rate, self.max_span_len))}
+
+    def __setstate__(self, state: dict) -> None:
+        cdfs = state.pop("cdfs")
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        if cdfs is not None:
+            _TABLES.setdefault((self.poisson_rate, self.max_span_len), cdfs)
 
 
-@functools.cache
-def _cdfs(spec: SpanSpec) -> tuple[tuple[float, ...], ...]:
-    if spec.is_reference:
-        return span_length_cdfs()
-    k = np.arange(spec.max_span_len + 1)
-    log_pmf = k * math.log(spec.poisson_rate) - spec.poisson_rate - np.array([math.lgamma(x + 1.0) for x in k])
+#: Span-length CDF tables by ``(poisson_rate, max_span_len)``.
+_TABLES: dict[tuple[float, int], tuple[tuple[float, ...], ...]] = {}
+
+
+def _poisson_cdfs(rate: float, max_span_len: int) -> tuple[tuple[float, ...], ...]:
+    k = np.arange(max_span_len + 1)
+    log_pmf = k * math.log(rate) - rate - np.array([math.lgamma(x + 1.0) for x in k])
     pmf = np.exp(log_pmf - log_pmf.max())
     return tuple(tuple(float(c) for c in np.cumsum(pmf[: m + 1] / pmf[: m + 1].sum())) for m in k[1:])
-
-
-@functools.cache
-def _pmfs(spec: SpanSpec) -> np.ndarray:
-    if spec.is_reference:
-        return span_length_pmfs()
-    out = np.zeros((spec.max_span_len, spec.max_span_len + 1))
-    for m, cdf in enumerate(spec.cdfs(), start=1):
-        c = np.asarray(cdf) / cdf[-1]
-        out[m - 1, : m + 1] = np.diff(c, prepend=0.0)
-    return out
 
 
 def span_scheme(rng: random.Random, n: int, spec: SpanSpec = SpanSpec()) -> MaskScheme:
     """Wakong mask scheme for ``n`` units: sorted ``[(start, length), ...]``, ``[]`` when ``n < 2``.
 
-    With the default ``spec`` this is ``wakong.generate_mask_scheme`` (same draws, same output).
+    With the default ``spec`` this is ``wakong.generate_mask_scheme`` (same draws, same output, pinned
+    by the tests); other specs change only the constants.
 
     >>> span_scheme(random.Random(42), 40)
     [(3, 2), (9, 1), (33, 1)]
@@ -114,8 +122,6 @@ def span_scheme(rng: random.Random, n: int, spec: SpanSpec = SpanSpec()) -> Mask
     """
     if n < 2:
         return []
-    if spec.is_reference:
-        return generate_mask_scheme(rng, n)
     return _scheme(rng, n, spec.budget_rate, spec.max_span_len, spec.cdfs())
 
 
@@ -285,7 +291,8 @@ class Noised(NamedTuple):
     source: list[int]  # noised token ids
     target: list[int]  # original token ids
     n_units: int  # units the span scheme was drawn for
-    scheme: MaskScheme  # the infilling scheme over the (permuted) units
+    scheme: MaskScheme  # the infilling scheme over the (permuted) units, as applied
+    dropped_inserts: int = 0  # zero-length spans left out so the source fits ``max_source``
 
 
 def noise_example(
@@ -295,8 +302,14 @@ def noise_example(
     *,
     mask_id: int,
     vocab: Sequence[int] = (),
+    max_source: int | None = None,
 ) -> Noised:
     """Applies the configured BART noises to one example.
+
+    Only zero-length spans (inserted masks) make the source longer than the target. If the source would
+    exceed ``max_source`` tokens, the last inserted masks are left out until it fits (an inserted mask
+    stands for no target content, so nothing is lost and every other mask keeps its span); the random
+    draws are the same either way.
 
     Args:
       sentences: the example's sentences, each a list of words, each word a tuple of token ids.
@@ -304,9 +317,10 @@ def noise_example(
       config: which noises to apply.
       mask_id: id of the mask token.
       vocab: replacement ids for ``random_ratio`` (non-special ids).
+      max_source: longest source body wanted (``None``: no limit).
 
     >>> noise_example([[(7,), (8, 9)], [(10,), (11,), (12,)]], random.Random(1), NoiseConfig(), mask_id=4)
-    Noised(source=[7, 4, 10, 11, 12], target=[7, 8, 9, 10, 11, 12], n_units=5, scheme=[(1, 1)])
+    Noised(source=[7, 4, 10, 11, 12], target=[7, 8, 9, 10, 11, 12], n_units=5, scheme=[(1, 1)], dropped_inserts=0)
     """
     target = [t for sentence in sentences for word in sentence for t in word]
     if config.permute_sentences and len(sentences) > 1:
@@ -315,6 +329,10 @@ def noise_example(
     units = words if config.unit == "word" else [(t,) for word in words for t in word]
     mask = (mask_id,)
     scheme = span_scheme(rng, len(units), config.spans) if config.infill else []
+    excess = -1 if max_source is None else len(target) + sum(1 - sum(map(len, units[p : p + s])) for p, s in scheme) - max_source
+    inserts = [k for k, (_, s) in enumerate(scheme) if s == 0]
+    dropped = set(inserts[len(inserts) - min(excess, len(inserts)) :]) if excess > 0 else set()
+    scheme = [span for k, span in enumerate(scheme) if k not in dropped]
     units = infill(units, scheme, mask)
     if config.mask:
         units = mask_units(units, rng, config.mask, mask)
@@ -325,7 +343,7 @@ def noise_example(
     source = [t for unit in units for t in unit]
     if config.random_ratio:
         source = replace_random(source, rng, config.random_ratio, mask_id, vocab)
-    return Noised(source, target, len(words) if config.unit == "word" else len(target), scheme)
+    return Noised(source, target, len(words) if config.unit == "word" else len(target), scheme, len(dropped))
 
 
 def with_specials(body: Sequence[int], bos: int, eos: int, max_len: int) -> list[int]:

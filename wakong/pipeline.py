@@ -22,8 +22,8 @@ dropped short/long sentences, cut words) are counted as events. :func:`build` ch
 Truncation: examples are packed to fit ``min(max_source_len, max_target_len) - 2`` tokens *before*
 noising (sentences, then words, are never split unless one alone is too long), so the target always
 ends with EOS and every mask in the source has its span in the target. Noising can only lengthen the
-source by inserted masks; if it overflows, trailing words are removed from the example and it is
-noised again (counted as ``source_overflow_retries`` / ``tokens_dropped``).
+source by inserted masks (zero-length spans); if that overflows ``max_source_len``, the last inserted
+masks are left out (counted as ``inserted_masks_dropped``; no text is lost).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 
 from wakong import records
 from wakong.config import BuildConfig
-from wakong.infilling import NoiseConfig, Noised, noise_example
+from wakong.infilling import Noised, noise_example
 from wakong.report import MaskStats
 from wakong.text import decode_utf8, split_sentences, split_words, truncate_utf8
 from wakong.tokenizer import TextTokenizer, load_tokenizer, train_tokenizer
@@ -84,6 +84,8 @@ def record_text(raw: bytes, config: BuildConfig, events: dict) -> tuple[str | No
         _count(events, "utf8_repaired_records")
         _count(events, "utf8_replacements", replaced)
     if cfg.field:
+        if not text.strip():
+            return None, "empty"
         try:
             obj = json.loads(text)
         except ValueError:
@@ -176,33 +178,6 @@ def _examples(sentences: list[list[tuple[int, ...]]], config: BuildConfig, event
     return [], "too_long" if long > short else "too_short"
 
 
-def fit_example(
-    example: Example,
-    rng: random.Random,
-    noise: NoiseConfig,
-    tokenizer: TextTokenizer,
-    max_source_body: int,
-    events: dict,
-) -> tuple[Noised | None, Example]:
-    """Noises ``example``; while the source exceeds ``max_source_body`` tokens, drops trailing words and
-    noises again. Returns ``(None, [])`` if nothing fits."""
-    while example:
-        noised = noise_example(example, rng, noise, mask_id=tokenizer.mask_id, vocab=tokenizer.random_ids)
-        over = len(noised.source) - max_source_body
-        if over <= 0:
-            return noised, example
-        _count(events, "source_overflow_retries")
-        sentences = [list(s) for s in example]
-        while over > 0 and sentences:
-            word = sentences[-1].pop()
-            over -= len(word)
-            _count(events, "tokens_dropped", len(word))
-            if not sentences[-1]:
-                sentences.pop()
-        example = sentences
-    return None, []
-
-
 def encode_example(index: int, part: int, example: Example, noised: Noised, tokenizer: TextTokenizer) -> bytes:
     """Serialises a noised example (BOS/EOS added; word and sentence starts over the labels)."""
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
@@ -245,16 +220,17 @@ def make_examples(index: int, raw: bytes, rng: random.Random, config: BuildConfi
     examples, reason = _examples(sentences, config, outcome.events) if sentences else ([], "empty")
     source_body = config.examples.max_source_len - 2
     for example in examples:
-        noised, example = fit_example(example, rng, config.noise, tokenizer, source_body, outcome.events)
-        if noised is None:
-            continue
+        noised = noise_example(
+            example, rng, config.noise, mask_id=tokenizer.mask_id, vocab=tokenizer.random_ids, max_source=source_body
+        )
+        _count(outcome.events, "inserted_masks_dropped", noised.dropped_inserts)
         outcome.records.append(encode_example(index, len(outcome.records), example, noised, tokenizer))
         outcome.tokens += len(noised.target)
         outcome.source_tokens += len(noised.source)
         if config.noise.infill:
             outcome.schemes.append((noised.n_units, noised.scheme))
     if not outcome.records:
-        outcome.dropped = reason or "too_long"
+        outcome.dropped = reason
     return outcome
 
 

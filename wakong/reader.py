@@ -32,8 +32,7 @@ import numpy as np
 
 from wakong import records
 from wakong.config import config_from_dict
-from wakong.infilling import NoiseConfig, pad_features
-from wakong.pipeline import fit_example
+from wakong.infilling import NoiseConfig, noise_example, pad_features
 from wakong.tokenizer import TextTokenizer, load_tokenizer
 
 
@@ -77,10 +76,10 @@ class _Decode(grain.transforms.MapWithIndex):
         record = records.decode_record(data)
         if self.renoise is not None:
             rng = _generator(self.seed, position // self.n_records, record["index"], record["part"])
-            noised, example = fit_example(record_example(record), rng, self.renoise, self.tokenizer, self.source_body, {})
-            if noised is None:  # cannot happen for examples the build wrote, which already fit
-                raise records.DatasetError(f"record {record['index']} part {record['part']} cannot be re-noised to fit")
             tok = self.tokenizer
+            noised = noise_example(
+                record_example(record), rng, self.renoise, mask_id=tok.mask_id, vocab=tok.random_ids, max_source=self.source_body
+            )
             record = {
                 **record,
                 "input_ids": np.asarray([tok.bos_id, *noised.source, tok.eos_id], np.int32),

@@ -124,8 +124,9 @@ class ShardWriter:
         out_dir: str,
         prefix: str,
         num_shards: int,
-        opener: Callable[[str], Any] = _array_record_writer,
+        opener: Callable[[str], Any] | None = None,
     ):
+        opener = opener or _array_record_writer  # looked up at call time (tests replace it)
         self.out_dir, self.num_shards = out_dir, num_shards
         self.names = [f"{prefix}-shard-{k:05d}-of-{num_shards:05d}.array_record" for k in range(num_shards)]
         self._tmp = [os.path.join(out_dir, f".{name}.tmp-{os.getpid()}") for name in self.names]
