@@ -329,10 +329,12 @@ def noise_example(
     units = words if config.unit == "word" else [(t,) for word in words for t in word]
     mask = (mask_id,)
     scheme = span_scheme(rng, len(units), config.spans) if config.infill else []
-    excess = -1 if max_source is None else len(target) + sum(1 - sum(map(len, units[p : p + s])) for p, s in scheme) - max_source
     inserts = [k for k, (_, s) in enumerate(scheme) if s == 0]
-    dropped = set(inserts[len(inserts) - min(excess, len(inserts)) :]) if excess > 0 else set()
-    scheme = [span for k, span in enumerate(scheme) if k not in dropped]
+    dropped: set[int] = set()
+    if max_source is not None and len(target) + len(inserts) > max_source:  # else it surely fits
+        excess = len(target) + sum(1 - sum(map(len, units[p : p + s])) for p, s in scheme) - max_source
+        dropped = set(inserts[len(inserts) - min(excess, len(inserts)) :]) if excess > 0 else set()
+        scheme = [span for k, span in enumerate(scheme) if k not in dropped]
     units = infill(units, scheme, mask)
     if config.mask:
         units = mask_units(units, rng, config.mask, mask)

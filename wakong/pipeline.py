@@ -29,6 +29,7 @@ masks are left out (counted as ``inserted_masks_dropped``; no text is lost).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -181,12 +182,10 @@ def _examples(sentences: list[list[tuple[int, ...]]], config: BuildConfig, event
 def encode_example(index: int, part: int, example: Example, noised: Noised, tokenizer: TextTokenizer) -> bytes:
     """Serialises a noised example (BOS/EOS added; word and sentence starts over the labels)."""
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
-    word_lens = [len(w) for s in example for w in s]
-    sentence_lens = [sum(map(len, s)) for s in example]
     n = len(noised.target) + 2
     word_starts, sentence_starts = np.zeros(n, bool), np.zeros(n, bool)
-    word_starts[1 + np.cumsum([0] + word_lens[:-1])] = True
-    sentence_starts[1 + np.cumsum([0] + sentence_lens[:-1])] = True
+    word_starts[list(itertools.accumulate((len(w) for s in example for w in s), initial=1))[:-1]] = True
+    sentence_starts[list(itertools.accumulate((sum(map(len, s)) for s in example), initial=1))[:-1]] = True
     return records.encode_record(
         index,
         part,

@@ -6,13 +6,14 @@ computed per sequence length ``n`` and pooled with the observed lengths:
 * :func:`expected_span_counts` -- ``E[#spans of length s]``, a dynamic program over the budget chain
   (remaining budget ``r``; each span ``s`` is drawn from the pmf truncated at ``min(max_span_len, r)``).
 * :func:`expected_position_rates` -- ``P(unit i masked)``. Given the spans, the unshifted layout is a
-  uniformly random arrangement of ``F`` free cells and ``n`` blocks ``[s masked cells, 2 guard cells]``
-  over ``n + 1`` cells (the last one virtual); the shift moves it right by one. For one block, the units
-  before it are a uniformly random subset whose size is uniform, so the block starts at ``x`` with
-  probability ``sum_p [w^p z^x] (1 + w z)^F prod_other (1 + w z^(s_j + 2)) / (N C(N - 1, p))`` with
-  ``N = F + n`` units. The expectation of that product over the budget chain is carried along the chain
-  (truncated at the positions asked for), which makes the position profile exact and cheap near the
-  edges, where the algorithm under-masks. Chain states of probability below 1e-18 are skipped (error < 1e-12).
+  uniformly random arrangement of ``F`` free cells and the blocks ``[s masked cells, 2 guard cells]``
+  over ``n + 1`` cells (the last one virtual); the shift moves it right by one. For one block, the
+  units before it are a uniformly random subset whose size is uniform, so the block starts at ``x``
+  with probability ``sum_p [w^p z^x] (1 + w z)^F prod_other (1 + w z^(s_j + 2)) / (N C(N - 1, p))``
+  with ``N`` units in all. The expectation of that product over the budget chain is computed by one
+  backward recursion over the budget left, shared by every length, truncated at the positions asked
+  for -- exact and cheap near the edges, where the algorithm under-masks. Chain states less likely
+  than 1e-18 are skipped (error below 1e-12).
 """
 
 from __future__ import annotations
@@ -84,57 +85,84 @@ def expected_position_rates(n: int, spec: SpanSpec = SpanSpec(), k: int | None =
     >>> np.round(expected_position_rates(3), 5).tolist()
     [0.11388, 0.22777, 0.11388]
     """
-    k = n if k is None else min(k, n)
-    unshifted = np.zeros(k)
-    for budget, weight in _budgets(n, spec):
-        if budget:
-            unshifted += weight * _unshifted_rates(n, budget, spec, k)
-    return 0.5 * unshifted + 0.5 * np.concatenate([[0.0], unshifted[:-1]])
+    return expected_position_profiles([n], spec, n if k is None else k)[n]
 
 
-def _shifts(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """``out[j] = x`` shifted right along its last axis by ``k - starts[j]`` (zeros shifted in)."""
-    k = x.shape[-1]
-    padded = np.concatenate([np.zeros_like(x), x], axis=-1)
-    windows = np.lib.stride_tricks.sliding_window_view(padded, k, axis=-1)  # [..., k + 1, k]
-    return np.moveaxis(windows[..., starts, :], -2, 0)
+def expected_position_profiles(lengths, spec: SpanSpec = SpanSpec(), k: int = EDGE) -> dict[int, np.ndarray]:
+    """:func:`expected_position_rates` for many lengths at once (one pass of the chain for all)."""
+    wanted: dict[int, list[tuple[int, float]]] = collections.defaultdict(list)
+    for n in set(lengths):
+        for budget, weight in _budgets(n, spec):
+            if budget:
+                wanted[budget].append((n, weight))
+    covers = _chain_covers(spec, k, sorted(wanted))
+    unshifted = {n: np.zeros(min(k, n)) for n in set(lengths)}
+    for budget, items in wanted.items():
+        for n, weight in items:
+            unshifted[n] += weight * _terminal_rates(n, budget, covers[budget], min(k, n))
+    return {n: 0.5 * u + 0.5 * np.concatenate([[0.0], u[:-1]]) for n, u in unshifted.items()}
 
 
-def _unshifted_rates(n: int, budget: int, spec: SpanSpec, k: int) -> np.ndarray:
-    pmfs = spec.pmfs()
-    # [budget left + 1, spans so far, units before the tagged block (w), cells (z)]
-    shape = (budget + 2, budget + 1, k, k)
-    prod, cover = np.zeros(shape), np.zeros(shape)
-    prod[budget + 1, 0, 0, 0] = 1.0
-    for r in range(budget, 0, -1):
-        live = np.flatnonzero(prod[r + 1, :, 0, 0] > _NEGLIGIBLE)  # prod[.., 0, 0]: P(r, spans so far)
-        if not len(live):
-            continue
-        src, dst = slice(live[0], live[-1] + 1), slice(live[0] + 1, live[-1] + 2)  # one more span
-        a, b = prod[r + 1, src], cover[r + 1, src]
-        cap = min(spec.max_span_len, r)
-        lengths = np.arange(cap + 1)
-        q = pmfs[cap - 1, : cap + 1, None, None, None]
-        rows = r - lengths  # index of the budget left after a span of each length, plus one
-        starts = np.maximum(k - lengths - 2, 0)
-        # Times (1 + w z^(s + 2)): the new block is either after the tagged one, or before it.
-        prod[rows, dst] += q * a
-        prod[rows, dst, 1:] += q * _shifts(a, starts)[:, :, :-1]
-        cover[rows, dst] += q * b
-        cover[rows, dst, 1:] += q * _shifts(b, starts)[:, :, :-1]
-        # Or the new block is the tagged one: it covers z^0 .. z^(s - 1) past its start.
-        csum = np.cumsum(a, axis=-1)
-        cover[rows, dst] += q * (csum - _shifts(csum, np.maximum(k - lengths, 0)))
+def _chain_covers(spec: SpanSpec, k: int, budgets: list[int]) -> dict[int, np.ndarray]:
+    """For each budget: ``[stop, spans, w, z]`` sums over the chain of ``P(path) * cover_T * prod_other``.
+
+    Backward over the budget left ``r``: ``V(r) = sum_s q_r(s) y (1 + w z^(s + 2)) V(r - s - 1)`` and
+    ``C(r) = sum_s q_r(s) y [(1 + w z^(s + 2)) C(r - s - 1) + (1 + ... + z^(s - 1)) V(r - s - 1)]``
+    (``y`` counts spans; ``stop`` is whether the chain ended with 0 or -1 budget left).
+    """
+    if not budgets:
+        return {}
+    pmfs, top, m = spec.pmfs(), max(budgets), spec.max_span_len
+    shape = (2, top + 2, k, k)
+    ring = {}  # r -> (V, C, live span counts)
+    for stop in (0, -1):
+        v = np.zeros(shape)
+        v[-stop, 0, 0, 0] = 1.0
+        ring[stop] = (v, np.zeros(shape), slice(0, 1))
+    out, wanted = {}, set(budgets)
+    for r in range(1, top + 1):
+        v_new, c_new, lo, hi = np.zeros(shape), np.zeros(shape), top + 2, 0
+        cap = min(m, r)
+        for s in range(cap + 1):
+            q = pmfs[cap - 1, s]
+            if q == 0.0:
+                continue
+            v, c, live = ring[r - s - 1]
+            a, b = v[:, live], c[:, live]
+            dst = slice(live.start + 1, live.stop + 1)  # one more span
+            lo, hi = min(lo, dst.start), max(hi, dst.stop)
+            v_new[:, dst] += q * a
+            c_new[:, dst] += q * b
+            if s + 2 < k:  # times w z^(s + 2): this block comes before the tagged one
+                v_new[:, dst, 1:, s + 2 :] += q * a[:, :, :-1, : k - s - 2]
+                c_new[:, dst, 1:, s + 2 :] += q * b[:, :, :-1, : k - s - 2]
+            if s:  # this block is the tagged one: it covers z^0 .. z^(s - 1) past its start
+                csum = q * np.cumsum(a, axis=-1)
+                c_new[:, dst] += csum
+                if s < k:
+                    c_new[:, dst, :, s:] -= csum[..., : k - s]
+        mass = v_new[:, lo:hi, 0, 0].sum(axis=0)  # P(spans from here | r)
+        keep = np.flatnonzero(mass > _NEGLIGIBLE)
+        ring[r] = (v_new, c_new, slice(lo + keep[0], lo + keep[-1] + 1))
+        ring.pop(r - m - 2, None)
+        if r in wanted:
+            out[r] = c_new
+    return out
+
+
+def _terminal_rates(n: int, budget: int, cover: np.ndarray, k: int) -> np.ndarray:
+    """Unshifted ``P(cell i masked)``, ``i < k``: adds the free cells and averages over the units before."""
     rates = np.zeros(k)
-    spans = np.arange(budget + 1)
-    for rest in (0, -1):  # budget left when the chain stopped
-        units = n + 1 - budget + rest
-        free = units - spans
+    spans = np.arange(cover.shape[1])
+    for stop in (0, -1):
+        units = n + 1 - budget + stop
+        free = units - spans  # free cells when the chain drew ``spans`` spans and stopped at ``stop``
         weights = np.array([1.0 / (units * math.comb(units - 1, p)) if p < units else 0.0 for p in range(k)])
-        full = np.zeros(cover.shape[1:])
+        full, coef = np.zeros((len(spans), k, k)), np.ones(len(spans))
         for j in range(k):  # times (1 + w z)^free
-            coef = np.array([math.comb(int(f), j) if f >= j else 0 for f in free], float)[:, None, None]
-            full[:, j:, j:] += coef * cover[rest + 1, :, : k - j, : k - j]
+            if j:
+                coef = coef * np.maximum(free - j + 1, 0) / j
+            full[:, j:, j:] += coef[:, None, None] * cover[-stop, :, : k - j, : k - j]
         rates += np.einsum("p,spz->z", weights, full[1:])
     return rates
 
@@ -211,14 +239,14 @@ class MaskStats:
         """Empirical statistics next to their exact expectations (JSON-able)."""
         spec, kmax = self.spec, self.spec.max_span_len
         exp_counts, exp_masked, exp_edge, exp_near = np.zeros(kmax + 1), 0.0, np.zeros(self.edge), 0.0
+        profiles = expected_position_profiles([n for n in self.lengths if n >= 2 * self.edge], spec, self.edge)
         for n, count in self.lengths.items():
             c = expected_span_counts(n, spec)
             exp_counts += count * c
             exp_masked += count * float(c @ np.arange(kmax + 1))
-            if n >= 2 * self.edge:
-                profile = expected_position_rates(n, spec, self.edge)
-                exp_edge += count * profile
-                exp_near += count * (float(c @ np.arange(kmax + 1)) - 2 * profile.sum())
+            if n in profiles:
+                exp_edge += count * profiles[n]
+                exp_near += count * (float(c @ np.arange(kmax + 1)) - 2 * profiles[n].sum())
         spans = int(self.span_hist.sum())
         records = max(self.edge_records, 1)
         return {
