@@ -68,8 +68,7 @@ def test_scheme_invariants(n, seed, which):
     spec = SPECS[which]
     scheme = span_scheme(random.Random(seed), n, spec)
     budget = n * spec.budget_rate
-    cap = n if spec.is_reference else n // 2
-    lo, hi = min(int(budget), cap), min(int(budget) + 1, cap)
+    lo, hi = min(int(budget), n // 2), min(int(budget) + 1, n // 2)
     cost = sum(s + 1 for _, s in scheme)
     assert lo <= cost <= hi + 1 and (cost >= lo if lo else True)
     assert bool(scheme) == (cost > 0)

@@ -44,12 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     def inputs(p: argparse.ArgumentParser) -> None:
         p.add_argument("inputs", nargs="*", help="input files (text, JSONL or ArrayRecord)")
         p.add_argument("--corpus", choices=["pydoc"], help="built-in corpus instead of files: Python's docs")
-        p.add_argument("--repeat", type=int, default=1, help="repeat the built-in corpus N times (benchmarks)")
+        p.add_argument("--repeat", type=int, default=1, help="use the built-in corpus N times (benchmarks)")
         p.add_argument("--config", help="YAML config (e.g. configs/wakong/article.yaml)")
         p.add_argument("--format", choices=["text", "jsonl", "array_record"], help="input format")
-        p.add_argument("--split", choices=["line", "paragraph", "file"], help="text records: per line/paragraph/file")
+        p.add_argument("--split", choices=["line", "paragraph", "file"], help="one text record per ...")
         p.add_argument("--field", help="JSON field holding the text")
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
 
     build = sub.add_parser("build", help="build a dataset: text in, ArrayRecord shards + manifest out")
     inputs(build)
@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--vocab-size", type=int, help="vocabulary size of a trained tokenizer")
     build.add_argument("--seed", type=int, help="mask seed")
     build.add_argument("--num-shards", type=int, help="ArrayRecord shards per host")
-    build.add_argument("--workers", type=int, default=0, help="grain worker processes (default 0: in process)")
+    build.add_argument("--workers", type=int, default=0, help="grain worker processes (0: in process)")
     build.add_argument("--process-index", type=int, default=0, help="this host's index (multi-host builds)")
     build.add_argument("--process-count", type=int, default=1, help="number of hosts (multi-host builds)")
     build.add_argument("--overwrite", action="store_true", help="replace an earlier build in --out")
@@ -84,7 +84,11 @@ def _parser() -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace):
     from wakong.config import load_config
 
-    overrides = [f"{key}={json.dumps(getattr(args, flag))}" for flag, key in _FLAGS.items() if getattr(args, flag, None) is not None]
+    overrides = [
+        f"{key}={json.dumps(getattr(args, flag))}"
+        for flag, key in _FLAGS.items()
+        if getattr(args, flag, None) is not None
+    ]
     if args.corpus:
         if args.inputs:
             raise ValueError("give input files or --corpus, not both")
@@ -119,39 +123,46 @@ def _progress(total: int, enabled: bool):
 
 
 def _report_lines(manifest: dict, summary: dict | None) -> list[str]:
-    c = manifest["counts"]
+    c, timing = manifest["counts"], manifest["timing"]
     dropped = c["records_dropped"]
-    timing = manifest["timing"]
+    reasons = ", ".join(f"{k} {v:,}" for k, v in dropped.items() if v)
     lines = [
         f"records in        {c['records_in']:>12,}",
         f"records written   {c['records_written']:>12,}",
-        f"records dropped   {sum(dropped.values()):>12,}"
-        + ("  (" + ", ".join(f"{k} {v:,}" for k, v in dropped.items() if v) + ")" if any(dropped.values()) else ""),
+        f"records dropped   {sum(dropped.values()):>12,}" + (f"  ({reasons})" if reasons else ""),
         f"examples          {c['examples']:>12,}",
         f"tokens            {c['tokens']:>12,}  (target; source {c['source_tokens']:,})",
     ]
     for key, value in c["events"].items():
         lines.append(f"  {key.replace('_', ' '):<30} {value:>10,}")
+    loop_rate = c["tokens"] / max(timing["loop_seconds"], 1e-9)
     lines.append(
-        f"time              {timing['seconds']:>12.2f} s  -> {timing['tokens_per_second']:,.0f} tokens/s end to end "
-        f"({c['tokens'] / max(timing['loop_seconds'], 1e-9):,.0f} tokens/s in the example loop, {timing['workers']} workers)"
+        f"time              {timing['seconds']:>12.2f} s  -> {timing['tokens_per_second']:,.0f} tokens/s"
+        " end to end"
+        f" ({loop_rate:,.0f} tokens/s in the example loop, {timing['workers']} workers)"
     )
-    if summary and summary["spans"]:
+    if not summary or not summary["spans"]:
+        return lines
+    lines += [
+        f"mask rate         {summary['mask_rate']:>12.4f}"
+        f"  (exact expectation {summary['expected_mask_rate']:.4f},"
+        f" {summary['masked_units']:,} of {summary['units']:,} units)",
+        f"spans             {summary['spans']:>12,}  (expected {summary['expected_spans']:,.1f})",
+        "span length       observed   exact",
+    ]
+    rows = zip(summary["span_histogram"], summary["span_pmf"], summary["expected_span_pmf"])
+    for k, (count, p, q) in enumerate(rows):
+        lines.append(f"  {k:>2} {'#' * round(40 * p):<40} {count:>9,}  {p:7.4f}  {q:7.4f}")
+    edge = summary["edge"]
+    if edge["records"]:
         lines.append(
-            f"mask rate         {summary['mask_rate']:>12.4f}  (exact expectation {summary['expected_mask_rate']:.4f}, "
-            f"{summary['masked_units']:,} of {summary['units']:,} units)"
+            f"mask rate by distance from either end"
+            f" ({edge['records']:,} sequences of >= {2 * edge['positions']} units)"
         )
-        lines.append(f"spans             {summary['spans']:>12,}  (expected {summary['expected_spans']:,.1f})")
-        lines.append("span length       observed   exact")
-        for k, (count, p, q) in enumerate(zip(summary["span_histogram"], summary["span_pmf"], summary["expected_span_pmf"])):
-            lines.append(f"  {k:>2} {'#' * round(40 * p):<40} {count:>9,}  {p:7.4f}  {q:7.4f}")
-        edge = summary["edge"]
-        if edge["records"]:
-            lines.append(f"mask rate by distance from either end ({edge['records']:,} sequences of >= {2 * edge['positions']} units)")
-            lines.append("  pos   start     end   exact")
-            for i, (a, b, e) in enumerate(zip(edge["from_start"], edge["from_end"], edge["expected"])):
-                lines.append(f"  {i:>3} {a:7.4f} {b:7.4f} {e:7.4f}")
-            lines.append(f"  interior {edge['interior_rate']:.4f} (exact {edge['expected_interior_rate']:.4f})")
+        lines.append("  pos   start     end   exact")
+        for i, (a, b, e) in enumerate(zip(edge["from_start"], edge["from_end"], edge["expected"])):
+            lines.append(f"  {i:>3} {a:7.4f} {b:7.4f} {e:7.4f}")
+        lines.append(f"  interior {edge['interior_rate']:.4f} (exact {edge['expected_interior_rate']:.4f})")
     return lines
 
 
@@ -162,7 +173,9 @@ def _build(args: argparse.Namespace) -> int:
     config = _config(args)
     source = _source(args, config)
     if config.tokenizer.path is None:
-        print(f"training a byte-level BPE tokenizer ({config.tokenizer.vocab_size:,} tokens) on {len(source):,} records", file=sys.stderr)
+        size = config.tokenizer.vocab_size
+        print(f"training a byte-level BPE tokenizer ({size:,} tokens) on {len(source):,} records",
+              file=sys.stderr)
     tokenizer = pipeline.resolve_tokenizer(config, source)
     total = len(range(args.process_index, len(source), max(args.process_count, 1)))
     bar, update = _progress(total, not args.no_progress)
@@ -221,27 +234,30 @@ def _train_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from array_record.python.array_record_module import ArrayRecordReader
+
     from wakong import records
     from wakong.reader import open_dataset
 
     info, tok = open_dataset(args.path)
     c = info["counts"]
+    dropped = sum(c["records_dropped"].values())
     print(f"dataset  {os.path.abspath(args.path)}: {len(info['parts'])} part(s), {len(info['files'])} shard(s)")
-    print(f"records  in {c['records_in']:,}, written {c['records_written']:,}, dropped {sum(c['records_dropped'].values()):,}")
-    print(f"examples {c['examples']:,}; tokens {c['tokens']:,}; seed {info['seed']}; tokenizer sha256 {tok.sha256[:16]}...")
-    from array_record.python.array_record_module import ArrayRecordReader
-
-    shown = 0
+    print(f"records  in {c['records_in']:,}, written {c['records_written']:,}, dropped {dropped:,}")
+    print(f"examples {c['examples']:,}; tokens {c['tokens']:,}; seed {info['seed']}")
+    print(f"tokenizer sha256 {tok.sha256}")
+    left = args.examples
     for file in info["files"]:
         reader = ArrayRecordReader(file)
-        for data in reader.read(list(range(min(reader.num_records(), args.examples - shown)))):
+        wanted = list(range(min(reader.num_records(), left)))
+        for data in reader.read(wanted) if wanted else []:
             rec = records.decode_record(data)
             print(f"\n[record {rec['index']} part {rec['part']}]")
             print("  source:", tok.decode(rec["input_ids"]))
             print("  target:", tok.decode(rec["labels"]))
-            shown += 1
         reader.close()
-        if shown >= args.examples:
+        left -= len(wanted)
+        if left <= 0:
             break
     return 0
 
@@ -263,12 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``wakong`` command; returns the exit code."""
     args = _parser().parse_args(argv)
     commands = {"build": _build, "train-tokenizer": _train_tokenizer, "inspect": _inspect, "mask": _mask}
-    from wakong.records import DatasetError, DatasetWriteError
+    from wakong.records import DatasetError
     from wakong.tokenizer import TokenizerError
 
     try:
         return commands[args.command](args)
-    except (FileNotFoundError, FileExistsError, TokenizerError, DatasetError, DatasetWriteError, ValueError) as err:
+    except (OSError, TokenizerError, DatasetError, ValueError) as err:  # OSError: missing, existing, disk
         print(f"wakong: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -98,7 +98,7 @@ class ExampleConfig:
         _positive("examples.min_words", self.min_words)
         for name in ("max_source_len", "max_target_len"):
             if int(getattr(self, name)) < 3:
-                raise ValueError(f"examples.{name} must be >= 3 (BOS, one token, EOS), got {getattr(self, name)}")
+                raise ValueError(f"examples.{name} must be >= 3 (BOS, a token, EOS), got {getattr(self, name)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +169,8 @@ def _coerce(name: str, value: Any, hint) -> Any:
             return float(value)
         if option in (int, str, bool) and type(value) is option:
             return value
-    raise ValueError(f"{name} must be {' or '.join(getattr(o, '__name__', str(o)) for o in options)}, got {value!r}")
+    names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+    raise ValueError(f"{name} must be {names}, got {value!r}")
 
 
 def _set_path(data: dict, dotted: str, value: Any) -> None:
@@ -185,8 +186,9 @@ def _set_path(data: dict, dotted: str, value: Any) -> None:
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> BuildConfig:
     """Reads a YAML config (``None``: defaults) and applies ``section.key=value`` overrides (YAML values).
 
-    >>> load_config(overrides=["noise.spans.budget_rate=0.4", "examples.unit=document"]).noise.spans.budget_rate
-    0.4
+    >>> config = load_config(overrides=["noise.spans.budget_rate=0.4", "examples.unit=document"])
+    >>> config.noise.spans.budget_rate, config.examples.unit
+    (0.4, 'document')
     """
     import yaml
 

@@ -12,10 +12,10 @@ Noising order in :func:`noise_example` (fairseq's ``DenoisingDataset`` order): s
 text infilling -> token masking -> token deletion -> document rotation -> random-token replacement of
 mask tokens. The target is always the original, unpermuted text.
 
-Span schemes come from :func:`span_scheme`: with the default :class:`SpanSpec` it *is*
-``wakong.generate_mask_scheme`` (bit-exact, same ``random.Random`` draws); other specs (the BART-paper
-recipe: about 30% masked, ``Poisson(3)``) run the same algorithm with float64 tables. Sequences shorter
-than two units are never masked (``Wakong``'s guard).
+Span schemes come from :func:`span_scheme`: with the default :class:`SpanSpec` it draws exactly what
+``wakong.generate_mask_scheme`` draws (same ``random.Random`` calls, same output; the tests pin it bit for
+bit); other specs (the BART-paper recipe: 30% masked, ``Poisson(3)``) run the same algorithm with
+float64 tables. Sequences shorter than two units are never masked (``Wakong``'s guard).
 
 Fixed shapes: :func:`pad_features` builds BART encoder/decoder arrays; :func:`apply_span_masks` turns
 ``(masked, inserted)`` position masks -- the output of ``wakong.span_mask`` or of :func:`scheme_masks` --
@@ -60,16 +60,9 @@ class SpanSpec:
         if not 0.0 < self.poisson_rate < 1e3:
             raise ValueError(f"poisson_rate must be in (0, 1000), got {self.poisson_rate}")
         if int(self.max_span_len) != self.max_span_len or not 1 <= self.max_span_len <= SPAN_LEN_LIMIT:
-            raise ValueError(f"max_span_len must be an integer in [1, {SPAN_LEN_LIMIT}], got {self.max_span_len}")
-
-    @property
-    def is_reference(self) -> bool:
-        """True for the reference package's constants (then :func:`span_scheme` is its algorithm)."""
-        return (self.budget_rate, self.poisson_rate, self.max_span_len) == (
-            PROPOSED_MASK_RATE,
-            POISSON_RATE,
-            MAX_SPAN_LEN,
-        )
+            raise ValueError(
+                f"max_span_len must be an integer in [1, {SPAN_LEN_LIMIT}], got {self.max_span_len}"
+            )
 
     def cdfs(self) -> tuple[tuple[float, ...], ...]:
         """``cdfs[m - 1]``: CDF over ``0..m`` of the span length when at most ``m`` units are left."""
@@ -144,7 +137,9 @@ def _scheme(rng: random.Random, n: int, rate: float, max_span_len: int, cdfs) ->
     return scheme
 
 
-def scheme_masks(scheme: MaskScheme, length: int, max_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def scheme_masks(
+    scheme: MaskScheme, length: int, max_len: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The ``wakong.span_mask`` representation of a scheme.
 
     Returns:
@@ -238,7 +233,9 @@ def delete_units(units: Sequence, rng: random.Random, ratio: float, protect: Any
     return [u for i, u in enumerate(units) if i not in drop]
 
 
-def replace_random(ids: Sequence[int], rng: random.Random, ratio: float, mask_id: int, vocab: Sequence[int]) -> list:
+def replace_random(
+    ids: Sequence[int], rng: random.Random, ratio: float, mask_id: int, vocab: Sequence[int]
+) -> list:
     """Replaces each ``mask_id`` by a uniform draw from ``vocab`` with probability ``ratio``.
 
     >>> replace_random([5, 4, 6, 4], random.Random(4), 0.5, mask_id=4, vocab=range(10, 20))
@@ -319,8 +316,9 @@ def noise_example(
       vocab: replacement ids for ``random_ratio`` (non-special ids).
       max_source: longest source body wanted (``None``: no limit).
 
-    >>> noise_example([[(7,), (8, 9)], [(10,), (11,), (12,)]], random.Random(1), NoiseConfig(), mask_id=4)
-    Noised(source=[7, 4, 10, 11, 12], target=[7, 8, 9, 10, 11, 12], n_units=5, scheme=[(1, 1)], dropped_inserts=0)
+    >>> out = noise_example([[(7,), (8, 9)], [(10,), (11,), (12,)]], random.Random(1), NoiseConfig(), mask_id=4)
+    >>> out.source, out.target, out.scheme   # the two-token word (8, 9) became one mask
+    ([7, 4, 10, 11, 12], [7, 8, 9, 10, 11, 12], [(1, 1)])
     """
     target = [t for sentence in sentences for word in sentence for t in word]
     if config.permute_sentences and len(sentences) > 1:
@@ -375,9 +373,10 @@ def pad_features(
     ``decoder_attention_mask`` int32 and ``loss_mask`` bool ``[max_target_len]``. The loss covers exactly
     the real label tokens (BOS .. EOS), never padding.
 
-    >>> f = pad_features([0, 4, 2], [0, 7, 8, 2], pad_id=1, decoder_start_id=2, max_source_len=4, max_target_len=5)
-    >>> f["input_ids"].tolist(), f["decoder_input_ids"].tolist(), f["labels"].tolist(), f["loss_mask"].tolist()
-    ([0, 4, 2, 1], [2, 0, 7, 8, 1], [0, 7, 8, 2, 1], [True, True, True, True, False])
+    >>> f = pad_features([0, 4, 2], [0, 7, 8, 2], pad_id=1, decoder_start_id=2,
+    ...                  max_source_len=4, max_target_len=5)
+    >>> [f[k].tolist() for k in ("input_ids", "decoder_input_ids", "labels", "loss_mask")]
+    [[0, 4, 2, 1], [2, 0, 7, 8, 1], [0, 7, 8, 2, 1], [True, True, True, True, False]]
     """
     if len(input_ids) > max_source_len or len(labels) > max_target_len:
         raise ValueError(
@@ -430,7 +429,8 @@ def apply_span_masks(
       ``(out int32[B, out_len], out_lengths int32[B])``, ``out_lengths`` before cutting.
 
     >>> m, i = scheme_masks([(0, 0), (2, 2)], 5)
-    >>> out, n = apply_span_masks(np.array([[5, 6, 7, 8, 9]]), np.array([5]), m[None], i[None], mask_id=4, pad_id=1, out_len=6)
+    >>> out, n = apply_span_masks(np.array([[5, 6, 7, 8, 9]]), np.array([5]), m[None], i[None],
+    ...                           mask_id=4, pad_id=1, out_len=6)
     >>> out.tolist(), n.tolist()
     ([[4, 5, 6, 4, 9, 1]], [5])
     """

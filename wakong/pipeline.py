@@ -137,7 +137,9 @@ def _tokens(example: Example) -> int:
     return sum(len(word) for sentence in example for word in sentence)
 
 
-def _examples(sentences: list[list[tuple[int, ...]]], config: BuildConfig, events: dict) -> tuple[list[Example], str | None]:
+def _examples(
+    sentences: list[list[tuple[int, ...]]], config: BuildConfig, events: dict
+) -> tuple[list[Example], str | None]:
     """Examples of one record under the length policies, or a drop reason."""
     cfg = config.examples
     budget = min(cfg.max_source_len, cfg.max_target_len) - 2
@@ -179,7 +181,9 @@ def _examples(sentences: list[list[tuple[int, ...]]], config: BuildConfig, event
     return [], "too_long" if long > short else "too_short"
 
 
-def encode_example(index: int, part: int, example: Example, noised: Noised, tokenizer: TextTokenizer) -> bytes:
+def encode_example(
+    index: int, part: int, example: Example, noised: Noised, tokenizer: TextTokenizer
+) -> bytes:
     """Serialises a noised example (BOS/EOS added; word and sentence starts over the labels)."""
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
     n = len(noised.target) + 2
@@ -197,7 +201,9 @@ def encode_example(index: int, part: int, example: Example, noised: Noised, toke
     )
 
 
-def make_examples(index: int, raw: bytes, rng: random.Random, config: BuildConfig, tokenizer: TextTokenizer) -> Outcome:
+def make_examples(
+    index: int, raw: bytes, rng: random.Random, config: BuildConfig, tokenizer: TextTokenizer
+) -> Outcome:
     """Everything that happens to record ``index`` (deterministic given ``rng``)."""
     outcome = Outcome(index, [])
     text, reason = record_text(raw, config, outcome.events)
@@ -217,11 +223,10 @@ def make_examples(index: int, raw: bytes, rng: random.Random, config: BuildConfi
         if kept:
             sentences.append(kept)
     examples, reason = _examples(sentences, config, outcome.events) if sentences else ([], "empty")
-    source_body = config.examples.max_source_len - 2
+    body = config.examples.max_source_len - 2
+    options = dict(mask_id=tokenizer.mask_id, vocab=tokenizer.random_ids, max_source=body)
     for example in examples:
-        noised = noise_example(
-            example, rng, config.noise, mask_id=tokenizer.mask_id, vocab=tokenizer.random_ids, max_source=source_body
-        )
+        noised = noise_example(example, rng, config.noise, **options)
         _count(outcome.events, "inserted_masks_dropped", noised.dropped_inserts)
         outcome.records.append(encode_example(index, len(outcome.records), example, noised, tokenizer))
         outcome.tokens += len(noised.target)
@@ -272,14 +277,19 @@ def training_texts(source: Sequence[bytes], config: BuildConfig):
             yield " ".join(text.split())
 
 
-def resolve_tokenizer(config: BuildConfig, source: Sequence[bytes], tokenizer: TextTokenizer | None = None) -> TextTokenizer:
+def resolve_tokenizer(
+    config: BuildConfig, source: Sequence[bytes], tokenizer: TextTokenizer | None = None
+) -> TextTokenizer:
     """The given tokenizer, the one at ``config.tokenizer.path``, or a BPE trained on ``source``."""
     cfg = config.tokenizer
     if tokenizer is not None:
         return tokenizer
     if cfg.path:
         return load_tokenizer(cfg.path, cfg.special)
-    return train_tokenizer(training_texts(source, config), vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, specials=cfg.special)
+    texts = training_texts(source, config)
+    return train_tokenizer(
+        texts, vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, specials=cfg.special
+    )
 
 
 def _prepare_dir(out_dir: str, process_index: int, process_count: int, overwrite: bool) -> None:
@@ -292,7 +302,8 @@ def _prepare_dir(out_dir: str, process_index: int, process_count: int, overwrite
         if process_count == 1 or p == mine or os.path.basename(p).startswith(prefix)
     ]
     if existing and not overwrite:
-        raise FileExistsError(f"{out_dir} already holds a dataset ({os.path.basename(existing[0])} ...); use overwrite")
+        first = os.path.basename(existing[0])
+        raise FileExistsError(f"{out_dir} already holds a dataset ({first} ...); use overwrite")
     for path in sorted(existing, key=lambda p: not os.path.basename(p).startswith("manifest")):
         os.remove(path)
     for name in os.listdir(out_dir):
@@ -355,7 +366,8 @@ def build(
     events: dict[str, int] = {}
     stats = MaskStats(config.noise.spans)
     loop_start = time.perf_counter()
-    with records.ShardWriter(out_dir, records.part_prefix(process_index, process_count), num_shards) as writer:
+    prefix = records.part_prefix(process_index, process_count)
+    with records.ShardWriter(out_dir, prefix, num_shards) as writer:
         for j, outcome in enumerate(_outcomes(ds, workers)):
             shard = j * num_shards // n_local
             for data in outcome.records:
@@ -375,7 +387,7 @@ def build(
             if progress is not None:
                 progress(outcome)
         if counts["records_in"] != n_local or n_local != counts["records_written"] + sum(dropped.values()):
-            raise RuntimeError(f"record accounting does not add up: {counts}, dropped {dropped}, expected {n_local}")
+            raise RuntimeError(f"record accounting is off: {counts}, dropped {dropped}, expected {n_local}")
         shards = writer.commit()
     loop_seconds = time.perf_counter() - loop_start
     seconds = time.perf_counter() - start
@@ -400,7 +412,7 @@ def build(
                 "decoder_start": tok.decoder_start_id,
             },
         },
-        "source": {**source.describe(), "records": len(source)} if hasattr(source, "describe") else {"records": len(source)},
+        "source": {**getattr(source, "describe", dict)(), "records": len(source)},
         "shards": shards,
         "counts": {**counts, "records_dropped": dropped, "events": dict(sorted(events.items()))},
         "mask_stats": stats.state(),
@@ -411,5 +423,6 @@ def build(
             "workers": workers,
         },
     }
-    records.write_json_atomic(os.path.join(out_dir, records.manifest_name(process_index, process_count)), manifest)
+    manifest_path = os.path.join(out_dir, records.manifest_name(process_index, process_count))
+    records.write_json_atomic(manifest_path, manifest)
     return manifest

@@ -68,7 +68,9 @@ def _generator(seed: int, epoch: int, index: int, part: int) -> random.Random:
 class _Decode(grain.transforms.MapWithIndex):
     """Stream position + record bytes -> record dict, re-noised for the position's epoch if asked."""
 
-    def __init__(self, n_records: int, seed: int, renoise: NoiseConfig | None, tokenizer: TextTokenizer, source_body: int):
+    def __init__(
+        self, n_records: int, seed: int, renoise: NoiseConfig | None, tokenizer: TextTokenizer, source_body: int
+    ):
         self.n_records, self.seed, self.renoise = n_records, seed, renoise
         self.tokenizer, self.source_body = tokenizer, source_body
 
@@ -77,9 +79,8 @@ class _Decode(grain.transforms.MapWithIndex):
         if self.renoise is not None:
             rng = _generator(self.seed, position // self.n_records, record["index"], record["part"])
             tok = self.tokenizer
-            noised = noise_example(
-                record_example(record), rng, self.renoise, mask_id=tok.mask_id, vocab=tok.random_ids, max_source=self.source_body
-            )
+            options = dict(mask_id=tok.mask_id, vocab=tok.random_ids, max_source=self.source_body)
+            noised = noise_example(record_example(record), rng, self.renoise, **options)
             record = {
                 **record,
                 "input_ids": np.asarray([tok.bos_id, *noised.source, tok.eos_id], np.int32),

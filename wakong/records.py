@@ -157,7 +157,8 @@ class ShardWriter:
         shards = []
         for tmp, name, count in zip(self._tmp, self.names, self.counts):
             os.replace(tmp, os.path.join(self.out_dir, name))
-            shards.append({"file": name, "records": count, "bytes": os.path.getsize(os.path.join(self.out_dir, name))})
+            size = os.path.getsize(os.path.join(self.out_dir, name))
+            shards.append({"file": name, "records": count, "bytes": size})
         self._writers = []
         return shards
 
@@ -216,7 +217,9 @@ def read_manifests(path: str) -> dict:
     """
     names = sorted(glob.glob(os.path.join(path, "manifest-*-of-*.json")))
     if not names:
-        raise DatasetError(f"{path} holds no manifest-*.json: not a dataset directory, or its build did not finish")
+        raise DatasetError(
+            f"{path} holds no manifest-*.json: not a dataset directory, or its build did not finish"
+        )
     parts = []
     for name in names:
         try:
@@ -226,7 +229,8 @@ def read_manifests(path: str) -> dict:
             raise DatasetError(f"cannot read manifest {name}: {err}") from None
     first = parts[0]
     if first.get("version") != MANIFEST_VERSION:
-        raise DatasetError(f"{names[0]} has manifest version {first.get('version')}, expected {MANIFEST_VERSION}")
+        version = first.get("version")
+        raise DatasetError(f"{names[0]} has manifest version {version}, expected {MANIFEST_VERSION}")
     count = first["process_count"]
     for name, part in zip(names, parts):
         for key in ("config_fingerprint", "seed", "process_count"):

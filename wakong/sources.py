@@ -53,7 +53,9 @@ class TextSource:
                 data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.path.getsize(path) else b""
                 try:
                     bounds = self._bounds(data)
-                    self.files.append({"path": path, "bytes": len(data), "sha256": _sha256(data), "records": len(bounds)})
+                    self.files.append(
+                        {"path": path, "bytes": len(data), "sha256": _sha256(data), "records": len(bounds)}
+                    )
                 finally:
                     if isinstance(data, mmap.mmap):
                         data.close()

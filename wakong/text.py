@@ -30,7 +30,9 @@ _ABBREVIATIONS = frozenset(
 )
 _PARAGRAPH = re.compile(r"\n[ \t\r\f\v]*\n\s*")
 # A candidate boundary: terminator(s), optional closers, whitespace, then something that starts a sentence.
-_BOUNDARY = re.compile(r"""([.!?\u2026]+)(['"\u2019\u201d)\]]*)\s+(?=[\[(\u2018\u201c'"A-Z0-9\u00c0-\u024f])""")
+_BOUNDARY = re.compile(
+    r"""([.!?\u2026]+)(['"\u2019\u201d)\]]*)\s+(?=[\[(\u2018\u201c'"A-Z0-9\u00c0-\u024f])"""
+)
 _CJK_BOUNDARY = re.compile(r"([\u3002\uff01\uff1f]+)(['\"\u2019\u201d\u300d\u300f)\]]*)")
 
 
@@ -79,8 +81,8 @@ def _ends_with_abbreviation(chunk: str) -> bool:
 def split_sentences(text: str) -> list[str]:
     """Splits ``text`` into sentences (see the module docstring); whitespace-only pieces are dropped.
 
-    >>> split_sentences("Dr. Who arrived, e.g. at 5 p.m. today. Then he left!  Why?\\n\\nNew para 你好。再见")
-    ['Dr. Who arrived, e.g. at 5 p.m. today.', 'Then he left!', 'Why?', 'New para 你好。', '再见']
+    >>> split_sentences("Dr. Who arrived, e.g. at 5 p.m. today. Then he left!  Why?\\n\\nNew 你好。再见")
+    ['Dr. Who arrived, e.g. at 5 p.m. today.', 'Then he left!', 'Why?', 'New 你好。', '再见']
     """
     sentences = []
     for paragraph in _PARAGRAPH.split(text):

@@ -40,7 +40,9 @@ class TokenizerError(ValueError):
 class TextTokenizer:
     """A ``tokenizers.Tokenizer`` plus special ids, sha256 and word-grouped encoding. Picklable."""
 
-    def __init__(self, json_text: str, specials: SpecialTokens = SpecialTokens(), *, origin: str = "<memory>"):
+    def __init__(
+        self, json_text: str, specials: SpecialTokens = SpecialTokens(), *, origin: str = "<memory>"
+    ):
         from tokenizers import Tokenizer
 
         try:
@@ -55,8 +57,8 @@ class TextTokenizer:
             ids[role] = self.tokenizer.token_to_id(token)
             if ids[role] is None:
                 raise TokenizerError(
-                    f"{origin} has no token {token!r} (needed as {role}); give a tokenizer with the BART special "
-                    f"tokens {' '.join(BART_SPECIAL_TOKENS)} or set tokenizer.{role} to its own token"
+                    f"{origin} has no token {token!r} (needed as {role}); give a tokenizer with the BART "
+                    f"special tokens {' '.join(BART_SPECIAL_TOKENS)} or set tokenizer.special.{role}"
                 )
         self.bos_id, self.pad_id, self.eos_id = ids["bos"], ids["pad"], ids["eos"]
         self.unk_id, self.mask_id, self.decoder_start_id = ids["unk"], ids["mask"], ids["decoder_start"]
@@ -115,7 +117,9 @@ def load_tokenizer(path: str | os.PathLike, specials: SpecialTokens = SpecialTok
     if os.path.isdir(path):
         path = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"tokenizer file {path} does not exist (train one with `wakong train-tokenizer`)")
+        raise FileNotFoundError(
+            f"tokenizer file {path} does not exist (train one with `wakong train-tokenizer`)"
+        )
     with open(path, "rb") as f:
         raw = f.read()
     try:
@@ -160,6 +164,6 @@ def train_tokenizer(
     tok.post_processor = processors.TemplateProcessing(
         single=f"{specials.bos} $A {specials.eos}",
         pair=f"{specials.bos} $A {specials.eos} {specials.eos} $B {specials.eos}",
-        special_tokens=[(specials.bos, tok.token_to_id(specials.bos)), (specials.eos, tok.token_to_id(specials.eos))],
+        special_tokens=[(t, tok.token_to_id(t)) for t in (specials.bos, specials.eos)],
     )
     return TextTokenizer(tok.to_str(), specials, origin="<trained>")
