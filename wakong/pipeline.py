@@ -40,11 +40,34 @@ import grain
 import numpy as np
 
 from wakong import records
-from wakong.config import BuildConfig
+from wakong.config import BuildConfig, load_config
 from wakong.infilling import Noised, noise_example
+from wakong.reader import batches, open_dataset
 from wakong.report import MaskStats
+from wakong.sources import ArrayRecordSource, PydocSource, TextSource, open_source
 from wakong.text import decode_utf8, split_sentences, split_words, truncate_utf8
 from wakong.tokenizer import TextTokenizer, load_tokenizer, train_tokenizer
+
+__all__ = [  # the pipeline's entry points, including those that live in sibling modules
+    "ArrayRecordSource",
+    "BuildConfig",
+    "DROP_REASONS",
+    "ExampleMaker",
+    "Outcome",
+    "PydocSource",
+    "TextSource",
+    "batches",
+    "build",
+    "build_dataset",
+    "load_config",
+    "load_tokenizer",
+    "make_examples",
+    "open_dataset",
+    "open_source",
+    "resolve_tokenizer",
+    "train_tokenizer",
+    "training_texts",
+]
 
 #: Reasons a record can be dropped for.
 DROP_REASONS = ("empty", "too_short", "too_long", "invalid_utf8", "invalid_json", "oversize")
