@@ -1,0 +1,296 @@
+"""``wakong`` command line: build BART text-infilling datasets, train tokenizers, inspect, mask.
+
+Examples::
+
+    wakong build --corpus pydoc --out data/                       # Python's docs, article defaults
+    wakong build corpus/*.txt --config configs/wakong/bart.yaml --out data/ --workers 2
+    wakong build docs.jsonl --format jsonl --set input.field=body --tokenizer tokenizer.json --out data/
+    wakong train-tokenizer corpus/*.txt --vocab-size 32000 --out tokenizer.json
+    wakong inspect data/
+    wakong mask "the quick brown fox jumps over the lazy dog" --seed 1
+
+Settings come from ``--config`` (YAML), then the dedicated flags, then ``--set section.key=value``.
+Errors (missing files, corrupt tokenizer, invalid settings, full disk) print one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+_FLAGS = {  # flag attribute -> config key
+    "format": "input.format",
+    "split": "input.split",
+    "field": "input.field",
+    "tokenizer": "tokenizer.path",
+    "vocab_size": "tokenizer.vocab_size",
+    "seed": "seed",
+    "num_shards": "output.num_shards",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wakong",
+        description="Wakong span masking and BART text-infilling datasets (grain + ArrayRecord).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run `wakong COMMAND --help` for the options of a command.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def inputs(p: argparse.ArgumentParser) -> None:
+        p.add_argument("inputs", nargs="*", help="input files (text, JSONL or ArrayRecord)")
+        p.add_argument("--corpus", choices=["pydoc"], help="built-in corpus instead of files: Python's docs")
+        p.add_argument("--repeat", type=int, default=1, help="use the built-in corpus N times (benchmarks)")
+        p.add_argument("--config", help="YAML config (e.g. configs/wakong/article.yaml)")
+        p.add_argument("--format", choices=["text", "jsonl", "array_record"], help="input format")
+        p.add_argument("--split", choices=["line", "paragraph", "file"], help="one text record per ...")
+        p.add_argument("--field", help="JSON field holding the text")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
+
+    build = sub.add_parser("build", help="build a dataset: text in, ArrayRecord shards + manifest out")
+    inputs(build)
+    build.add_argument("--out", required=True, help="dataset directory")
+    build.add_argument("--tokenizer", help="tokenizer.json to use (default: train a byte-level BPE)")
+    build.add_argument("--vocab-size", type=int, help="vocabulary size of a trained tokenizer")
+    build.add_argument("--seed", type=int, help="mask seed")
+    build.add_argument("--num-shards", type=int, help="ArrayRecord shards per host")
+    build.add_argument("--workers", type=int, default=0, help="grain worker processes (0: in process)")
+    build.add_argument("--process-index", type=int, default=0, help="this host's index (multi-host builds)")
+    build.add_argument("--process-count", type=int, default=1, help="number of hosts (multi-host builds)")
+    build.add_argument("--overwrite", action="store_true", help="replace an earlier build in --out")
+    build.add_argument("--no-progress", action="store_true", help="no progress bar")
+    build.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+    train = sub.add_parser("train-tokenizer", help="train a byte-level BPE with BART's special tokens")
+    inputs(train)
+    train.add_argument("--out", required=True, help="tokenizer.json to write")
+    train.add_argument("--vocab-size", type=int, help="vocabulary size")
+
+    inspect = sub.add_parser("inspect", help="summarise a dataset and show decoded examples")
+    inspect.add_argument("path", help="dataset directory")
+    inspect.add_argument("--examples", type=int, default=3, help="examples to show")
+
+    mask = sub.add_parser("mask", help="mask the words of a text with Wakong (word-level infilling)")
+    mask.add_argument("text", help="text to mask")
+    mask.add_argument("--seed", type=int, default=0, help="random.Random seed")
+    mask.add_argument("--mask-token", default="<mask>", help="mask token")
+    return parser
+
+
+def _config(args: argparse.Namespace):
+    from wakong.config import load_config
+
+    overrides = [
+        f"{key}={json.dumps(getattr(args, flag))}"
+        for flag, key in _FLAGS.items()
+        if getattr(args, flag, None) is not None
+    ]
+    if args.corpus:
+        if args.inputs:
+            raise ValueError("give input files or --corpus, not both")
+        overrides.append("input.format=pydoc")
+    return load_config(args.config, overrides + list(args.set))
+
+
+def _source(args: argparse.Namespace, config):
+    from wakong.sources import open_source
+
+    if config.input.format != "pydoc" and not args.inputs:
+        raise ValueError("no input files given (or use --corpus pydoc)")
+    return open_source(config.input.format, args.inputs, split=config.input.split, repeat=args.repeat)
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="rec", disable=not enabled, dynamic_ncols=True, file=sys.stderr)
+    state = {"tokens": 0, "start": None, "shown": 0.0}
+
+    def update(outcome) -> None:
+        now = time.perf_counter()
+        state["start"] = state["start"] or now  # rate over the records, not the start-up
+        state["tokens"] += outcome.tokens
+        bar.update(1)
+        if now - state["shown"] > 0.5:
+            state["shown"] = now
+            bar.set_postfix_str(f"{state['tokens'] / max(now - state['start'], 1e-9):,.0f} tok/s")
+
+    return bar, update
+
+
+def _report_lines(manifest: dict, summary: dict | None) -> list[str]:
+    c, timing = manifest["counts"], manifest["timing"]
+    dropped = c["records_dropped"]
+    reasons = ", ".join(f"{k} {v:,}" for k, v in dropped.items() if v)
+    lines = [
+        f"records in        {c['records_in']:>12,}",
+        f"records written   {c['records_written']:>12,}",
+        f"records dropped   {sum(dropped.values()):>12,}" + (f"  ({reasons})" if reasons else ""),
+        f"examples          {c['examples']:>12,}",
+        f"tokens            {c['tokens']:>12,}  (target; source {c['source_tokens']:,})",
+    ]
+    for key, value in c["events"].items():
+        lines.append(f"  {key.replace('_', ' '):<30} {value:>10,}")
+    loop_rate = c["tokens"] / max(timing["loop_seconds"], 1e-9)
+    lines.append(
+        f"time              {timing['seconds']:>12.2f} s  -> {timing['tokens_per_second']:,.0f} tokens/s"
+        " end to end"
+        f" ({loop_rate:,.0f} tokens/s in the example loop, {timing['workers']} workers)"
+    )
+    if not summary or not summary["spans"]:
+        return lines
+    lines += [
+        f"mask rate         {summary['mask_rate']:>12.4f}"
+        f"  (exact expectation {summary['expected_mask_rate']:.4f},"
+        f" {summary['masked_units']:,} of {summary['units']:,} units)",
+        f"spans             {summary['spans']:>12,}  (expected {summary['expected_spans']:,.1f})",
+        "span length       observed   exact",
+    ]
+    rows = zip(summary["span_histogram"], summary["span_pmf"], summary["expected_span_pmf"])
+    for k, (count, p, q) in enumerate(rows):
+        lines.append(f"  {k:>2} {'#' * round(40 * p):<40} {count:>9,}  {p:7.4f}  {q:7.4f}")
+    edge = summary["edge"]
+    if edge["records"]:
+        lines.append(
+            f"mask rate by distance from either end"
+            f" ({edge['records']:,} sequences of >= {2 * edge['positions']} units)"
+        )
+        lines.append("  pos   start     end   exact")
+        for i, (a, b, e) in enumerate(zip(edge["from_start"], edge["from_end"], edge["expected"])):
+            lines.append(f"  {i:>3} {a:7.4f} {b:7.4f} {e:7.4f}")
+        lines.append(f"  interior {edge['interior_rate']:.4f} (exact {edge['expected_interior_rate']:.4f})")
+    return lines
+
+
+def _build(args: argparse.Namespace) -> int:
+    from wakong import pipeline
+    from wakong.report import MaskStats, plot_positions, plot_span_lengths
+
+    config = _config(args)
+    source = _source(args, config)
+    if config.tokenizer.path is None:
+        size = config.tokenizer.vocab_size
+        print(f"training a byte-level BPE tokenizer ({size:,} tokens) on {len(source):,} records",
+              file=sys.stderr)
+    tokenizer = pipeline.resolve_tokenizer(config, source)
+    total = len(range(args.process_index, len(source), max(args.process_count, 1)))
+    bar, update = _progress(total, not args.no_progress)
+    try:
+        manifest = pipeline.build(
+            source,
+            args.out,
+            config,
+            tokenizer=tokenizer,
+            workers=args.workers,
+            process_index=args.process_index,
+            process_count=args.process_count,
+            overwrite=args.overwrite,
+            progress=update,
+        )
+    finally:
+        bar.close()
+    summary = None
+    if config.noise.infill:
+        summary = MaskStats(config.noise.spans).merge(manifest["mask_stats"]).summary()
+    report_dir = os.path.join(args.out, "report")
+    os.makedirs(report_dir, exist_ok=True)
+    name = f"{args.process_index:05d}-of-{args.process_count:05d}"
+    with open(os.path.join(report_dir, f"report-{name}.json"), "w", encoding="utf-8") as f:
+        json.dump({"counts": manifest["counts"], "timing": manifest["timing"], "mask": summary}, f, indent=1)
+    lines = _report_lines(manifest, summary)
+    if summary and summary["spans"] and not args.no_plots:
+        spans_png = os.path.join(report_dir, f"span_lengths-{name}.png")
+        positions_png = os.path.join(report_dir, f"mask_positions-{name}.png")
+        plot_span_lengths(summary, spans_png)
+        lines.append(f"plots             {spans_png}")
+        if summary["edge"]["records"]:
+            plot_positions(summary, positions_png)
+            lines.append(f"                  {positions_png}")
+    print("\n".join(lines))
+    print(f"dataset           {os.path.abspath(args.out)}")
+    return 0
+
+
+def _train_tokenizer(args: argparse.Namespace) -> int:
+    from wakong import pipeline
+    from wakong.tokenizer import train_tokenizer
+
+    config = _config(args)
+    source = _source(args, config)
+    cfg = config.tokenizer
+    tok = train_tokenizer(
+        pipeline.training_texts(source, config),
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        specials=cfg.special,
+    )
+    tok.save(args.out)
+    print(f"wrote {args.out}: {tok.vocab_size:,} tokens, sha256 {tok.sha256}")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    from wakong import records
+    from wakong.reader import open_dataset
+
+    info, tok = open_dataset(args.path)
+    c = info["counts"]
+    dropped = sum(c["records_dropped"].values())
+    print(f"dataset  {os.path.abspath(args.path)}: {len(info['parts'])} part(s), {len(info['files'])} shard(s)")
+    print(f"records  in {c['records_in']:,}, written {c['records_written']:,}, dropped {dropped:,}")
+    print(f"examples {c['examples']:,}; tokens {c['tokens']:,}; seed {info['seed']}")
+    print(f"tokenizer sha256 {tok.sha256}")
+    left = args.examples
+    for file in info["files"]:
+        reader = ArrayRecordReader(file)
+        wanted = list(range(min(reader.num_records(), left)))
+        for data in reader.read(wanted) if wanted else []:
+            rec = records.decode_record(data)
+            print(f"\n[record {rec['index']} part {rec['part']}]")
+            print("  source:", tok.decode(rec["input_ids"]))
+            print("  target:", tok.decode(rec["labels"]))
+        reader.close()
+        left -= len(wanted)
+        if left <= 0:
+            break
+    return 0
+
+
+def _mask(args: argparse.Namespace) -> int:
+    import random
+
+    from wakong._reference import pretty_print_mask_scheme
+    from wakong.infilling import infill, span_scheme
+
+    words = args.text.split()
+    scheme = span_scheme(random.Random(args.seed), len(words))
+    print(" ".join(infill(words, scheme, args.mask_token)))
+    pretty_print_mask_scheme(len(words), scheme)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``wakong`` command; returns the exit code."""
+    args = _parser().parse_args(argv)
+    commands = {"build": _build, "train-tokenizer": _train_tokenizer, "inspect": _inspect, "mask": _mask}
+    from wakong.records import DatasetError
+    from wakong.tokenizer import TokenizerError
+
+    try:
+        return commands[args.command](args)
+    except (OSError, TokenizerError, DatasetError, ValueError) as err:  # OSError: missing, existing, disk
+        print(f"wakong: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("wakong: interrupted; nothing was committed for the unfinished part", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

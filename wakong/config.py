@@ -1,0 +1,226 @@
+"""Build configuration: nested frozen dataclasses, loaded from YAML with ``section.key=value`` overrides.
+
+Unknown keys and invalid values raise ``ValueError`` naming the offending key, when the config is built.
+``configs/wakong/article.yaml`` holds the defaults of the Wakong article's own use (sentences masked at
+word level, 256-token BART inputs); ``configs/wakong/bart.yaml`` the BART paper's recipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import types
+import typing
+from typing import Any, Mapping, Sequence
+
+from wakong.infilling import NoiseConfig, SpanSpec
+from wakong.sources import TEXT_SPLITS
+from wakong.tokenizer import SpecialTokens
+
+
+def _choice(name: str, value: Any, allowed: Sequence) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class InputConfig:
+    """How raw records are read.
+
+    Attributes:
+      format: ``text``, ``jsonl``, ``array_record`` or ``pydoc`` (Python's docs, no files needed).
+      split: for ``text``: ``line``, ``paragraph`` or ``file``.
+      field: JSON field holding the text (``jsonl``; ``array_record`` records are JSON when it is set).
+      utf8_errors: ``replace`` (U+FFFD, counted) or ``strict`` (drop the record, counted).
+      max_record_bytes: larger records are cut (``oversize: truncate``) or dropped (``drop``), counted.
+    """
+
+    format: str = "text"
+    split: str = "line"
+    field: str | None = None
+    utf8_errors: str = "replace"
+    max_record_bytes: int = 1 << 24
+    oversize: str = "truncate"
+
+    def __post_init__(self):
+        _choice("input.format", self.format, ("text", "jsonl", "array_record", "pydoc"))
+        _choice("input.split", self.split, TEXT_SPLITS)
+        _choice("input.utf8_errors", self.utf8_errors, ("replace", "strict"))
+        _choice("input.oversize", self.oversize, ("truncate", "drop"))
+        _positive("input.max_record_bytes", self.max_record_bytes)
+        if self.format == "jsonl" and not self.field:
+            object.__setattr__(self, "field", "text")
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    """``path`` to a ``tokenizer.json``, or ``None`` to train a byte-level BPE on the corpus."""
+
+    path: str | None = None
+    vocab_size: int = 8192
+    min_frequency: int = 2
+    special: SpecialTokens = SpecialTokens()
+
+    def __post_init__(self):
+        _positive("tokenizer.vocab_size", self.vocab_size)
+        _positive("tokenizer.min_frequency", self.min_frequency)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleConfig:
+    """How records become examples.
+
+    Attributes:
+      unit: ``sentence`` (each sentence one example, as the Wakong author trained) or ``document``
+        (consecutive sentences packed into examples that fit, as BART does).
+      min_words: shorter sentences (``sentence``) or documents (``document``) are dropped, counted.
+      max_source_len, max_target_len: encoder / decoder lengths including BOS and EOS.
+      too_long: an example that does not fit is ``split`` into pieces at sentence, then word,
+        boundaries; ``truncate`` keeps the first piece; ``drop`` drops it. All counted.
+    """
+
+    unit: str = "sentence"
+    min_words: int = 1
+    max_source_len: int = 256
+    max_target_len: int = 256
+    too_long: str = "split"
+
+    def __post_init__(self):
+        _choice("examples.unit", self.unit, ("sentence", "document"))
+        _choice("examples.too_long", self.too_long, ("split", "truncate", "drop"))
+        _positive("examples.min_words", self.min_words)
+        for name in ("max_source_len", "max_target_len"):
+            if int(getattr(self, name)) < 3:
+                raise ValueError(f"examples.{name} must be >= 3 (BOS, a token, EOS), got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputConfig:
+    """``num_shards`` ArrayRecord files per host."""
+
+    num_shards: int = 1
+
+    def __post_init__(self):
+        _positive("output.num_shards", self.num_shards)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildConfig:
+    """Everything that determines a built dataset (recorded in its manifest)."""
+
+    seed: int = 0
+    input: InputConfig = InputConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    examples: ExampleConfig = ExampleConfig()
+    noise: NoiseConfig = NoiseConfig()
+    output: OutputConfig = OutputConfig()
+
+    def __post_init__(self):
+        if int(self.seed) != self.seed or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON of the settings that change the records (not paths or shards)."""
+        d = self.to_dict()
+        d["tokenizer"].pop("path")
+        d.pop("output")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def _build(cls, data: Mapping, prefix: str):
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ValueError(f"unknown config key {prefix}{unknown[0]} (known: {', '.join(sorted(fields))})")
+    kwargs = {}
+    for key, value in data.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, value or {}, f"{prefix}{key}.")
+        else:
+            kwargs[key] = _coerce(f"{prefix}{key}", value, hint)
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        if not prefix or str(err).startswith(prefix):
+            raise
+        raise ValueError(f"{prefix}{err}") from None
+
+
+def _coerce(name: str, value: Any, hint) -> Any:
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in options:
+        return None
+    for option in options:
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if option in (int, str, bool) and type(value) is option:
+            return value
+    names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+    raise ValueError(f"{name} must be {names}, got {value!r}")
+
+
+def _set_path(data: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"cannot set {dotted}: {part} is not a section")
+    node[leaf] = value
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> BuildConfig:
+    """Reads a YAML config (``None``: defaults) and applies ``section.key=value`` overrides (YAML values).
+
+    >>> config = load_config(overrides=["noise.spans.budget_rate=0.4", "examples.unit=document"])
+    >>> config.noise.spans.budget_rate, config.examples.unit
+    (0.4, 'document')
+    """
+    import yaml
+
+    data: dict = {}
+    if path is not None:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"config file {path} does not exist")
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"config file {path} must hold a mapping, got {type(data).__name__}")
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"override {item!r} must look like section.key=value")
+        _set_path(data, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
+    return config_from_dict(data)
+
+
+def config_from_dict(data: Mapping) -> BuildConfig:
+    """Builds a :class:`BuildConfig` from nested mappings (e.g. a manifest's ``config``)."""
+    return _build(BuildConfig, data, "")
+
+
+__all__ = [
+    "BuildConfig",
+    "ExampleConfig",
+    "InputConfig",
+    "NoiseConfig",
+    "OutputConfig",
+    "SpanSpec",
+    "TokenizerConfig",
+    "config_from_dict",
+    "load_config",
+]

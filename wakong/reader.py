@@ -1,0 +1,191 @@
+"""Fixed-shape BART training batches from a built dataset, sharded by host and resumable.
+
+:func:`batches` returns a grain ``IterDataset``; its iterator's ``get_state()`` is a small JSON-able dict
+and ``set_state()`` resumes exactly after the last batch returned (no duplicates, no gaps)::
+
+    ds = batches("data/", batch_size=32, seed=0, num_epochs=None)
+    it = iter(ds)
+    batch = next(it)            # dict of numpy arrays, shapes fixed for jit
+    state = it.get_state()      # save with the model checkpoint; later: it.set_state(state)
+
+Pipeline: ArrayRecord shards -> shuffle(seed) (a fresh permutation per epoch) -> repeat(num_epochs) ->
+decode (and optionally re-noise) -> ``[process_index::process_count]`` -> pad to fixed shapes -> batch.
+Re-noising (``renoise=NoiseConfig(...)``) draws new masks every epoch from the stored original tokens,
+with a generator that depends only on ``(seed, epoch, record index, part)`` -- never on the host count,
+the shuffle order or restarts. Without it the masks written by the build are used.
+
+Batches hold ``input_ids``, ``attention_mask`` ``[B, max_source_len]``; ``decoder_input_ids``,
+``decoder_attention_mask``, ``labels``, ``loss_mask`` ``[B, max_target_len]``; ``index`` / ``part``
+``[B]`` (the example's record index, ``-1`` in padding rows). With ``drop_remainder=False`` the last
+batch of a finite run is completed with padding rows (``loss_mask`` all False), so no example is lost.
+For multi-host training use ``num_epochs=None`` so every host yields the same number of batches.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+
+import grain
+import numpy as np
+
+from wakong import records
+from wakong.config import config_from_dict
+from wakong.infilling import NoiseConfig, noise_example, pad_features
+from wakong.tokenizer import TextTokenizer, load_tokenizer
+
+
+def open_dataset(path: str | os.PathLike) -> tuple[dict, TextTokenizer]:
+    """The combined manifest of a dataset directory and its tokenizer (checked against the manifest)."""
+    path = os.fspath(path)
+    info = records.read_manifests(path)
+    config = config_from_dict(info["config"])
+    tokenizer = load_tokenizer(os.path.join(path, info["tokenizer"]["file"]), config.tokenizer.special)
+    if tokenizer.sha256 != info["tokenizer"]["sha256"]:
+        raise records.DatasetError(f"{path}/tokenizer.json does not match the sha256 in the manifest")
+    return info, tokenizer
+
+
+def record_example(record: dict) -> list[list[tuple[int, ...]]]:
+    """The original example (sentences of words of token ids) stored in a record's labels."""
+    body = record["labels"][1:-1].tolist()
+    words = np.flatnonzero(record["word_starts"][1:-1]).tolist() + [len(body)]
+    sentence_starts = set(np.flatnonzero(record["sentence_starts"][1:-1]).tolist())
+    example: list = []
+    for a, b in zip(words[:-1], words[1:]):
+        if a in sentence_starts or not example:
+            example.append([])
+        example[-1].append(tuple(body[a:b]))
+    return example
+
+
+def _generator(seed: int, epoch: int, index: int, part: int) -> random.Random:
+    state = np.random.SeedSequence([seed, epoch, index, part]).generate_state(2, np.uint64)
+    return random.Random(int(state[0]) << 64 | int(state[1]))
+
+
+class _Decode(grain.transforms.MapWithIndex):
+    """Stream position + record bytes -> record dict, re-noised for the position's epoch if asked."""
+
+    def __init__(
+        self, n_records: int, seed: int, renoise: NoiseConfig | None, tokenizer: TextTokenizer, source_body: int
+    ):
+        self.n_records, self.seed, self.renoise = n_records, seed, renoise
+        self.tokenizer, self.source_body = tokenizer, source_body
+
+    def map_with_index(self, position: int, data: bytes) -> dict:
+        record = records.decode_record(data)
+        if self.renoise is not None:
+            rng = _generator(self.seed, position // self.n_records, record["index"], record["part"])
+            tok = self.tokenizer
+            options = dict(mask_id=tok.mask_id, vocab=tok.random_ids, max_source=self.source_body)
+            noised = noise_example(record_example(record), rng, self.renoise, **options)
+            record = {
+                **record,
+                "input_ids": np.asarray([tok.bos_id, *noised.source, tok.eos_id], np.int32),
+                "labels": np.asarray([tok.bos_id, *noised.target, tok.eos_id], np.int32),
+            }
+        return record
+
+
+class _Features(grain.transforms.Map):
+    def __init__(self, pad_id: int, decoder_start_id: int, max_source_len: int, max_target_len: int):
+        self.kwargs = dict(
+            pad_id=pad_id,
+            decoder_start_id=decoder_start_id,
+            max_source_len=max_source_len,
+            max_target_len=max_target_len,
+        )
+
+    def map(self, record: dict) -> dict:
+        features = pad_features(record["input_ids"], record["labels"], **self.kwargs)
+        features["index"] = np.int64(record["index"])
+        features["part"] = np.int32(record["part"])
+        return features
+
+    def empty(self) -> dict:
+        """A padding row: all pad, no attention, no loss, index -1."""
+        features = pad_features([], [], **self.kwargs)
+        features["input_ids"][:] = features["decoder_input_ids"][:] = self.kwargs["pad_id"]
+        features["index"], features["part"] = np.int64(-1), np.int32(-1)
+        return features
+
+
+def _stack_padded(elements, *, batch_size: int, empty: dict) -> dict:
+    rows = list(elements) + [empty] * (batch_size - len(elements))
+    return {key: np.stack([row[key] for row in rows]) for key in empty}
+
+
+def batches(
+    path: str | os.PathLike,
+    *,
+    batch_size: int,
+    seed: int = 0,
+    shuffle: bool = True,
+    num_epochs: int | None = 1,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    drop_remainder: bool = False,
+    renoise: NoiseConfig | None = None,
+    max_source_len: int | None = None,
+    max_target_len: int | None = None,
+    workers: int = 0,
+) -> grain.IterDataset:
+    """Fixed-shape training batches of a built dataset (see the module docstring).
+
+    Args:
+      path: dataset directory (all its parts are read).
+      batch_size: rows per batch on this host.
+      seed: shuffle (and re-noise) seed.
+      shuffle: shuffle records, with a new permutation each epoch.
+      num_epochs: passes over the data; ``None`` repeats forever.
+      process_index, process_count: this host's share; default ``jax.process_index()/process_count()``.
+      drop_remainder: drop a final partial batch instead of padding it.
+      renoise: draw new masks each epoch with this noise config (default: the build's masks).
+      max_source_len, max_target_len: padded lengths, at least the build's (default: the build's).
+      workers: grain worker processes (0: in this process).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if num_epochs is not None and num_epochs < 1:
+        raise ValueError(f"num_epochs must be >= 1 or None, got {num_epochs}")
+    if process_index is None or process_count is None:
+        import jax
+
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index must be in [0, {process_count}), got {process_index}")
+    info, tokenizer = open_dataset(path)
+    built = config_from_dict(info["config"]).examples
+    source_len = built.max_source_len if max_source_len is None else max_source_len
+    target_len = built.max_target_len if max_target_len is None else max_target_len
+    if source_len < built.max_source_len or target_len < built.max_target_len:
+        raise ValueError(
+            f"max_source_len/max_target_len {source_len}/{target_len} are below the build's "
+            f"{built.max_source_len}/{built.max_target_len}; rebuild the dataset for shorter examples"
+        )
+    if renoise is not None:
+        renoise.spans.cdfs()  # derive the span tables once, before any worker starts
+    ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(info["files"]))
+    n_records = len(ds)
+    if n_records == 0:
+        raise records.DatasetError(f"{path} holds no examples")
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    if num_epochs != 1:
+        ds = ds.repeat(num_epochs)
+    ds = ds.map_with_index(_Decode(n_records, seed, renoise, tokenizer, built.max_source_len - 2))
+    ds = ds[process_index::process_count]
+    features = _Features(tokenizer.pad_id, tokenizer.decoder_start_id, source_len, target_len)
+    ds = ds.map(features)
+    batch_fn = functools.partial(_stack_padded, batch_size=batch_size, empty=features.empty())
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn).to_iter_dataset()
+    if workers > 0:
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags
+            flags.FLAGS.mark_as_parsed()
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    return ds
