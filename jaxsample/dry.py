@@ -15,11 +15,13 @@ Implementation. llama.cpp computes the suffix-match lengths with a reverse Z-alg
 sequential loop. Here they are the column counts of the match matrix
 ``M[l, k] = (w[-1-l] == w[-1-l-k])``: ``L_k`` is the number of leading True entries of column
 ``k``. The matrix is built ``C = 32`` rows at a time inside a ``lax.while_loop`` that stops as
-soon as every column has hit a mismatch (or the breaker limit), so typical text costs one
-``[C, T]`` block per row and a long verbatim loop costs ``O(T * L)``; the worst case is the
-``O(T^2)`` of the naive oracle, with ``O(C * T)`` memory. Breakers are matched with static tables
-indexed by token id (``O(T * K * tail)`` per row, ``K`` tails per head). The per-token maximum
-uses one scatter-max into ``[..., V]``.
+soon as every column has hit a mismatch, the breaker limit, or the length past which the penalty
+no longer grows (``allowed_length + max_exp``, e.g. 160 tokens for ``base = 1.75``). Typical text
+costs one ``[C, T]`` block per row; a model stuck in a verbatim loop costs
+``O(T * min(T, allowed_length + max_exp))``, i.e. ``O(T * 160)`` with the default base; memory is
+``O(C * T)``. Breakers are matched with static tables indexed by token id
+(``O(T * K * tail)`` per row, ``K`` tails per head); the per-token maximum is one scatter-max
+into ``[..., V]``.
 """
 
 from __future__ import annotations
@@ -33,11 +35,10 @@ from jax import lax
 
 from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
-from jaxsample.penalties import _compact, _scatter
+from jaxsample.penalties import _NEVER, _compact, _scatter
 
 _FLOAT_MAX_LOG = 88.7228391  # llama.cpp's ln(FLT_MAX)
 _CHUNK = 32
-_NEVER = np.iinfo(np.int32).min
 _NO_TAIL = 2**30  # length of an unused tail slot: never <= a window position
 
 
@@ -157,14 +158,18 @@ def _penalty(history, vocab_size, mult, base, allowed, last_n, tables: _Breakers
     n = jnp.where(last_n < 0, m, jnp.minimum(m, last_n))
     r = jnp.where(i < n[..., None], jnp.flip(c, -1), -(1 + i))
     limit = _restart_limit(r, n, tables)
-    z = _suffix_matches(r, limit)
+    max_exp = jnp.where(base > 1.000001, jnp.floor(_FLOAT_MAX_LOG / jnp.log(base)), jnp.inf)
+    # The penalty stops growing at L = allowed + max_exp (and at L = allowed when base == 1), so
+    # longer matches need not be measured: with base 1.75 no match is followed past 160 tokens.
+    saturation = jnp.where(base == 1.0, 0.0, max_exp) + allowed
+    cap = jnp.minimum(limit.astype(jnp.float32), saturation).astype(jnp.int32)
+    z = _suffix_matches(r, cap)
     # Shift k >= 1: the suffix also ends k tokens back, where it was followed by r[k - 1].
     length, follower = z[..., 1:], r[..., :-1]
     ok = (length >= allowed[..., None]) & (i[1:] < n[..., None])
     init = jnp.full(history.shape[:-1] + (vocab_size,), -1, jnp.int32)
     longest = _scatter(init, jnp.where(ok, follower, vocab_size), length, "max")
     hit = (longest >= 0) & ~jnp.asarray(tables.single)
-    max_exp = jnp.where(base > 1.000001, jnp.floor(_FLOAT_MAX_LOG / jnp.log(base)), jnp.inf)
     exponent = jnp.minimum((longest - allowed[..., None]).astype(jnp.float32), max_exp[..., None])
     return jnp.where(hit, mult[..., None] * jnp.power(base[..., None], exponent), 0.0)
 

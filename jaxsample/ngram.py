@@ -21,9 +21,7 @@ import numpy as np
 
 from jaxsample import _math, _validate
 from jaxsample._types import NEG_INF, Array, ArrayLike
-from jaxsample.penalties import _compact, _scatter
-
-_NEVER = np.iinfo(np.int32).min  # fill value that matches no token and no sentinel
+from jaxsample.penalties import _NEVER, _compact, _scatter
 
 
 def _shift(c: Array, j: int) -> Array:

@@ -12,7 +12,7 @@ repetition penalty once per distinct token by construction. The alternative, com
 window entry with every other (``O(T^2)``) and scattering penalised values back, only wins for
 tiny windows and still needs a scatter, so it is not used.
 
-The private helpers below (:func:`_tokens`, :func:`_compact`, :func:`_scatter`) are shared by
+The private helpers below (:func:`_compact`, :func:`_scatter`, ``_NEVER``) are shared by
 :mod:`jaxsample.ngram` and :mod:`jaxsample.dry`.
 """
 
@@ -26,6 +26,8 @@ from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
 
 _TINY = float(jnp.finfo(jnp.float32).tiny)
+#: Fill value for shifted histories: matches no token and no :func:`_compact` sentinel.
+_NEVER = -(2**31)
 
 
 # --------------------------------------------------------------------------- history helpers

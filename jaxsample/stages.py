@@ -160,7 +160,8 @@ def no_repeat_ngram(n: int, *, last_n: int = -1, name: str = "no_repeat_ngram") 
 
     ``n`` (HF ``no_repeat_ngram_size``) is static: it fixes the shapes of the n-gram match. Use a
     chain without this stage for rows that should not use it. ``last_n`` is the static window
-    (``-1`` = the whole ring, as HF; ``Sampler.init`` then needs ``history_size``).
+    (``-1`` = the whole ring, as HF: ``Sampler.init`` then needs a ``history_size`` that holds the
+    prompt and every generated token, or the oldest n-grams are forgotten).
     """
     n = _validate.static_int(n, "n", lo=1)
     w = _validate.static_int(last_n, "last_n", lo=-1)
