@@ -191,8 +191,10 @@ def dry(
         accepted token); entries outside ``[0, V)`` are ignored.
       multiplier: penalty scale, scalar or ``[...]``; ``0`` = off.
       base: growth per extra repeated token, scalar or ``[...]``; ``< 1`` = off (as llama.cpp).
-      allowed_length: repeats shorter than this are free (int ``>= 0``), scalar or ``[...]``.
-      penalty_last_n: window in tokens, scalar or ``[...]``: ``-1`` = whole history, ``0`` = off.
+      allowed_length: repeats shorter than this are free (int ``>= 0``; traced negatives count as
+        0), scalar or ``[...]``.
+      penalty_last_n: window in tokens, scalar or ``[...]``: ``-1`` (any negative when traced) =
+        the whole history, ``0`` = off.
       sequence_breakers: static tuple of token-id tuples ``(head, *tail)`` (llama's processed
         breakers; build them from strings with :func:`dry_sequence_breakers`).
 

@@ -263,10 +263,17 @@ def test_stage_equals_function_on_prompt_then_accepted(tokenizer):
     for tok in accepted:
         state = accept(jnp.array(tok), state, params)
     x = jnp.zeros((2, tokenizer.get_vocab_size()))
-    out, _ = jax.jit(sampler.process)(x, state, params)
+    process = CountingJit(sampler.process)
+    out, _ = process(x, state, params)
     full = jnp.concatenate([prompt, jnp.array(accepted).T], axis=-1)[:, -12:]
     expected = dry(x, full, params["dry_multiplier"], 1.75, 2, jnp.array([-1, 6]), breakers)
     np.testing.assert_allclose(out, expected, rtol=1e-6)
     assert (np.asarray(out) < 0).any()
+    other = sampler.params((2,), dry_multiplier=1.5, dry_base=jnp.array([1.2, 3.0]), dry_allowed_length=jnp.array([1, 3]),
+                           dry_penalty_last_n=jnp.array([4, 0]))
+    out, _ = process(x, state, other)
+    assert process.traces == 1  # every DRY param is per-row data
+    expected = dry(x, full, 1.5, other["dry_base"], other["dry_allowed_length"], jnp.array([4, 0]), breakers)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
     with pytest.raises(ValueError, match="dry_penalty_last_n"):
         sampler.params((2,), dry_penalty_last_n=13)

@@ -187,10 +187,11 @@ def _run(sampler, params, prompt, accepted, vocab, history_size=None, encoder_id
 
 
 def test_llama_stage_equals_function_on_prompt_then_accepted():
-    sampler = js.chain(stages.penalties(last_n=6), select=stages.greedy())
+    # DRY (off by default) makes the ring longer than the penalties window: the stage reads its 6
+    sampler = js.chain(stages.penalties(last_n=6), stages.dry(last_n=10), select=stages.greedy())
     params = sampler.params((2,), repetition_penalty=jnp.array([1.5, 2.0]), frequency_penalty=0.3,
-                            presence_penalty=jnp.array([0.0, 0.5]), penalty_last_n=jnp.array([6, 3]))
-    prompt = jnp.array([[1, 2, -1, 3], [-1, -1, 4, 4]])
+                            presence_penalty=jnp.array([0.0, 0.5]), penalty_last_n=jnp.array([-1, 3]))
+    prompt = jnp.array([[1, 2, 0, 3], [-1, -1, 4, 4]])  # row 0: 7 tokens, one more than the window
     accepted = [[5, 0], [1, 1], [1, 2]]
     x, out = _run(sampler, params, prompt, accepted, 8)
     full = jnp.concatenate([prompt, jnp.array(accepted).T], axis=-1)
@@ -219,6 +220,10 @@ def test_hf_stage_and_encoder_stage():
     prompt, enc = jnp.array([[0, 1]]), jnp.array([[4, 5, -1]])
     x, out = _run(sampler, params, prompt, [[2]], 6, history_size=3, encoder_ids=enc)
     expected = enc_pen(pen(x, jnp.array([[0, 1, 2]]), 1.3, 0.0, 0.0, -1), enc, 2.0)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    # without encoder ids, the encoder penalty reads the prompt (HF decoder-only behaviour)
+    x, out = _run(sampler, params, prompt, [[2]], 6, history_size=3)
+    expected = enc_pen(pen(x, jnp.array([[0, 1, 2]]), 1.3, 0.0, 0.0, -1), prompt, 2.0)
     np.testing.assert_allclose(out, expected, rtol=1e-6)
 
 
