@@ -14,12 +14,13 @@ penalised themselves.
 Implementation. llama.cpp computes the suffix-match lengths with a reverse Z-algorithm, a
 sequential loop. Here they are the column counts of the match matrix
 ``M[l, k] = (w[-1-l] == w[-1-l-k])``: ``L_k`` is the number of leading True entries of column
-``k``. The matrix is built ``C = 32`` rows at a time inside a ``lax.while_loop`` that stops as
+``k``. Row ``l`` of the matrix is a shifted slice of ``w`` compared with one token; rows are
+computed ``C = 8`` at a time (unrolled) inside a ``lax.while_loop`` that stops as
 soon as every column has hit a mismatch, the breaker limit, or the length past which the penalty
 no longer grows (``allowed_length + max_exp``, e.g. 160 tokens for ``base = 1.75``). Typical text
-costs one ``[C, T]`` block per row; a model stuck in a verbatim loop costs
-``O(T * min(T, allowed_length + max_exp))``, i.e. ``O(T * 160)`` with the default base; memory is
-``O(C * T)``. Breakers are matched with static tables indexed by token id
+costs one loop step (``C`` fused passes over ``[..., T]``); a model stuck in a verbatim loop
+costs ``O(T * min(T, allowed_length + max_exp))``, i.e. ``O(T * 160)`` with the default base;
+memory is ``O(T)`` per row. Breakers are matched with static tables indexed by token id
 (``O(T * K * tail)`` per row, ``K`` tails per head); the per-token maximum is one scatter-max
 into ``[..., V]``.
 """
@@ -38,7 +39,7 @@ from jaxsample._types import Array, ArrayLike
 from jaxsample.penalties import _NEVER, _compact, _scatter
 
 _FLOAT_MAX_LOG = 88.7228391  # llama.cpp's ln(FLT_MAX)
-_CHUNK = 32
+_CHUNK = 8
 _NO_TAIL = 2**30  # length of an unused tail slot: never <= a window position
 
 
@@ -123,29 +124,29 @@ def _suffix_matches(r: Array, limit: Array, chunk: int = _CHUNK) -> Array:
 
     ``r[i]`` is the ``i``-th most recent token, so ``z[k]`` is the length of the longest suffix of
     the window that also ends ``k`` tokens earlier. Entries past the window must be distinct
-    negatives (they never match).
+    negatives (they never match). Row ``l`` of the match matrix is ``r[l] == r[l:l+T]``, a
+    shifted slice, so no ``[C, T]`` block is materialised; ``chunk`` rows are unrolled per loop step.
     """
     t = r.shape[-1]
     c = min(chunk, t)
     steps = -(-t // c)
     ext = jnp.arange(t, 2 * t + steps * c, dtype=jnp.int32)
     r_ext = jnp.concatenate([r, jnp.broadcast_to(-(1 + ext), r.shape[:-1] + ext.shape)], axis=-1)
-    k = jnp.arange(t)
 
     def body(carry):
         j, z, alive = carry
-        l = j * c + jnp.arange(c)
-        a = jnp.take(r_ext, l, axis=-1)[..., :, None]  # [..., C, 1]
-        b = jnp.take(r_ext, l[:, None] + k, axis=-1)  # [..., C, T]
-        eq = (a == b) & (l[:, None] < limit[..., None, None])
-        run = lax.cummin(eq.astype(jnp.int32), axis=eq.ndim - 2) * alive[..., None, :]
-        return j + 1, z + jnp.sum(run, axis=-2), run[..., -1, :]
+        for i in range(c):  # static unroll: one fused pass over [..., T] per matrix row
+            l = j * c + i
+            head = lax.dynamic_slice_in_dim(r_ext, l, 1, axis=-1)
+            alive &= (head == lax.dynamic_slice_in_dim(r_ext, l, t, axis=-1)) & (l < limit[..., None])
+            z += alive
+        return j + 1, z, alive
 
     def cond(carry):
         j, _, alive = carry
-        return (j < steps) & jnp.any(alive > 0)
+        return (j < steps) & jnp.any(alive)
 
-    alive = jnp.broadcast_to((k >= 1).astype(jnp.int32), r.shape)
+    alive = jnp.broadcast_to(jnp.arange(t) >= 1, r.shape)
     _, z, _ = lax.while_loop(cond, body, (jnp.int32(0), jnp.zeros(r.shape, jnp.int32), alive))
     return z
 
@@ -167,11 +168,13 @@ def _penalty(history, vocab_size, mult, base, allowed, last_n, tables: _Breakers
     # Shift k >= 1: the suffix also ends k tokens back, where it was followed by r[k - 1].
     length, follower = z[..., 1:], r[..., :-1]
     ok = (length >= allowed[..., None]) & (i[1:] < n[..., None])
-    init = jnp.full(history.shape[:-1] + (vocab_size,), -1, jnp.int32)
-    longest = _scatter(init, jnp.where(ok, follower, vocab_size), length, "max")
-    hit = (longest >= 0) & ~jnp.asarray(tables.single)
-    exponent = jnp.minimum((longest - allowed[..., None]).astype(jnp.float32), max_exp[..., None])
-    return jnp.where(hit, mult[..., None] * jnp.power(base[..., None], exponent), 0.0)
+    # base ** e grows with L (base >= 1), so the per-token maximum of the growth factor belongs to
+    # the longest repeat; it is computed on the T candidates, never over V.
+    exponent = jnp.minimum((length - allowed[..., None]).astype(jnp.float32), max_exp[..., None])
+    growth = jnp.power(base[..., None], exponent)
+    zeros = jnp.zeros(history.shape[:-1] + (vocab_size,), jnp.float32)
+    factor = _scatter(zeros, jnp.where(ok, follower, vocab_size), growth, "max")
+    return jnp.where(jnp.asarray(tables.single) | (factor == 0), 0.0, mult[..., None] * factor)
 
 
 def dry(
