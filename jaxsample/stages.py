@@ -70,7 +70,10 @@ def _generated(history, position):
 
 
 def _with_prompt(info: StepInfo):
-    """Prompt ids followed by the history: every token of the request, however small the ring."""
+    """Prompt ids, then the history: every token of the request even if the ring dropped the prompt.
+
+    Tokens kept by both appear twice, so this only serves presence-based penalties (repetition).
+    """
     if info.prompt is None:
         return info.history
     return jnp.concatenate([info.prompt, info.history], axis=-1)
