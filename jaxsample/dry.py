@@ -82,7 +82,10 @@ def _normalise(breakers) -> tuple[tuple[int, ...], ...]:
     try:
         seqs = tuple(dict.fromkeys(tuple(int(t) for t in s) for s in breakers))
     except TypeError as err:
-        raise ValueError(f"sequence_breakers must be a tuple of token-id tuples, got {breakers!r}") from err
+        raise ValueError(
+            f"sequence_breakers must be a static tuple of token-id tuples (under jax.jit, pass it as a "
+            f"static argument or close over it), got {breakers!r}"
+        ) from err
     for s in seqs:
         if not s or min(s) < 0:
             raise ValueError(f"sequence_breakers must hold non-empty tuples of token ids >= 0, got {s!r}")

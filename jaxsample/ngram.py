@@ -141,7 +141,10 @@ def _normalise(sequences, name: str, unique: bool = True) -> tuple[tuple[int, ..
     try:
         seqs = tuple(tuple(int(t) for t in s) for s in sequences)
     except TypeError as err:
-        raise ValueError(f"{name} must be a sequence of token-id sequences, got {sequences!r}") from err
+        raise ValueError(
+            f"{name} must be a static collection of token-id sequences (under jax.jit, pass it as a "
+            f"static argument or close over it), got {sequences!r}"
+        ) from err
     for s in seqs:
         if not s or min(s) < 0:
             raise ValueError(f"{name} must hold non-empty sequences of non-negative token ids, got {s!r}")

@@ -188,6 +188,8 @@ def test_bad_values_raise():
         js.dry(x, h, 1.0, sequence_breakers=((),))
     with pytest.raises(ValueError, match="sequence_breakers"):
         js.dry(x, h, 1.0, sequence_breakers=(3,))
+    with pytest.raises(ValueError, match="static"):
+        jax.jit(js.dry)(x, h, 1.0, sequence_breakers=((2,),))
 
 
 # ------------------------------------------------------------------------- breakers from strings
