@@ -79,3 +79,18 @@ __all__ = sorted(__all__ + [
     "top_logprobs",
 ])
 # --- end processors ------------------------------------------------------------------------------------------
+# --- history-based processors (branch ``penalties``) ---
+from jaxsample.dry import dry, dry_sequence_breakers  # noqa: E402
+from jaxsample.ngram import bad_words, encoder_no_repeat_ngram, no_repeat_ngram, sequence_bias  # noqa: E402
+from jaxsample.penalties import encoder_repetition_penalty, penalties  # noqa: E402
+
+__all__ = sorted(__all__ + [
+    "bad_words",
+    "dry",
+    "dry_sequence_breakers",
+    "encoder_no_repeat_ngram",
+    "encoder_repetition_penalty",
+    "no_repeat_ngram",
+    "penalties",
+    "sequence_bias",
+])

@@ -1,0 +1,188 @@
+"""Repetition, frequency and presence penalties over a token history (llama.cpp, vLLM, HF).
+
+A history is ``int32[..., T]``, oldest first. An entry is a token iff ``0 <= id < V``: negative
+entries are padding and ids outside the vocabulary (vLLM pads prompts with ``V``) are ignored
+alike, wherever they sit. The window of ``last_n`` covers the last ``last_n`` *tokens*, padding
+not counted.
+
+Counting cost: occurrences are counted by one scatter-add of the ``T`` history entries into a
+``[..., V]`` int32 array (vLLM's ``bincount``), then the penalty is a dense elementwise pass over
+the logits. That is ``O(T + V)`` work and memory per row, needs no sort, and applies the
+repetition penalty once per distinct token by construction. The alternative, comparing every
+window entry with every other (``O(T^2)``) and scattering penalised values back, only wins for
+tiny windows and still needs a scatter, so it is not used.
+
+The private helpers below (:func:`_compact`, :func:`_scatter`, ``_NEVER``) are shared by
+:mod:`jaxsample.ngram` and :mod:`jaxsample.dry`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+from jaxsample import _math, _validate
+from jaxsample._types import Array, ArrayLike
+
+_TINY = float(jnp.finfo(jnp.float32).tiny)
+#: Fill value for shifted histories: matches no token and no :func:`_compact` sentinel.
+_NEVER = -(2**31)
+
+
+# --------------------------------------------------------------------------- history helpers
+def _tokens(history: Array, vocab_size: int) -> Array:
+    """``bool[..., T]``: which history entries are tokens (``0 <= id < V``)."""
+    return (history >= 0) & (history < vocab_size)
+
+
+def _in_window(history: Array, vocab_size: int, last_n: Array) -> Array:
+    """``bool[..., T]``: tokens among the last ``last_n`` tokens (``last_n < 0``: all).
+
+    Args:
+      history: ``int32[..., T]``.
+      vocab_size: ``V``.
+      last_n: ``int32[...]`` window size per row.
+    """
+    valid = _tokens(history, vocab_size)
+    # Number of tokens at or after each position (1 for the most recent token).
+    from_end = jnp.flip(jnp.cumsum(jnp.flip(valid, -1), axis=-1), -1)
+    n = last_n[..., None]
+    return valid & ((n < 0) | (from_end <= n))
+
+
+def _scatter(target: Array, ids: Array, values: Array, op: str = "add") -> Array:
+    """Scatters ``values [..., K]`` into ``target [..., N]`` at ``ids [..., K]`` per row.
+
+    Ids outside ``[0, N)`` are dropped (callers map unwanted entries to ``N``).
+    ``op`` is ``"add"``, ``"max"`` or ``"set"`` (``"set"`` needs distinct ids per row).
+    """
+    n, k = target.shape[-1], ids.shape[-1]
+    if n == 0 or k == 0:
+        return target
+    ids = jnp.where((ids >= 0) & (ids < n), ids, n)
+    lead = target.shape[:-1]
+    rows = math.prod(lead)
+    flat = target.reshape(rows, n)
+    flat_ids = jnp.broadcast_to(ids, lead + (k,)).reshape(rows, k)
+    flat_vals = jnp.broadcast_to(values, lead + (k,)).reshape(rows, k)
+    rows = jnp.arange(rows)[:, None]
+    ref = flat.at[rows, flat_ids]
+    out = {"add": ref.add, "max": ref.max, "set": ref.set}[op](flat_vals, mode="drop")
+    return out.reshape(target.shape)
+
+
+def _compact(history: Array, vocab_size: int) -> tuple[Array, Array]:
+    """Moves the tokens of each row to the end, in order; fills the front with unique negatives.
+
+    Args:
+      history: ``int32[..., T]``.
+      vocab_size: ``V``; entries outside ``[0, V)`` are dropped.
+
+    Returns:
+      ``(c int32[..., T], m int32[...])``: ``c[..., T-m:]`` are the row's ``m`` tokens oldest
+      first and ``c[..., p] = -(p + 1)`` for ``p < T - m``. The sentinels are distinct from each
+      other and from every token, so position-wise comparisons never match padding.
+    """
+    t = history.shape[-1]
+    valid = _tokens(history, vocab_size)
+    m = jnp.sum(valid, axis=-1, dtype=jnp.int32)
+    dest = jnp.where(valid, t - m[..., None] + jnp.cumsum(valid, axis=-1, dtype=jnp.int32) - 1, t)
+    sentinels = jnp.broadcast_to(-(1 + jnp.arange(t, dtype=jnp.int32)), history.shape)
+    return _scatter(sentinels, dest, history, "set"), m
+
+
+# ----------------------------------------------------------------------------------- penalties
+def _counts(history: Array, vocab_size: int, last_n: Array) -> Array:
+    """``int32[..., V]`` occurrences of each token among the last ``last_n`` tokens."""
+    window = _in_window(history, vocab_size, last_n)
+    zeros = jnp.zeros(history.shape[:-1] + (vocab_size,), jnp.int32)
+    return _scatter(zeros, jnp.where(window, history, vocab_size), window.astype(jnp.int32))
+
+
+def _penalise(x: Array, counts: Array, repeat: Array, frequency: Array, presence: Array) -> Array:
+    """llama.cpp's formula on float32 ``x [..., V]``; parameters are ``[..., 1]``."""
+    seen = counts > 0
+    x = jnp.where(seen, jnp.where(x <= 0, x * repeat, x / repeat), x)
+    return x - (counts.astype(jnp.float32) * frequency + seen.astype(jnp.float32) * presence)
+
+
+def penalties(
+    logits: ArrayLike,
+    history: ArrayLike,
+    repeat: ArrayLike = 1.0,
+    frequency: ArrayLike = 0.0,
+    presence: ArrayLike = 0.0,
+    last_n: ArrayLike = -1,
+) -> Array:
+    """Repetition, frequency and presence penalties over the last ``last_n`` history tokens.
+
+    For every token with ``c > 0`` occurrences in the window (llama.cpp ``penalties``)::
+
+        logit = logit * repeat if logit <= 0 else logit / repeat      # once per distinct token
+        logit -= c * frequency + presence
+
+    vLLM's scopes (repetition over prompt and output, frequency/presence over the output only)
+    are two calls on the corresponding histories (see ``stages.penalties(scope="vllm")``); HF's
+    ``RepetitionPenaltyLogitsProcessor`` is ``penalties(logits, input_ids, repeat=penalty)``.
+
+    Args:
+      logits: ``[..., V]`` float32 or bfloat16.
+      history: ``int32[..., T]`` token ids, oldest first; entries outside ``[0, V)`` are ignored.
+      repeat: repetition penalty ``> 0`` (``1`` = off), scalar or ``[...]``. Traced values
+        ``<= 0`` are clamped to the smallest positive float.
+      frequency: subtracted once per occurrence (``0`` = off), scalar or ``[...]``.
+      presence: subtracted once per distinct token (``0`` = off), scalar or ``[...]``.
+      last_n: window size in tokens, scalar or ``[...]``: ``-1`` (any negative when traced) =
+        the whole history, ``0`` = no penalty.
+
+    Returns:
+      ``[..., V]`` logits in the input dtype.
+
+    Raises:
+      ValueError: ``repeat <= 0``, ``last_n < -1``, a non-integer ``last_n``, NaN parameters, or
+        shapes that do not broadcast to ``logits.shape[:-1]``.
+
+    >>> import jax.numpy as jnp
+    >>> x = jnp.array([2.0, -1.0, 0.5, 1.0])
+    >>> penalties(x, jnp.array([0, 1, 1, -1]), repeat=2.0, frequency=0.5).tolist()
+    [0.5, -3.0, 0.5, 1.0]
+    """
+    x, dtype = _math.prepare(logits)
+    batch, vocab = x.shape[:-1], x.shape[-1]
+    history = _validate.check_tokens(history, "history", batch)
+    r = _validate.param(repeat, batch, "repeat", lo=0.0, lo_open=True)
+    f = _validate.param(frequency, batch, "frequency")
+    p = _validate.param(presence, batch, "presence")
+    n = _validate.param(last_n, batch, "last_n", dtype=jnp.int32, lo=-1)
+    counts = _counts(history, vocab, n)
+    r = jnp.maximum(r, _TINY)[..., None]
+    return _math.restore(_penalise(x, counts, r, f[..., None], p[..., None]), dtype)
+
+
+def encoder_repetition_penalty(logits: ArrayLike, encoder_ids: ArrayLike, penalty: ArrayLike) -> Array:
+    """HF ``EncoderRepetitionPenaltyLogitsProcessor``: the repetition penalty with ``1 / penalty``.
+
+    Tokens present in ``encoder_ids`` have positive logits multiplied by ``penalty`` and
+    non-positive ones divided by it, so ``penalty > 1`` *rewards* copying from the source.
+
+    Args:
+      logits: ``[..., V]``.
+      encoder_ids: ``int32[..., S]`` encoder input ids; entries outside ``[0, V)`` are ignored.
+      penalty: ``> 0`` (``1`` = off), scalar or ``[...]``; traced values ``<= 0`` are clamped to the
+        smallest positive float.
+
+    Returns:
+      ``[..., V]`` logits in the input dtype.
+
+    >>> import jax.numpy as jnp
+    >>> encoder_repetition_penalty(jnp.array([1.0, -1.0, 1.0]), jnp.array([0, 1]), 2.0).tolist()
+    [2.0, -0.5, 1.0]
+    """
+    x, dtype = _math.prepare(logits)
+    batch, vocab = x.shape[:-1], x.shape[-1]
+    encoder_ids = _validate.check_tokens(encoder_ids, "encoder_ids", batch)
+    pen = jnp.maximum(_validate.param(penalty, batch, "penalty", lo=0.0, lo_open=True), _TINY)
+    counts = _counts(encoder_ids, vocab, jnp.full(batch, -1, jnp.int32))
+    zero = jnp.zeros(batch + (1,), jnp.float32)
+    return _math.restore(_penalise(x, counts, (1.0 / pen)[..., None], zero, zero), dtype)
