@@ -25,3 +25,26 @@ __all__ = sorted([
     "stages",
     "temperature",
 ])
+
+# --- truncation filters and adaptive selectors (branch `truncation`) ---
+from jaxsample.cutoffs import epsilon_cutoff, eta_cutoff, p_less, xtc  # noqa: E402
+from jaxsample.mirostat import AdaptivePState, adaptive_p, adaptive_p_init, mirostat, mirostat_v2  # noqa: E402
+from jaxsample.truncation import min_p, top_h, top_k, top_n_sigma, top_p, typical  # noqa: E402
+
+__all__ = sorted(__all__ + [
+    "AdaptivePState",
+    "adaptive_p",
+    "adaptive_p_init",
+    "epsilon_cutoff",
+    "eta_cutoff",
+    "min_p",
+    "mirostat",
+    "mirostat_v2",
+    "p_less",
+    "top_h",
+    "top_k",
+    "top_n_sigma",
+    "top_p",
+    "typical",
+    "xtc",
+])
