@@ -39,6 +39,24 @@ def _update_mu(mu: Array, tau: Array, eta: Array, logp: Array, valid: Array) -> 
     return jnp.where(valid, mu - eta * (-logp / _LN2 - tau), mu)
 
 
+def _zipf_k(x: Array, mu: Array, m: int, n_vocab: int) -> Array:
+    """``int32[...]`` mirostat v1's ``k`` from the Zipf exponent of the ``m`` most probable tokens."""
+    vals, _ = _candidates.top(x, m)
+    m = vals.shape[-1]  # clipped to V
+    n_finite = jnp.sum(x > -jnp.inf, axis=-1)
+    i = jnp.arange(m - 1)
+    used = i + 1 < n_finite[..., None]
+    t = jnp.log((i + 2.0) / (i + 1.0))
+    b = jnp.where(used, vals[..., :-1] - vals[..., 1:], 0.0)  # ln(p_i / p_{i+1}), softmax-free
+    s_hat = jnp.sum(jnp.where(used, t * b, 0.0), axis=-1) / jnp.sum(jnp.where(used, t * t, 0.0), axis=-1)
+    e = s_hat - 1.0
+    log_n = math.log(n_vocab)
+    # (1 - n**-e) / e, continuous at e = 0.
+    ratio = jnp.where(jnp.abs(e) > 1e-6, -jnp.expm1(-e * log_n) / jnp.where(e == 0, 1.0, e), log_n)
+    k = jnp.exp((mu * _LN2 - jnp.log(ratio)) / s_hat)
+    return jnp.where(jnp.isnan(k), 1.0, jnp.clip(jnp.floor(k), 1.0, x.shape[-1])).astype(jnp.int32)
+
+
 def mirostat(
     key: KeyLike,
     logits: ArrayLike,
@@ -87,24 +105,11 @@ def mirostat(
     mu = _validate.param(mu, batch, "mu (mirostat)")
     tau = _validate.param(tau, batch, "tau (mirostat)")
     eta = _validate.param(eta, batch, "eta (mirostat)")
-    m = min(_validate.static_int(m, "m (mirostat)", lo=1), vocab)
+    m = _validate.static_int(m, "m (mirostat)", lo=1)
     n_vocab = vocab if n_vocab is None else _validate.static_int(n_vocab, "n_vocab (mirostat)", lo=1)
     pool = min(max(m, candidates), vocab)
 
-    vals, _ = _candidates.top(x, m)
-    n_finite = jnp.sum(x > -jnp.inf, axis=-1)
-    i = jnp.arange(m - 1)
-    used = i + 1 < n_finite[..., None]
-    t = jnp.log((i + 2.0) / (i + 1.0))
-    b = jnp.where(used, vals[..., :-1] - vals[..., 1:], 0.0)
-    s_hat = jnp.sum(jnp.where(used, t * b, 0.0), axis=-1) / jnp.sum(jnp.where(used, t * t, 0.0), axis=-1)
-    e = s_hat - 1.0
-    log_n = math.log(n_vocab)
-    # (1 - n**-e) / e, continuous at e = 0.
-    ratio = jnp.where(jnp.abs(e) > 1e-6, -jnp.expm1(-e * log_n) / jnp.where(e == 0, 1.0, e), log_n)
-    k = jnp.exp((mu * _LN2 - jnp.log(ratio)) / s_hat)
-    k = jnp.where(jnp.isnan(k), 1.0, jnp.clip(jnp.floor(k), 1.0, vocab)).astype(jnp.int32)
-
+    k = _zipf_k(x, mu, m, n_vocab)
     masked = _math.keep(x, _threshold.first_k(x, k, pool))
     token = selection.categorical(key, masked, candidates=pool)
     new_mu = _update_mu(mu, tau, eta, _token_logprob(masked, token), _math.has_finite(x))
