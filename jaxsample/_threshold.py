@@ -76,6 +76,17 @@ def from_order_key(u: Array) -> Array:
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
+def top(x: Array, k: int) -> tuple[Array, Array]:
+    """:func:`jaxsample._candidates.top` behind an optimization barrier.
+
+    XLA decomposes ``top_k`` into a full sort plus a slice and turns that back into its fast TopK
+    kernel only when the slice starts at 0. Indexing the candidates afterwards (``vals[..., -1]``)
+    lets the simplifier fold the index into the slice, which leaves a full sort over ``V`` (on CPU at
+    B=64, V=131072: about 6 s instead of 20 ms). The barrier keeps the slice intact.
+    """
+    return lax.optimization_barrier(_candidates.top(x, k))
+
+
 def _take(values: Array, index: Array) -> Array:
     return jnp.take_along_axis(values, index[..., None], axis=-1)[..., 0]
 
@@ -121,7 +132,7 @@ def cutoff(
     kk = None if min_count is None else jnp.clip(min_count, 1, vocab).astype(jnp.int32)
     get_weights = weights if callable(weights) else (lambda: weights)
 
-    vals, ids = _candidates.top(keys, k)
+    vals, ids = top(keys, k)
     complete = vals[..., -1] == -jnp.inf if k < vocab else jnp.ones(keys.shape[:-1], bool)
     t = jnp.full(keys.shape[:-1], jnp.inf)
     covered = jnp.ones(keys.shape[:-1], bool)
@@ -176,7 +187,7 @@ def first_k(keys: Array, k: Array, candidates: int = _candidates.DEFAULT_CANDIDA
     vocab = keys.shape[-1]
     kc = min(int(candidates), vocab)
     kk = jnp.clip(k, 1, vocab).astype(jnp.int32)
-    vals, ids = _candidates.top(keys, kc)
+    vals, ids = top(keys, kc)
     complete = vals[..., -1] == -jnp.inf if kc < vocab else jnp.ones(keys.shape[:-1], bool)
     covered = (kk <= kc) | complete
 
