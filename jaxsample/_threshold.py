@@ -105,6 +105,7 @@ def cutoff(
     keys: Array,
     *,
     weights: Array | Callable[[], Array] | None = None,
+    weights_at: Callable[[Array, Array], Array] | None = None,
     target: Array | None = None,
     min_count: Array | None = None,
     strict: bool = False,
@@ -116,6 +117,8 @@ def cutoff(
       keys: ``float32[..., V]`` filter order, higher first, NaN-free.
       weights: ``float32[..., V]`` non-negative weights (or a thunk returning them, so the full
         array is only built where needed). Required with ``target``.
+      weights_at: optional ``(values [..., K], ids [..., K]) -> weights [..., K]`` of the candidates,
+        when that is cheaper than gathering from ``weights`` (e.g. ``exp(values - lse)``).
       target: ``float32[...]`` weight the prefix must reach (see :func:`mass_reached`). Rows that the
         caller will ignore should pass 0 so that they count as covered.
       min_count: ``int32[...]`` minimum number of tokens in the prefix (clipped to ``[1, V]``).
@@ -137,7 +140,8 @@ def cutoff(
     t = jnp.full(keys.shape[:-1], jnp.inf)
     covered = jnp.ones(keys.shape[:-1], bool)
     if target is not None:
-        cum = jnp.cumsum(jnp.take_along_axis(get_weights(), ids, axis=-1), axis=-1)
+        w_cand = weights_at(vals, ids) if weights_at else jnp.take_along_axis(get_weights(), ids, axis=-1)
+        cum = jnp.cumsum(w_cand, axis=-1)
         ok = mass_reached(cum, target[..., None], strict)
         found = jnp.any(ok, axis=-1)
         t = jnp.where(found, _take(vals, jnp.argmax(ok, axis=-1)), -jnp.inf)
@@ -149,19 +153,20 @@ def cutoff(
 
     def full():
         u = order_key(keys)
-        w = get_weights() if target is not None else None
+        if target is None:
+            best = _bisect(u, lambda trial: jnp.sum(u >= trial[..., None], axis=-1, dtype=jnp.int32) >= kk)
+        else:
+            w = get_weights()
 
-        def predicate(trial):
-            sel = u >= trial[..., None]
-            ok = jnp.ones(trial.shape, bool)
-            if target is not None:
-                ok &= mass_reached(jnp.sum(jnp.where(sel, w, 0.0), axis=-1), target, strict)
+            def reached(trial):
+                return mass_reached(jnp.sum(jnp.where(u >= trial[..., None], w, 0.0), axis=-1), target, strict)
+
+            # Prefixes are never empty; the count criterion is a separate search (one max pass when
+            # every min_count <= 1) rather than a second reduction inside each of the 32 passes.
+            best = jnp.minimum(_bisect(u, reached), order_key(jnp.max(keys, axis=-1)))
             if kk is not None:
-                ok &= jnp.sum(sel, axis=-1, dtype=jnp.int32) >= kk
-            return ok
-
-        floor = order_key(jnp.float32(-jnp.inf))
-        return from_order_key(jnp.maximum(_bisect(u, predicate), floor))
+                best = jnp.minimum(best, order_key(kth_largest(keys, kk, k)))
+        return from_order_key(jnp.maximum(best, order_key(jnp.float32(-jnp.inf))))
 
     return _candidates.choose(covered, lambda: t, full)
 

@@ -27,6 +27,17 @@ def _min_count(min_keep, batch, fn: str) -> Array:
     return jnp.maximum(_validate.param(min_keep, batch, f"min_keep ({fn})", dtype=jnp.int32, lo=0), 1)
 
 
+def _candidate_probs(vals: Array, lse: Array) -> Array:
+    """Probabilities of candidate logits ``[..., K]`` given the row's log-normaliser ``[..., 1]``.
+
+    In a row holding ``+inf`` logits each of them gets weight 1 (the first one alone reaches any
+    target ``<= 1``, and every ``+inf`` token is tied at the cut-off), all others 0.
+    """
+    certain = jnp.isposinf(lse)
+    probs = jnp.exp(vals - jnp.where(jnp.isfinite(lse), lse, 0.0))  # empty rows: exp(-inf) = 0
+    return jnp.where(certain, (vals == jnp.inf).astype(jnp.float32), probs)
+
+
 def _keep_top(x: Array, min_count: Array, candidates: int = _K) -> Array:
     """``bool[..., V]``: the ``min_count`` largest logits of each row, ties kept."""
     return x >= _threshold.kth_largest(x, min_count, candidates)[..., None]
@@ -96,9 +107,11 @@ def top_p(logits: ArrayLike, p: ArrayLike, min_keep: ArrayLike = 1, *, candidate
     batch = x.shape[:-1]
     p = _probability(p, batch, "p (top_p)")
     off = p >= 1
+    lse = _math.logsumexp(x)
     t = _threshold.cutoff(
         x,
         weights=lambda: _math.softmax(x),
+        weights_at=lambda vals, ids: _candidate_probs(vals, lse),
         target=jnp.where(off, 0.0, p),
         min_count=_min_count(min_keep, batch, "top_p"),
         candidates=candidates,
