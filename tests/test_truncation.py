@@ -488,3 +488,47 @@ def test_never_empties_a_row_and_never_nan(values, p, mk):
         assert np.all(np.where(kept(o), o == np.where(finite_in, np.asarray(x), np.nan), True)), name
         if certain.any() and name != "top_k_exact":  # +inf logits are certain tokens: always kept
             assert kept(o)[certain].all(), name
+
+
+# ---------------------------------------------------------------------------------------------- stages
+def test_stages_in_a_chain_match_the_functions():
+    from jaxsample import stages
+
+    order = [
+        (stages.top_n_sigma(), js.top_n_sigma, ("top_n_sigma",)),
+        (stages.top_k(), js.top_k, ("top_k",)),
+        (stages.typical(), js.typical, ("typical_p", "min_keep")),
+        (stages.top_p(), js.top_p, ("top_p", "min_keep")),
+        (stages.min_p(), js.min_p, ("min_p", "min_keep")),
+        (stages.xtc(), js.xtc, ("xtc_probability", "xtc_threshold", "min_keep")),
+        (stages.epsilon_cutoff(), js.epsilon_cutoff, ("epsilon_cutoff", "min_keep")),
+        (stages.eta_cutoff(), js.eta_cutoff, ("eta_cutoff", "min_keep")),
+        (stages.top_h(), js.top_h, ("top_h",)),
+        (stages.p_less(), js.p_less, ("min_keep",)),
+    ]
+    sampler = js.chain(*[s for s, _, _ in order[:-1]], select=stages.greedy())
+    x = jnp.asarray(_diff_rows()[:4])
+    params = sampler.params((4,), seed=jnp.arange(4))
+    state = sampler.init(params, vocab_size=V_DIFF)
+    process = CountingJit(sampler.process)
+    np.testing.assert_array_equal(process(x, state, params)[0], x)  # every default is "off"
+    values = dict(
+        top_n_sigma=[3.0, -1.0, 2.0, 2.5], top_k=[150, 0, 80, 199], typical_p=[0.99, 1.0, 0.95, 1.0],
+        top_p=[0.98, 0.9, 1.0, 0.95], min_p=[0.001, 0.0, 0.01, 0.05], xtc_probability=[1.0, 1.0, 0.0, 1.0],
+        xtc_threshold=[0.01, 0.6, 0.1, 0.05], epsilon_cutoff=[1e-4, 0.0, 3e-4, 0.0],
+        eta_cutoff=[0.0, 1e-3, 0.0, 2e-4], top_h=[0.0, 0.9, 0.0, 1.0], min_keep=[1, 3, 0, 2],
+    )  # fmt: skip
+    params = sampler.params((4,), seed=jnp.arange(4), **values)
+    out, _ = process(x, state, params)
+    expected = x
+    for stage, fn, names in order[:-1]:
+        args = [params[n] for n in names]
+        key = (sampler._info(state, params, stage.name).key,) if stage.name == "xtc" else ()
+        expected = fn(*key, expected, *args)
+    np.testing.assert_array_equal(out, expected)
+    assert (kept(out).sum(-1) < kept(x).sum(-1))[[0, 1, 3]].all()
+    assert process.traces == 1
+    p_less = order[-1][0]
+    assert [p.name for p in p_less.params] == ["min_keep"]
+    got, _ = p_less.update(x, (), {"min_keep": params["min_keep"]}, None)
+    np.testing.assert_array_equal(got, js.p_less(x, params["min_keep"]))
