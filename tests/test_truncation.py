@@ -507,7 +507,7 @@ def test_stages_in_a_chain_match_the_functions():
         (stages.p_less(), js.p_less, ("min_keep",)),
     ]
     sampler = js.chain(*[s for s, _, _ in order[:-1]], select=stages.greedy())
-    x = jnp.asarray(_diff_rows()[:4])
+    x = jnp.asarray(_diff_rows()[[0, 1, 7, 8]])
     params = sampler.params((4,), seed=jnp.arange(4))
     state = sampler.init(params, vocab_size=V_DIFF)
     process = CountingJit(sampler.process)
@@ -526,7 +526,7 @@ def test_stages_in_a_chain_match_the_functions():
         key = (sampler._info(state, params, stage.name).key,) if stage.name == "xtc" else ()
         expected = fn(*key, expected, *args)
     np.testing.assert_array_equal(out, expected)
-    assert (kept(out).sum(-1) < kept(x).sum(-1))[[0, 1, 3]].all()
+    assert (kept(out).sum(-1) < kept(x).sum(-1)).all()
     assert process.traces == 1
     p_less = order[-1][0]
     assert [p.name for p in p_less.params] == ["min_keep"]
