@@ -53,7 +53,11 @@ CASES = [
         lambda x: js.top_k(x, 40, exact=True),
         lambda x: ref.top_k_exact(x, _rows(x, 40, jnp.int32)),
     ),
-    Case("min_p 0.05", lambda x: js.min_p(x, 0.05), lambda x: ref.min_p(x, _rows(x, 0.05), _rows(x, 1, jnp.int32))),
+    Case(
+        "min_p 0.05",
+        lambda x: js.min_p(x, 0.05),
+        lambda x: ref.min_p(x, _rows(x, 0.05), _rows(x, 1, jnp.int32)),
+    ),
     Case(
         "typical 0.9",
         lambda x: js.typical(x, 0.9),

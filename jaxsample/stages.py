@@ -57,7 +57,9 @@ from jaxsample import truncation as _truncation  # noqa: E402
 MIN_KEEP = Param("min_keep", 1, _jnp.int32, lo=0)
 
 
-def top_k(default: int = 0, *, exact: bool = False, candidates: int = DEFAULT_CANDIDATES, name: str = "top_k") -> Stage:
+def top_k(
+    default: int = 0, *, exact: bool = False, candidates: int = DEFAULT_CANDIDATES, name: str = "top_k"
+) -> Stage:
     """:func:`jaxsample.top_k` reading ``top_k`` (``<= 0`` off); ``exact=True`` is llama.cpp's exactly-k."""
     fn = _functools.partial(_truncation.top_k, exact=exact, candidates=candidates)
     return stateless(name, fn, (Param("top_k", default, _jnp.int32),))

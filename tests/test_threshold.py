@@ -80,7 +80,8 @@ def _cutoff_fn(strict, with_target, with_count, candidates):
 
 
 @pytest.mark.parametrize(
-    "strict,with_target,with_count", [(False, True, False), (True, True, False), (False, False, True), (True, True, True)]
+    "strict,with_target,with_count",
+    [(False, True, False), (True, True, False), (False, False, True), (True, True, True)],
 )
 def test_cutoff_paths_agree_with_brute_force(strict, with_target, with_count):
     b, v = 12, 97

@@ -61,7 +61,8 @@ def _dist_probs(out):
 
 # ------------------------------------------------------------------- llama.cpp tests/test-sampling.cpp
 @pytest.mark.parametrize(
-    "k,expected", [(1, [1.0]), (3, [0.44444, 0.33333, 0.22222]), (4, [0.4, 0.3, 0.2, 0.1]), (0, [0.4, 0.3, 0.2, 0.1])]
+    "k,expected",
+    [(1, [1.0]), (3, [0.44444, 0.33333, 0.22222]), (4, [0.4, 0.3, 0.2, 0.1]), (0, [0.4, 0.3, 0.2, 0.1])],
 )
 def test_llama_top_k(k, expected):
     for name in ("top_k", "top_k_exact"):
@@ -110,7 +111,9 @@ def test_llama_typical():
         np.testing.assert_allclose(_kept_probs(out, probs), expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("n,expected", [(1.0, [0.571429, 0.428571]), (0.0, [0.4, 0.3, 0.2, 0.1]), (3.0, [0.4, 0.3, 0.2, 0.1])])
+@pytest.mark.parametrize(
+    "n,expected", [(1.0, [0.571429, 0.428571]), (0.0, [0.4, 0.3, 0.2, 0.1]), (3.0, [0.4, 0.3, 0.2, 0.1])]
+)
 def test_llama_top_n_sigma(n, expected):
     np.testing.assert_allclose(_dist_probs(small("top_n_sigma", probs_logits(P4), n)), expected, atol=1e-5)
 
@@ -475,8 +478,9 @@ def test_never_empties_a_row_and_never_nan(values, p, mk):
     finite_in = np.asarray(x) > -np.inf
     certain = np.isposinf(np.asarray(x))
     outs = {
-        "top_k": small("top_k", x, 3), "top_k_exact": small("top_k_exact", x, 3), "top_p": small("top_p", x, p, mk),
-        "min_p": small("min_p", x, p, mk), "typical": small("typical", x, p, mk), "top_n_sigma": small("top_n_sigma", x, 3 * p),
+        "top_k": small("top_k", x, 3), "top_k_exact": small("top_k_exact", x, 3),
+        "top_p": small("top_p", x, p, mk), "min_p": small("min_p", x, p, mk), "typical": small("typical", x, p, mk),
+        "top_n_sigma": small("top_n_sigma", x, 3 * p),
         "top_h": small("top_h", x, p), "epsilon_cutoff": small("epsilon_cutoff", x, p, mk),
         "eta_cutoff": small("eta_cutoff", x, p, mk), "p_less": small("p_less", x, mk),
         "xtc": small("xtc", jax.random.key(0), x, p, p / 2, mk),
