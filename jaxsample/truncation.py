@@ -3,8 +3,9 @@
 Every filter only selects: kept logits are returned unchanged, removed ones become ``-inf``, and no
 full sort over the vocabulary is performed (see :mod:`jaxsample._threshold`). Tokens tied with a
 cut-off are kept, except in ``top_k(..., exact=True)``. A row keeps at least ``max(1, min_keep)``
-tokens in the filter's own order; rows that arrive entirely ``-inf`` come out unchanged; ``+inf``
-logits are certain tokens, so a row holding some keeps exactly those.
+tokens in the filter's own order; rows that arrive entirely ``-inf`` come out unchanged. ``+inf``
+logits are certain tokens (probability ``1/n`` each, every other token 0), so the probability-based
+filters keep them and, beyond ``min_keep``, nothing else.
 """
 
 from __future__ import annotations
@@ -243,7 +244,7 @@ def top_h(logits: ArrayLike, top_h: ArrayLike, *, top_n: int = 100) -> Array:
     [True, True, False, False]
     """
     x, dtype = _math.prepare(logits)
-    h = jnp.clip(_validate.param(top_h, x.shape[:-1], "top_h (top_h)", lo=0.0, hi=1.0), 0.0, 1.0)
+    h = jnp.clip(_validate.param(top_h, x.shape[:-1], "top_h", lo=0.0, hi=1.0), 0.0, 1.0)
     vals, _ = _threshold.top(x, _validate.static_int(top_n, "top_n", lo=1))
     logq = _math.log_softmax(vals)
     q = jnp.exp(logq)
