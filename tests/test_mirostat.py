@@ -100,8 +100,7 @@ def _run_chain(fn, x, tau, eta, steps, seed=0):
     return np.asarray(mus), np.asarray(toks)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("fn", [js.mirostat, js.mirostat_v2])
+@pytest.mark.parametrize("fn", [pytest.param(js.mirostat, marks=pytest.mark.slow), js.mirostat_v2])
 def test_mu_dynamics_on_a_fixed_distribution(fn):
     """On Zipf(1.1), mu settles (no drift) and the renormalised surprise averages tau; a larger tau
     draws rarer tokens."""
@@ -160,7 +159,6 @@ def test_adaptive_p_matches_sort_based_reference():
     assert run.traces == 1
 
 
-@pytest.mark.slow
 def test_adaptive_p_tracks_its_target():
     p = np.array([0.6, 0.3, 0.1], np.float32)
     x = jnp.log(jnp.asarray(p))
