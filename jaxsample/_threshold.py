@@ -1,0 +1,224 @@
+"""Sort-free exact cut-off search: the engine behind every truncation filter.
+
+A truncation filter keeps a *prefix* of the vocabulary in its own order. Every filter here is
+phrased as
+
+* ``keys float32[..., V]``: the filter's order, higher first (the logits for top-k / top-p, the
+  negated distance ``-|surprise - H|`` for locally typical sampling). Removed tokens have key
+  ``-inf``; keys are NaN-free.
+* ``weights float32[..., V] >= 0``: what a prefix accumulates (probabilities, or 1 per token when
+  counting). Tokens with key ``-inf`` must have weight 0.
+
+and :func:`cutoff` returns, per row, the key ``t`` such that ``keys >= t`` is the smallest prefix
+(all tokens tied at ``t`` included) whose weight reaches the target and which holds at least
+``min_count`` tokens. The filter then keeps ``keys >= t``. ``t`` is always one of the row's keys, or
+``-inf`` ("keep everything") when no prefix reaches the target.
+
+Two exact algorithms compute the same ``t``:
+
+* **candidates** (fast path): the ``K`` largest keys (``lax.top_k``, about two passes over ``V``)
+  and a cumulative sum over them. A row is covered when the target is reached inside its
+  candidates (or the row has fewer than ``K`` finite keys); ``t`` is then the key where the
+  cumulative weight first reaches the target, because a cumulative sum over a sorted prefix is
+  exactly the weight of ``{keys >= key_j}`` up to ties, which only ever add weight.
+* **bisection** (exact fallback): the largest ``T`` over order-preserving ``uint32`` images of the
+  keys such that the prefix ``{key >= T}`` satisfies the criteria, built bit by bit from the most
+  significant one (32 masked reductions over ``V``, as ``t5x/binary_search.py``). The result is the
+  image of an actual key.
+
+:func:`jaxsample._candidates.choose` combines them so that the fallback runs only when some row
+needs it and every row's answer depends on that row alone.
+
+Ties: tokens tied with the cut-off key are always kept (HF / vLLM top-k semantics), so a filter
+can keep more tokens than its count; :func:`first_k` is the exception (llama.cpp exact top-k).
+
+Float policy for mass comparisons: sums of float32 probabilities carry rounding error, and several
+upstream test vectors sit exactly on the boundary (llama.cpp top_p 0.7 on ``{0.1, 0.2, 0.3, 0.4}``
+keeps ``{0.4, 0.3}``; HF TopP 0.8 on ``[0.3, 0.1, 0.1, 0.5]`` keeps ``{0.5, 0.3}``). A mass within
+``MASS_RTOL`` (4 float32 ulps, relative) of its target counts as *equal* to it: for ``>=`` that
+means "reached", for the strict ``>`` of llama.cpp typical it means "not reached yet". Both paths
+and the sort-based test references use the same rule.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxsample import _candidates
+from jaxsample._types import Array
+
+#: Relative tolerance under which a float32 mass equals its target (4 ulps of float32).
+MASS_RTOL = 2.0**-21
+
+_SIGN = jnp.uint32(0x80000000)
+
+
+def mass_reached(mass: Array, target: Array, strict: bool = False) -> Array:
+    """``mass >= target`` (or ``mass > target`` if ``strict``), treating values within ``MASS_RTOL`` as equal."""
+    if strict:
+        return mass > target * (1.0 + MASS_RTOL)
+    return mass >= target * (1.0 - MASS_RTOL)
+
+
+def order_key(x: Array) -> Array:
+    """Order-preserving ``float32 -> uint32`` map (``-0.0`` and ``0.0`` map to the same key)."""
+    x = jnp.where(x == 0, jnp.float32(0.0), x)
+    bits = lax.bitcast_convert_type(x, jnp.uint32)
+    return jnp.where(bits >= _SIGN, ~bits, bits | _SIGN)
+
+
+def from_order_key(u: Array) -> Array:
+    """Inverse of :func:`order_key`."""
+    bits = jnp.where(u >= _SIGN, u & ~_SIGN, ~u)
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def top(x: Array, k: int) -> tuple[Array, Array]:
+    """:func:`jaxsample._candidates.top` behind an optimization barrier.
+
+    XLA decomposes ``top_k`` into a full sort plus a slice and turns that back into its fast TopK
+    kernel only when the slice starts at 0. Indexing the candidates afterwards (``vals[..., -1]``)
+    lets the simplifier fold the index into the slice, which leaves a full sort over ``V`` (measured
+    ~80x slower on CPU at B=64, V=131072). The barrier keeps the slice intact.
+    """
+    return lax.optimization_barrier(_candidates.top(x, k))
+
+
+def _take(values: Array, index: Array) -> Array:
+    return jnp.take_along_axis(values, index[..., None], axis=-1)[..., 0]
+
+
+def _bisect(u: Array, predicate: Callable[[Array], Array]) -> Array:
+    """Largest ``uint32`` ``T`` with ``predicate(T)`` (``predicate`` monotone decreasing, ``[...]`` in and out)."""
+
+    def body(i, t):
+        trial = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+        return jnp.where(predicate(trial), trial, t)
+
+    return lax.fori_loop(0, 32, body, jnp.zeros(u.shape[:-1], jnp.uint32))
+
+
+def cutoff(
+    keys: Array,
+    *,
+    weights: Array | Callable[[], Array] | None = None,
+    weights_at: Callable[[Array, Array], Array] | None = None,
+    target: Array | None = None,
+    min_count: Array | None = None,
+    strict: bool = False,
+    candidates: int = _candidates.DEFAULT_CANDIDATES,
+) -> Array:
+    """Per-row cut-off key of the smallest prefix meeting every given criterion.
+
+    Args:
+      keys: ``float32[..., V]`` filter order, higher first, NaN-free.
+      weights: ``float32[..., V]`` non-negative weights (or a thunk returning them, so the full
+        array is only built where needed). Required with ``target``.
+      weights_at: optional ``(values [..., K], ids [..., K]) -> weights [..., K]`` of the candidates,
+        when that is cheaper than gathering from ``weights`` (e.g. ``exp(values - lse)``).
+      target: ``float32[...]`` weight the prefix must reach (see :func:`mass_reached`). Rows that the
+        caller will ignore should pass 0 so that they count as covered.
+      min_count: ``int32[...]`` minimum number of tokens in the prefix (clipped to ``[1, V]``).
+      strict: compare the weight with ``>`` instead of ``>=``.
+      candidates: static size ``K`` of the fast path.
+
+    Returns:
+      ``float32[...]`` cut-off ``t``: keep ``keys >= t``. ``-inf`` when no prefix qualifies.
+    """
+    if target is None and min_count is None:
+        raise ValueError("cutoff needs a target, a min_count, or both")
+    vocab = keys.shape[-1]
+    k = min(int(candidates), vocab)
+    kk = None if min_count is None else jnp.clip(min_count, 1, vocab).astype(jnp.int32)
+    get_weights = weights if callable(weights) else (lambda: weights)
+
+    vals, ids = top(keys, k)
+    complete = vals[..., -1] == -jnp.inf if k < vocab else jnp.ones(keys.shape[:-1], bool)
+    t = jnp.full(keys.shape[:-1], jnp.inf)
+    covered = jnp.ones(keys.shape[:-1], bool)
+    if target is not None:
+        w_cand = weights_at(vals, ids) if weights_at else jnp.take_along_axis(get_weights(), ids, axis=-1)
+        cum = jnp.cumsum(w_cand, axis=-1)
+        ok = mass_reached(cum, target[..., None], strict)
+        found = jnp.any(ok, axis=-1)
+        t = jnp.where(found, _take(vals, jnp.argmax(ok, axis=-1)), -jnp.inf)
+        covered &= found | complete
+    if kk is not None:
+        t_count = jnp.where(kk <= k, _take(vals, jnp.minimum(kk, k) - 1), -jnp.inf)
+        t = jnp.minimum(t, t_count)
+        covered &= (kk <= k) | complete
+
+    def full():
+        u = order_key(keys)
+        if target is None:
+            best = _bisect(u, lambda trial: jnp.sum(u >= trial[..., None], axis=-1, dtype=jnp.int32) >= kk)
+        else:
+            w = get_weights()
+
+            def reached(trial):
+                return mass_reached(jnp.sum(jnp.where(u >= trial[..., None], w, 0.0), axis=-1), target, strict)
+
+            # Prefixes are never empty; the count criterion is a separate search (one max pass when
+            # every min_count <= 1) rather than a second reduction inside each of the 32 passes.
+            best = jnp.minimum(_bisect(u, reached), order_key(jnp.max(keys, axis=-1)))
+            if kk is not None:
+                best = jnp.minimum(best, order_key(kth_largest(keys, kk, k)))
+        return from_order_key(jnp.maximum(best, order_key(jnp.float32(-jnp.inf))))
+
+    return _candidates.choose(covered, lambda: t, full)
+
+
+def kth_largest(keys: Array, k: Array, candidates: int = _candidates.DEFAULT_CANDIDATES) -> Array:
+    """``float32[...]`` the ``k``-th largest key per row, ties counted (``k`` clipped to ``[1, V]``).
+
+    Batches where every ``k <= 1`` (the usual ``min_keep``) cost one max reduction.
+    """
+    return lax.cond(
+        jnp.all(k <= 1),
+        lambda: jnp.max(keys, axis=-1),
+        lambda: cutoff(keys, min_count=k, candidates=candidates),
+    )
+
+
+def first_k(keys: Array, k: Array, candidates: int = _candidates.DEFAULT_CANDIDATES) -> Array:
+    """``bool[..., V]`` selecting exactly the ``k`` largest keys per row, ties broken by lowest id.
+
+    ``k`` is clipped to ``[1, V]``; entries of ``-inf`` keys may be selected when ``k`` exceeds the
+    number of finite keys (callers mask with ``-inf`` anyway).
+    """
+    vocab = keys.shape[-1]
+    kc = min(int(candidates), vocab)
+    kk = jnp.clip(k, 1, vocab).astype(jnp.int32)
+    vals, ids = top(keys, kc)
+    complete = vals[..., -1] == -jnp.inf if kc < vocab else jnp.ones(keys.shape[:-1], bool)
+    covered = (kk <= kc) | complete
+
+    def fast():
+        return _candidates.scatter_mask(ids, jnp.arange(kc) < kk[..., None], vocab)
+
+    def full():
+        t = cutoff(keys, min_count=kk, candidates=kc)[..., None]
+        above = keys >= t
+        exact = (jnp.sum(above, axis=-1) == kk) | (t[..., 0] == -jnp.inf)
+
+        def split_ties():
+            # Keep the first r tokens tied at t, by id: largest m with #(ties with id < m) < r.
+            greater = keys > t
+            tied = keys == t
+            r = kk - jnp.sum(greater, axis=-1, dtype=jnp.int32)
+            iota = jnp.arange(vocab, dtype=jnp.int32)
+
+            def body(i, m):
+                trial = m | (jnp.int32(1) << (vocab.bit_length() - 1 - i))
+                n = jnp.sum(tied & (iota < trial[..., None]), axis=-1, dtype=jnp.int32)
+                return jnp.where((trial <= vocab) & (n < r), trial, m)
+
+            m = lax.fori_loop(0, vocab.bit_length(), body, jnp.zeros(kk.shape, jnp.int32))
+            return greater | (tied & (iota <= m[..., None]))
+
+        return lax.cond(jnp.all(exact | covered), lambda: above, split_ties)
+
+    return _candidates.choose(covered, fast, full)
