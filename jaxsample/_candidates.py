@@ -31,10 +31,14 @@ def top(x: Array, k: int) -> tuple[Array, Array]:
 
     Returns:
       ``(values float32[..., k'], ids int32[..., k'])`` with ``k' = min(k, V)``.
+
+    The result sits behind ``lax.optimization_barrier``: XLA:CPU lowers ``top_k`` as a sort plus a
+    slice and only restores its fast TopK kernel when the slice starts at 0, so indexing the result
+    (e.g. ``vals[..., -1]``) would otherwise fuse into the slice and keep a full sort (~35x slower).
     """
     k = min(int(k), x.shape[-1])
     vals, ids = lax.top_k(x, k)
-    return vals, ids.astype(jnp.int32)
+    return lax.optimization_barrier((vals, ids.astype(jnp.int32)))
 
 
 def choose(covered: Array, fast: Callable[[], Array], full: Callable[[], Array]) -> Array:

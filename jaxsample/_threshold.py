@@ -76,17 +76,6 @@ def from_order_key(u: Array) -> Array:
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def top(x: Array, k: int) -> tuple[Array, Array]:
-    """:func:`jaxsample._candidates.top` behind an optimization barrier.
-
-    XLA decomposes ``top_k`` into a full sort plus a slice and turns that back into its fast TopK
-    kernel only when the slice starts at 0. Indexing the candidates afterwards (``vals[..., -1]``)
-    lets the simplifier fold the index into the slice, which leaves a full sort over ``V`` (measured
-    ~80x slower on CPU at B=64, V=131072). The barrier keeps the slice intact.
-    """
-    return lax.optimization_barrier(_candidates.top(x, k))
-
-
 def _take(values: Array, index: Array) -> Array:
     return jnp.take_along_axis(values, index[..., None], axis=-1)[..., 0]
 
@@ -135,7 +124,7 @@ def cutoff(
     kk = None if min_count is None else jnp.clip(min_count, 1, vocab).astype(jnp.int32)
     get_weights = weights if callable(weights) else (lambda: weights)
 
-    vals, ids = top(keys, k)
+    vals, ids = _candidates.top(keys, k)
     complete = vals[..., -1] == -jnp.inf if k < vocab else jnp.ones(keys.shape[:-1], bool)
     t = jnp.full(keys.shape[:-1], jnp.inf)
     covered = jnp.ones(keys.shape[:-1], bool)
@@ -192,7 +181,7 @@ def first_k(keys: Array, k: Array, candidates: int = _candidates.DEFAULT_CANDIDA
     vocab = keys.shape[-1]
     kc = min(int(candidates), vocab)
     kk = jnp.clip(k, 1, vocab).astype(jnp.int32)
-    vals, ids = top(keys, kc)
+    vals, ids = _candidates.top(keys, kc)
     complete = vals[..., -1] == -jnp.inf if kc < vocab else jnp.ones(keys.shape[:-1], bool)
     covered = (kk <= kc) | complete
 

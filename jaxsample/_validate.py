@@ -123,6 +123,73 @@ def param(
     return row_param(value, batch_shape, name, dtype)
 
 
+def row_lists(
+    value: Any,
+    batch_shape: tuple[int, ...],
+    capacity: int,
+    name: str,
+    *,
+    dtype=jnp.int32,
+    fill: float | int = -1,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> Array:
+    """Per-row lists padded with ``fill`` to a static ``capacity``: ``dtype[*batch_shape, capacity]``.
+
+    Args:
+      value: one list for every row (``[7, 8]``), one list per row (``[[1], [], [2, 3]]``, ragged,
+        ``prod(batch_shape)`` of them), or an array ``[..., n]`` broadcastable to the batch shape.
+      batch_shape: the logits batch shape.
+      capacity: static list length (``>=`` the longest list).
+      name: parameter name used in error messages.
+      dtype, fill: element dtype and padding value.
+      lo, hi, lo_open, hi_open: range of the non-padding entries (see :func:`check_range`).
+
+    Raises:
+      ValueError: naming ``name`` when a list is longer than ``capacity``, the number of per-row
+        lists does not match the batch, the shape does not broadcast, or an entry is out of range.
+
+    >>> row_lists([[5], [1, 2]], (2,), 3, "ids").tolist()
+    [[5, -1, -1], [1, 2, -1]]
+    """
+    batch_shape = tuple(batch_shape)
+    if not is_concrete(value):
+        arr = jnp.asarray(value, dtype)
+        arr = arr.reshape(1) if arr.ndim == 0 else arr
+        if arr.shape[-1] > capacity:
+            raise ValueError(f"{name}: {arr.shape[-1]} entries, more than capacity={capacity}")
+        arr = jnp.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, capacity - arr.shape[-1])], constant_values=fill)
+        return jnp.broadcast_to(arr, batch_shape + (capacity,))
+    ragged = isinstance(value, (list, tuple)) and any(isinstance(r, (list, tuple, np.ndarray)) for r in value)
+    if ragged:
+        n = int(np.prod(batch_shape, dtype=np.int64))
+        if len(value) != n:
+            raise ValueError(f"{name}: got {len(value)} per-row lists for a batch of {n} rows")
+        longest = max((len(r) for r in value), default=0)
+        if longest > capacity:
+            raise ValueError(f"{name}: a row lists {longest} entries, more than capacity={capacity}")
+        arr = np.full((n, capacity), fill, dtype)
+        for i, row in enumerate(value):
+            arr[i, : len(row)] = np.asarray(row, dtype)
+        arr = arr.reshape(batch_shape + (capacity,))
+    else:
+        arr = np.asarray(value, dtype)
+        arr = arr.reshape(1) if arr.ndim == 0 else arr
+        if arr.shape[-1] > capacity:
+            raise ValueError(f"{name}: {arr.shape[-1]} entries, more than capacity={capacity}")
+        arr = np.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, capacity - arr.shape[-1])], constant_values=fill)
+        try:
+            arr = np.broadcast_to(arr, batch_shape + (capacity,))
+        except ValueError:
+            raise ValueError(
+                f"{name} has shape {arr.shape[:-1]}, which does not broadcast to the batch shape {batch_shape}"
+            ) from None
+    check_range(arr[arr != fill], name, lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open)
+    return jnp.asarray(arr)
+
+
 def check_logits(logits: Any, name: str = "logits") -> None:
     """Raises ``ValueError`` unless ``logits`` is a floating array with a vocabulary axis."""
     shape = np.shape(logits)

@@ -26,6 +26,7 @@ State conventions: every array in a stage's state has the batch shape as leading
 
 from __future__ import annotations
 
+import functools
 import zlib
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -40,7 +41,12 @@ Params = Mapping[str, Array]
 
 
 class Param(NamedTuple):
-    """A per-row parameter a stage reads from ``params``: name, default and accepted range."""
+    """A per-row parameter a stage reads from ``params``: name, default and accepted range.
+
+    With ``capacity=None`` the value is one number per row (``[B]``). With an int ``capacity`` it
+    is a per-row list padded with ``default`` to that static length (``[B, capacity]``), e.g. token
+    ids with ``-1`` padding: ragged lists of new ids never recompile. Range checks skip padding.
+    """
 
     name: str
     default: float | int
@@ -49,6 +55,7 @@ class Param(NamedTuple):
     hi: float | None = None
     lo_open: bool = False
     hi_open: bool = False
+    capacity: int | None = None
 
 
 class InitInfo(NamedTuple):
@@ -103,6 +110,29 @@ class Selector(NamedTuple):
     select: Callable[[Array, Any, Params, StepInfo], tuple[Array, Any]]
     params: tuple[Param, ...] = ()
     init: Callable[[InitInfo], Any] = _no_state
+
+
+def cached(factory: Callable) -> Callable:
+    """Memoises a stage factory so equal static configurations give the *same* stage object.
+
+    Stages hold closures, so two calls would otherwise build unequal samplers, and a ``jit`` taking
+    the sampler as a static argument would compile once per call. Unhashable arguments (lists)
+    bypass the cache.
+    """
+    memo: dict = {}
+
+    @functools.wraps(factory)
+    def wrapper(*args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items())))
+        try:
+            return memo[key]
+        except TypeError:
+            return factory(*args, **kwargs)
+        except KeyError:
+            memo[key] = out = factory(*args, **kwargs)
+            return out
+
+    return wrapper
 
 
 def stateless(name: str, fn: Callable[..., Array], params: tuple[Param, ...], keyed: bool = False) -> Stage:
@@ -180,10 +210,12 @@ class Sampler(NamedTuple):
 
         Args:
           batch_shape: the logits batch shape (``()`` for a single row).
-          **values: overrides, each a scalar or an array broadcastable to ``batch_shape``.
+          **values: overrides, each a scalar or an array broadcastable to ``batch_shape``; list
+            parameters (``Param.capacity``) take one list for all rows, one list per row, or an array.
 
         Returns:
-          ``{name: array[*batch_shape]}`` for every parameter of the chain.
+          ``{name: array[*batch_shape]}`` (``[*batch_shape, capacity]`` for list parameters) for every
+          parameter of the chain.
 
         Raises:
           ValueError: on an unknown name, a value out of range, or a shape that does not broadcast.
@@ -195,16 +227,13 @@ class Sampler(NamedTuple):
         batch_shape = tuple(batch_shape)
         out = {}
         for name, s in specs.items():
-            out[name] = _validate.param(
-                values.get(name, s.default),
-                batch_shape,
-                name,
-                dtype=s.dtype,
-                lo=s.lo,
-                hi=s.hi,
-                lo_open=s.lo_open,
-                hi_open=s.hi_open,
-            )
+            checks = dict(lo=s.lo, hi=s.hi, lo_open=s.lo_open, hi_open=s.hi_open)
+            if s.capacity is None:
+                out[name] = _validate.param(values.get(name, s.default), batch_shape, name, dtype=s.dtype, **checks)
+            else:
+                out[name] = _validate.row_lists(
+                    values.get(name, ()), batch_shape, s.capacity, name, dtype=s.dtype, fill=s.default, **checks
+                )
         return out
 
     def history_size(self) -> int:
@@ -323,14 +352,17 @@ class Sampler(NamedTuple):
     def sample(
         self, logits: ArrayLike, state: SamplerState, params: Params, active: ArrayLike | None = None
     ) -> tuple[Array, Array, SamplerState]:
-        """One decoding step: ``process`` -> ``select`` -> ``accept``.
+        """One decoding step: ``process`` -> ``select`` -> ``accept``; rows with ``active=False`` keep their state.
 
         Returns:
           ``(tokens int32[B], processed_logits float32[B, V], new_state)``.
         """
-        x, state = self.process(logits, state, params)
-        tokens, state = self.select(x, state, params)
-        return tokens, x, self.accept(tokens, state, params, active)
+        x, new = self.process(logits, state, params)
+        tokens, new = self.select(x, new, params)
+        new = self.accept(tokens, new, params)
+        if active is not None:  # finished rows keep every part of their state, selector's included
+            new = _where_rows(jnp.asarray(active, bool), new, state)
+        return tokens, x, new
 
 
 def chain(*stages: Stage, select: Selector) -> Sampler:

@@ -41,7 +41,7 @@ def _update_mu(mu: Array, tau: Array, eta: Array, logp: Array, valid: Array) -> 
 
 def _zipf_k(x: Array, mu: Array, m: int, n_vocab: int) -> Array:
     """``int32[...]`` mirostat v1's ``k`` from the Zipf exponent of the ``m`` most probable tokens."""
-    vals, _ = _threshold.top(x, m)
+    vals, _ = _candidates.top(x, m)
     m = vals.shape[-1]  # clipped to V
     n_finite = jnp.sum(x > -jnp.inf, axis=-1)
     i = jnp.arange(m - 1)

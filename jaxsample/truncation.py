@@ -245,7 +245,7 @@ def top_h(logits: ArrayLike, top_h: ArrayLike, *, top_n: int = 100) -> Array:
     """
     x, dtype = _math.prepare(logits)
     h = jnp.clip(_validate.param(top_h, x.shape[:-1], "top_h", lo=0.0, hi=1.0), 0.0, 1.0)
-    vals, _ = _threshold.top(x, _validate.static_int(top_n, "top_n", lo=1))
+    vals, _ = _candidates.top(x, _validate.static_int(top_n, "top_n", lo=1))
     logq = _math.log_softmax(vals)
     q = jnp.exp(logq)
     cum = jnp.cumsum(jnp.where(q > 0, -q * logq, 0.0), axis=-1)

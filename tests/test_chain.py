@@ -98,3 +98,32 @@ def test_whole_history_needs_explicit_size():
     sampler = js.chain(stage, select=stages.greedy())
     with pytest.raises(ValueError, match="history_size"):
         sampler.init(sampler.params((1,)), vocab_size=3)
+
+
+def test_inactive_rows_keep_selector_state():
+    sampler = js.chain(select=stages.mirostat_v2())
+    params = sampler.params((2,), mirostat_tau=3.0, seed=jnp.array([1, 2]))
+    state = sampler.init(params, vocab_size=16)
+    x = jax.random.normal(jax.random.key(0), (2, 16))
+    _, _, new = jax.jit(sampler.sample)(x, state, params, jnp.array([True, False]))
+    assert float(new.selector[1]) == float(state.selector[1]) == 6.0
+    assert float(new.selector[0]) != 6.0
+    np.testing.assert_array_equal(new.position, [1, 0])
+
+
+def test_equal_configurations_give_equal_samplers():
+    a = js.chain(stages.top_k(40), stages.penalties(64), select=stages.categorical())
+    b = js.chain(stages.top_k(40), stages.penalties(64), select=stages.categorical())
+    assert a == b and hash(a) == hash(b)
+    assert stages.top_k(40) is not stages.top_k(20)
+
+
+def test_list_params_are_padded_and_validated():
+    sampler = js.chain(stages.suppress_tokens(capacity=3), select=stages.greedy())
+    p = sampler.params((2,), suppress_tokens_ids=[[4], [0, 2]])
+    assert p["suppress_tokens_ids"].tolist() == [[4, -1, -1], [0, 2, -1]]
+    assert sampler.params((2,))["suppress_tokens_ids"].tolist() == [[-1] * 3] * 2
+    out, _ = sampler.process(jnp.zeros((2, 5)), sampler.init(p, vocab_size=5), p)
+    np.testing.assert_array_equal(out > -jnp.inf, [[1, 1, 1, 1, 0], [0, 1, 0, 1, 1]])
+    with pytest.raises(ValueError, match="capacity=3"):
+        sampler.params((1,), suppress_tokens_ids=[1, 2, 3, 4])

@@ -43,41 +43,46 @@ def _chain(*parts):
     return js.chain(*parts, select=stages.greedy())
 
 
-def test_token_params_layouts_and_errors():
-    p = stages.token_params("allowed_tokens", (2, 2), [[1], [], [2, 3], [0]], 2)
+def test_list_params_layouts_and_errors():
+    sampler = _chain(stages.allowed_tokens(capacity=2), stages.min_tokens(capacity=4), stages.logit_bias(capacity=2))
+    p = sampler.params((2, 2), allowed_tokens_ids=[[1], [], [2, 3], [0]], min_tokens_ids=[7, 8])
     assert p["allowed_tokens_ids"].shape == (2, 2, 2) and p["allowed_tokens_ids"][1, 0].tolist() == [2, 3]
-    p = stages.token_params("min_tokens", (3,), [7, 8], 4)
-    assert p["min_tokens_ids"].tolist() == [[7, 8, -1, -1]] * 3
-    assert stages.token_params("x", (2,), np.array([[1], [2]]), 1)["x_ids"].tolist() == [[1], [2]]
+    assert p["min_tokens_ids"].tolist() == [[[7, 8, -1, -1]] * 2] * 2
+    assert p["logit_bias_values"].tolist() == [[[0.0, 0.0]] * 2] * 2
+    p = sampler.params((2,), allowed_tokens_ids=np.array([[1], [2]]))
+    assert p["allowed_tokens_ids"].tolist() == [[1, -1], [2, -1]]
     with pytest.raises(ValueError, match="capacity"):
-        stages.token_params("x", (2,), [[1, 2, 3], [1]], 2)
+        sampler.params((2,), allowed_tokens_ids=[[1, 2, 3], [1]])
     with pytest.raises(ValueError, match="rows"):
-        stages.token_params("x", (2,), [[1], [2], [3]], 2)
-    with pytest.raises(ValueError, match="ids"):
-        stages.token_params("x", (1,), [5], 2, vocab_size=5)
-    with pytest.raises(ValueError, match="values"):
-        stages.token_params("x", (1,), [1], 2, values=[float("nan")])
-    with pytest.raises(ValueError, match="ids"):
-        stages.token_params("x", (2,), np.zeros((3, 1), int), 2)
+        sampler.params((2,), allowed_tokens_ids=[[1], [2], [3]])
+    with pytest.raises(ValueError, match="logit_bias_values"):
+        sampler.params((1,), logit_bias_ids=[1], logit_bias_values=[float("nan")])
+    with pytest.raises(ValueError, match="allowed_tokens_ids"):
+        sampler.params((2,), allowed_tokens_ids=np.zeros((3, 1), int))
+    with pytest.raises(ValueError, match="min_tokens_ids"):
+        sampler.params((1,), min_tokens_ids=[-3])
 
 
 def test_stage_chain_equals_functions_applied_by_hand():
     v, b = 8, 3
     sampler = _chain(
-        stages.logit_bias(ids=[1], values=[0.5], clamp=100.0),
-        stages.allowed_tokens(),
-        stages.min_tokens(2, stop_ids=[7]),
+        stages.logit_bias(ids=[1], values=[0.5], capacity=2, clamp=100.0),
+        stages.allowed_tokens(capacity=4),
+        stages.min_tokens(2, stop_ids=[7], capacity=1),
         stages.suppress_tokens([6]),
         stages.suppress_tokens_at_begin([5]),
         stages.exponential_decay_length_penalty(1, 1.5, eos_ids=[7]),
         stages.forced_eos(4, eos_ids=[7]),
     )
-    params = {
-        **sampler.params((b,), min_tokens=jnp.array([0, 3, 1]), max_new_tokens=jnp.array([1, 9, 3])),
-        **stages.token_params("logit_bias", (b,), [[2], [], [3, 3]], 2, values=[[1.0], [], [200.0, -1.0]]),
-        **stages.token_params("allowed_tokens", (b,), [[], [0, 1, 2, 7], []], 4),
-        **stages.token_params("min_tokens", (b,), [[4], [], []], 1),
-    }
+    params = sampler.params(
+        (b,),
+        min_tokens=jnp.array([0, 3, 1]),
+        max_new_tokens=jnp.array([1, 9, 3]),
+        logit_bias_ids=[[2], [], [3, 3]],
+        logit_bias_values=[[1.0], [], [200.0, -1.0]],
+        allowed_tokens_ids=[[], [0, 1, 2, 7], []],
+        min_tokens_ids=[[4], [], []],
+    )
     state = sampler.init(params, vocab_size=v)
     step = CountingJit(sampler.sample)
     x = jax.random.normal(jax.random.key(1), (b, v))
@@ -99,14 +104,18 @@ def test_stage_chain_equals_functions_applied_by_hand():
         np.testing.assert_allclose(processed, y, rtol=1e-6)
         np.testing.assert_array_equal(tokens, js.greedy(y))
     # new values of every kind (same capacities): no recompilation
-    params2 = {
-        **sampler.params(
-            (b,), min_tokens=5, max_new_tokens=2, begin_index=1, exp_decay_start=0, exp_decay_factor=2.0
-        ),
-        **stages.token_params("logit_bias", (b,), [[0, 1], [2], []], 2, values=[[-INF, 3.0], [4.0], []]),
-        **stages.token_params("allowed_tokens", (b,), [[5], [], [1, 2]], 4),
-        **stages.token_params("min_tokens", (b,), [[], [0], [1]], 1),
-    }
+    params2 = sampler.params(
+        (b,),
+        min_tokens=5,
+        max_new_tokens=2,
+        begin_index=1,
+        exp_decay_start=0,
+        exp_decay_factor=2.0,
+        logit_bias_ids=[[0, 1], [2], []],
+        logit_bias_values=[[-INF, 3.0], [4.0], []],
+        allowed_tokens_ids=[[5], [], [1, 2]],
+        min_tokens_ids=[[], [0], [1]],
+    )
     jax.block_until_ready(step(x, sampler.init(params2, vocab_size=v), params2))
     assert step.traces == 1
 
@@ -122,14 +131,11 @@ def test_stage_without_row_ids_uses_static_ids_only():
     np.testing.assert_array_equal(kept(processed), [[1, 0, 0, 1], [1, 0, 1, 1]])
 
 
-def test_allowed_tokens_mask_param_and_dense_bias_param():
-    sampler = _chain(stages.logit_bias(), stages.allowed_tokens())
-    params = sampler.params((2,))
-    params = {
-        **params,
-        "logit_bias_dense": jnp.array([[0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]),
-        "allowed_tokens_mask": jnp.array([[True, True, False], [False, False, False]]),
-    }
+def test_dense_bias_param():
+    sampler = _chain(stages.logit_bias(vocab_size=3), stages.allowed_tokens(capacity=2))
+    params = sampler.params(
+        (2,), logit_bias_dense=[[0.0, 1.0, 0.0], [0.0, 0.0, -2.0]], allowed_tokens_ids=[[0, 1], []]
+    )
     processed, _ = jax.jit(sampler.process)(jnp.zeros((2, 3)), sampler.init(params, vocab_size=3), params)
     np.testing.assert_array_equal(processed, [[0.0, 1.0, -INF], [0.0, 0.0, -2.0]])
 
@@ -142,13 +148,7 @@ def test_stateless_stages_and_static_id_errors():
     np.testing.assert_allclose(processed, js.log_softmax(js.remove_inf_nan(x)))
     with pytest.raises(ValueError, match="stop_ids"):
         stages.min_tokens(1, stop_ids=[-3])
-    bias = _chain(stages.logit_bias())
-    params = {**bias.params((1,)), **stages.token_params("logit_bias", (1,), [2], 1)}
-    with pytest.raises(ValueError, match="logit_bias_values"):
-        bias.process(jnp.zeros((1, 3)), bias.init(params, vocab_size=3), params)
-    allowed = _chain(stages.allowed_tokens([1]))
-    params = {**allowed.params((1,)), "allowed_tokens_mask": jnp.ones((1, 3), bool)}
-    with pytest.raises(ValueError, match="not both"):
-        allowed.process(jnp.zeros((1, 3)), allowed.init(params, vocab_size=3), params)
+    with pytest.raises(ValueError, match="capacity"):
+        stages.allowed_tokens(capacity=-1)
     with pytest.raises(ValueError, match="min_tokens"):
         js.chain(stages.min_tokens(), select=stages.greedy()).params((2,), min_tokens=-1)
