@@ -27,6 +27,7 @@ State conventions: every array in a stage's state has the batch shape as leading
 from __future__ import annotations
 
 import functools
+import inspect
 import zlib
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -120,10 +121,13 @@ def cached(factory: Callable) -> Callable:
     bypass the cache.
     """
     memo: dict = {}
+    signature = inspect.signature(factory)
 
     @functools.wraps(factory)
     def wrapper(*args, **kwargs):
-        key = (args, tuple(sorted(kwargs.items())))
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()  # top_p() and top_p(candidates=64) are the same configuration
+        key = tuple(bound.arguments.items())
         try:
             return memo[key]
         except TypeError:

@@ -1,0 +1,230 @@
+"""llama.cpp: ``common_params_sampling`` fields and CLI flags -> the chain ``common_sampler_init`` builds.
+
+Chain: ``logit_bias`` (if any) -> the ``samplers`` sequence (default ``penalties, dry, top_n_sigma,
+top_k, typ_p, top_p, min_p, xtc, temperature``) -> ``dist``; or ``logit_bias -> temp -> mirostat``
+(v1/v2) when ``mirostat != 0``, where the sequence is ignored as in llama.cpp.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Sequence
+
+from jaxsample import stages
+from jaxsample._candidates import DEFAULT_CANDIDATES
+from jaxsample.chain import chain
+from jaxsample.presets._preset import Preset
+
+#: llama.cpp's default ``samplers`` sequence (CLI ``--sampling-seq edskypmxt``).
+DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+
+_ALIASES = {
+    "penalties": "penalties", "e": "penalties",
+    "dry": "dry", "d": "dry",
+    "top_n_sigma": "top_n_sigma", "top-n-sigma": "top_n_sigma", "s": "top_n_sigma",
+    "top_k": "top_k", "top-k": "top_k", "k": "top_k",
+    "typ_p": "typ_p", "typical_p": "typ_p", "typical-p": "typ_p", "typical": "typ_p", "typ": "typ_p", "y": "typ_p",
+    "top_p": "top_p", "top-p": "top_p", "nucleus": "top_p", "p": "top_p",
+    "min_p": "min_p", "min-p": "min_p", "m": "min_p",
+    "xtc": "xtc", "x": "xtc",
+    "temperature": "temperature", "temp": "temperature", "t": "temperature",
+}
+
+# common_params_sampling field -> jaxsample parameter name
+_FIELDS = {
+    "seed": "seed",
+    "min_keep": "min_keep",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "xtc_probability": "xtc_probability",
+    "xtc_threshold": "xtc_threshold",
+    "typ_p": "typical_p",
+    "temp": "temperature",
+    "dynatemp_range": "dynatemp_range",
+    "dynatemp_exponent": "dynatemp_exponent",
+    "penalty_repeat": "repetition_penalty",
+    "penalty_freq": "frequency_penalty",
+    "penalty_present": "presence_penalty",
+    "dry_multiplier": "dry_multiplier",
+    "dry_base": "dry_base",
+    "dry_allowed_length": "dry_allowed_length",
+    "top_n_sigma": "top_n_sigma",
+    "mirostat_tau": "mirostat_tau",
+    "mirostat_eta": "mirostat_eta",
+}
+
+
+def _sequence(samplers) -> tuple[str, ...]:
+    if isinstance(samplers, str):
+        parts = samplers.split(";") if (";" in samplers or samplers in _ALIASES and len(samplers) > 1) else list(samplers)
+    else:
+        parts = list(samplers)
+    out = []
+    for part in parts:
+        name = _ALIASES.get(str(part).strip().lower())
+        if name is None:
+            raise ValueError(f"samplers: unknown sampler {part!r} (known: {sorted(set(_ALIASES.values()))})")
+        out.append(name)
+    return tuple(out)
+
+
+def _capacity(n: int) -> int:
+    """Static list capacity: the next power of two >= n (at least 8), so list sizes rarely recompile."""
+    return max(8, 1 << max(0, n - 1).bit_length())
+
+
+def llama_cpp(
+    *,
+    seed: int = 0,
+    min_keep: int = 0,
+    top_k: int = 40,
+    top_p: float = 0.95,
+    min_p: float = 0.05,
+    xtc_probability: float = 0.0,
+    xtc_threshold: float = 0.10,
+    typ_p: float = 1.0,
+    temp: float = 0.80,
+    dynatemp_range: float = 0.0,
+    dynatemp_exponent: float = 1.0,
+    penalty_last_n: int = 64,
+    penalty_repeat: float = 1.0,
+    penalty_freq: float = 0.0,
+    penalty_present: float = 0.0,
+    dry_multiplier: float = 0.0,
+    dry_base: float = 1.75,
+    dry_allowed_length: int = 2,
+    dry_penalty_last_n: int = -1,
+    dry_sequence_breakers: Sequence[Sequence[int]] = (),
+    mirostat: int = 0,
+    mirostat_tau: float = 5.0,
+    mirostat_eta: float = 0.10,
+    top_n_sigma: float = -1.0,
+    samplers: Sequence[str] | str = DEFAULT_SAMPLERS,
+    logit_bias: dict[int, float] | None = None,
+    ignore_eos: bool = False,
+    eos_ids: Sequence[int] = (),
+    n_vocab: int | None = None,
+    candidates: int = DEFAULT_CANDIDATES,
+) -> Preset:
+    """The chain llama.cpp's ``common_sampler_init`` builds, from ``common_params_sampling`` fields.
+
+    Field names and defaults are llama.cpp's (``temp``, ``typ_p``, ``penalty_repeat`` ...).
+    ``penalty_last_n`` and ``dry_penalty_last_n`` fix window sizes (``-1`` = the context: pass
+    ``history_size`` to ``Sampler.init``); ``dry_sequence_breakers`` are token-id sequences (see
+    :func:`jaxsample.dry_sequence_breakers` to derive them from strings such as llama's defaults
+    ``["\\n", ":", "\\"", "*"]``); ``logit_bias`` maps token ids to biases (``-inf`` bans);
+    ``ignore_eos`` bans ``eos_ids``; ``n_vocab`` is mirostat v1's vocabulary size (default: V).
+    ``seed`` is explicit (llama.cpp's "random" default seed has no reproducible equivalent).
+
+    >>> p = llama_cpp()
+    >>> [s.name for s in p.sampler.stages], p.sampler.selector.name
+    (['penalties', 'dry', 'top_n_sigma', 'top_k', 'typical', 'top_p', 'min_p', 'xtc', 'temperature'], 'dist')
+    """
+    if mirostat not in (0, 1, 2):
+        raise ValueError(f"mirostat must be 0, 1 or 2, got {mirostat}")
+    values: dict[str, Any] = {}
+    local = dict(locals())
+    for field, name in _FIELDS.items():
+        values[name] = local[field]
+    parts = []
+    if logit_bias:
+        ids = [int(i) for i in logit_bias]
+        parts.append(stages.logit_bias(capacity=_capacity(len(ids))))
+        values["logit_bias_ids"] = ids
+        values["logit_bias_values"] = [float(logit_bias[i]) for i in logit_bias]
+    if ignore_eos:
+        if not eos_ids:
+            raise ValueError("ignore_eos needs eos_ids (the model's end-of-generation token ids)")
+        parts.append(stages.ignore_eos(tuple(int(i) for i in eos_ids), True))
+    if mirostat:
+        parts.append(stages.temperature())
+        select = (
+            stages.mirostat(n_vocab=n_vocab, candidates=candidates)
+            if mirostat == 1
+            else stages.mirostat_v2(candidates=candidates)
+        )
+        values = {k: v for k, v in values.items() if k in _used(parts, select) or k.startswith("logit_bias")}
+        return Preset(chain(*parts, select=select), values)
+    build = {
+        "penalties": lambda: stages.penalties(penalty_last_n),
+        "dry": lambda: stages.dry(
+            last_n=dry_penalty_last_n, sequence_breakers=tuple(tuple(int(t) for t in b) for b in dry_sequence_breakers)
+        ),
+        "top_n_sigma": lambda: stages.top_n_sigma(),
+        "top_k": lambda: stages.top_k(exact=True, candidates=candidates),
+        "typ_p": lambda: stages.typical(candidates=candidates),
+        "top_p": lambda: stages.top_p(candidates=candidates),
+        "min_p": lambda: stages.min_p(),
+        "xtc": lambda: stages.xtc(),
+        "temperature": lambda: stages.dynamic_temperature(),
+    }
+    for name in _sequence(samplers):
+        parts.append(build[name]())
+    select = stages.categorical(candidates=candidates)
+    if "penalties" in _sequence(samplers) and penalty_last_n != 0:
+        values["penalty_last_n"] = penalty_last_n
+    if "dry" in _sequence(samplers) and dry_penalty_last_n != 0:
+        values["dry_penalty_last_n"] = dry_penalty_last_n
+    values = {k: v for k, v in values.items() if k in _used(parts, select) or k.startswith("logit_bias")}
+    return Preset(chain(*parts, select=select), values)
+
+
+def _used(parts, select) -> set[str]:
+    return {p.name for part in list(parts) + [select] for p in part.params} | {"seed"}
+
+
+# CLI flag -> common_params_sampling field (llama.cpp common/arg.cpp)
+_FLAGS = {
+    "-s": "seed", "--seed": "seed", "--temp": "temp", "--top-k": "top_k", "--top-p": "top_p", "--min-p": "min_p",
+    "--top-nsigma": "top_n_sigma", "--xtc-probability": "xtc_probability", "--xtc-threshold": "xtc_threshold",
+    "--typical": "typ_p", "--repeat-last-n": "penalty_last_n", "--repeat-penalty": "penalty_repeat",
+    "--presence-penalty": "penalty_present", "--frequency-penalty": "penalty_freq",
+    "--dry-multiplier": "dry_multiplier", "--dry-base": "dry_base", "--dry-allowed-length": "dry_allowed_length",
+    "--dry-penalty-last-n": "dry_penalty_last_n", "--dynatemp-range": "dynatemp_range",
+    "--dynatemp-exp": "dynatemp_exponent", "--mirostat": "mirostat", "--mirostat-lr": "mirostat_eta",
+    "--mirostat-ent": "mirostat_tau", "--samplers": "samplers", "--sampling-seq": "samplers",
+    "--sampler-seq": "samplers", "--min-keep": "min_keep",
+}
+_INT_FIELDS = {"seed", "top_k", "penalty_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat", "min_keep"}
+
+
+def llama_cpp_args(args: str | Sequence[str], **fields) -> Preset:
+    """:func:`llama_cpp` from llama.cpp command-line flags (``"--temp 0.7 --top-k 20 -l 15043+1"``).
+
+    Supports the sampling flags of ``llama-cli`` / ``llama-server`` including ``-l/--logit-bias
+    TOKEN(+|-)BIAS`` and ``--ignore-eos``; extra keyword ``fields`` (e.g. ``eos_ids``) are passed on.
+
+    >>> llama_cpp_args("--temp 0 --top-k 1").values["temperature"]
+    0.0
+    """
+    tokens = shlex.split(args) if isinstance(args, str) else list(args)
+    out: dict[str, Any] = {}
+    bias: dict[int, float] = {}
+    i = 0
+    while i < len(tokens):
+        flag = tokens[i]
+        if flag == "--ignore-eos":
+            out["ignore_eos"] = True
+            i += 1
+            continue
+        if i + 1 >= len(tokens):
+            raise ValueError(f"{flag}: missing value")
+        value = tokens[i + 1]
+        if flag in ("-l", "--logit-bias"):
+            sep = max(value.rfind("+"), value.rfind("-"))
+            if sep <= 0:
+                raise ValueError(f"{flag}: expected TOKEN_ID(+/-)BIAS, got {value!r}")
+            bias[int(value[:sep])] = float(value[sep:])
+        elif flag in _FLAGS:
+            field = _FLAGS[flag]
+            try:
+                out[field] = value if field == "samplers" else (int(value) if field in _INT_FIELDS else float(value))
+            except ValueError:
+                raise ValueError(f"{flag}: expected a number, got {value!r}") from None
+        else:
+            raise ValueError(f"unsupported llama.cpp flag {flag!r} (supported: {sorted(_FLAGS) + ['--ignore-eos', '-l']})")
+        i += 2
+    if bias:
+        out["logit_bias"] = bias
+    return llama_cpp(**{**out, **fields})
