@@ -1,0 +1,78 @@
+"""The llama.cpp default chain, end to end (logits -> token), vs a straightforward sort-based chain.
+
+Run from the repository root::
+
+    python -m benchmarks.chain                 # B=64, V=131072
+
+Both sides run in this process on the same logits: ``jaxsample`` (``presets.llama_cpp()``: penalties,
+DRY, top-n-sigma, top-k 40, typical, top-p 0.95, min-p 0.05, XTC, temperature 0.8, dist) and a
+reference made of the plain sort-based filters of ``tests/reference_samplers.py`` followed by
+``jax.random.categorical`` (the usual JAX implementation). Also reported: ``top_p`` alone, and every
+time in units of one ``jax.nn.logsumexp`` pass. Goals from issue #2: chain >= 20x faster than the
+reference, top_p >= 10x, chain within 15 logsumexp passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+
+import jaxsample as js
+from benchmarks.samplers import flat_logits, peaked_logits, time_ms
+from jaxsample import presets
+from tests import reference_samplers as ref
+
+
+def llama_chain(batch: int, vocab: int):
+    """``x [B, V] -> tokens [B]``: one full step of the llama.cpp default sampler."""
+    preset = presets.llama_cpp()
+    params = preset.params((batch,), seed=jnp.arange(batch))
+    prompt = jnp.tile(jnp.arange(32, dtype=jnp.int32), (batch, 1))
+    state = preset.sampler.init(params, vocab_size=vocab, prompt=prompt, history_size=64)
+    return lambda x: preset.sampler.sample(x, state, params)[0]
+
+
+def reference_chain(batch: int):
+    """The same filters done the straightforward way: full sorts, then ``jax.random.categorical``."""
+    rows = lambda v, dt=jnp.float32: jnp.full((batch,), v, dt)  # noqa: E731
+    key = jax.random.key(0)
+
+    def step(x):
+        y = ref.top_k_exact(x, rows(40, jnp.int32))
+        y = ref.top_p(y, rows(0.95), rows(0, jnp.int32))
+        y = ref.min_p(y, rows(0.05), rows(0, jnp.int32))
+        return jax.random.categorical(key, y / 0.8)
+
+    return step
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--vocab", type=int, default=131072)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    b, v = args.batch, args.vocab
+    sets = {"peaked": peaked_logits(jax.random.key(0), b, v), "flat": flat_logits(jax.random.key(0), b, v)}
+    print(f"backend={jax.default_backend()}  B={b}  V={v}  jax={jax.__version__}")
+    unit = time_ms(lambda x: jax.nn.logsumexp(x, axis=-1), sets["peaked"], args.repeats)
+    print(f"unit: one jax.nn.logsumexp pass = {unit:.2f} ms\n")
+    cases = [
+        ("llama.cpp chain", llama_chain(b, v), reference_chain(b)),
+        ("top_p 0.95", lambda x: js.top_p(x, 0.95),
+         lambda x: ref.top_p(x, jnp.full((b,), 0.95), jnp.ones((b,), jnp.int32))),
+    ]
+    header = f"{'case':<17}{'logits':<8}{'jaxsample ms':>13}{'sorted ms':>11}{'speed-up':>10}{'in lse passes':>15}"
+    print(header)
+    print("-" * len(header))
+    for name, fast, slow in cases:
+        for set_name, x in sets.items():
+            f = time_ms(fast, x, args.repeats)
+            s = time_ms(slow, x, 2)
+            print(f"{name:<17}{set_name:<8}{f:>13.1f}{s:>11.1f}{s / f:>9.1f}x{f / unit:>15.1f}")
+
+
+if __name__ == "__main__":
+    main()
