@@ -205,6 +205,14 @@ def test_padding_never_changes_a_row():
     np.testing.assert_allclose(logits[1], logits[0], atol=ATOL)
 
 
+def test_rotary_positions_are_relative():
+    """With RoPE, shifting every position of a row by a constant leaves the decoder's logits unchanged."""
+    seqs = _rows(20, B, N)
+    ref = dec_full(DEC_PARAMS, seqs).logits
+    shifted = dec_full(DEC_PARAMS, seqs, np.arange(N) + np.array([[0], [7], [21]])).logits
+    np.testing.assert_allclose(shifted, ref, atol=1e-4)
+
+
 def test_rows_are_independent_and_cache_rows_gather():
     seqs = _rows(7, B, N)
     pos = np.tile(np.arange(N), (B, 1))

@@ -156,6 +156,9 @@ class Bart:
     def apply_step(self, params: Any, tokens: ArrayLike, positions: ArrayLike, cache: BartCache) -> StepOutput:
         """Decoder step: writes ``tokens [B, T]`` at ``positions [B, T]`` and returns their logits.
 
+        Same semantics as :meth:`DecoderLM.apply_step`; positions must stay below the cache length
+        (learned positional embeddings exist only up to ``config.max_len``).
+
         Returns:
           ``StepOutput(logits float32[B, T, V], updated BartCache, hidden float32[B, T, D])``.
         """

@@ -98,7 +98,9 @@ class DecoderLM:
         """Writes ``tokens [B, T]`` at ``positions [B, T]`` into ``cache`` and returns their logits.
 
         Each token attends to the written slots of its row at positions ``<=`` its own (itself
-        included). Positions ``< 0`` (padding) or ``>= max_len`` are not written.
+        included). Positions ``< 0`` (padding) or ``>= max_len`` (the cache length; a decode loop
+        must stop before) are not written. Positions need not be contiguous or increasing:
+        re-feeding an earlier position overwrites its slot and ignores the later ones (rewind).
 
         Returns:
           ``StepOutput(logits float32[B, T, V], updated cache, hidden float32[B, T, D])``.

@@ -17,7 +17,7 @@ or a ``vmap``-ed dynamic index the partitioner cannot shard along the written ax
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -206,10 +206,12 @@ class Block(nn.Module):
         self.mlp_norm = norm("mlp_norm")
         self.dropout = nn.Dropout(self.dropout_rate)
 
-    def _sublayer(self, x: Array, norm: nn.Module, fn: Callable[[Array], Array], deterministic: bool) -> Array:
-        if self.norm_first:
-            return x + self.dropout(fn(norm(x)), deterministic=deterministic)
-        return norm(x + self.dropout(fn(x), deterministic=deterministic))
+    def _pre(self, x: Array, norm: nn.Module) -> Array:
+        return norm(x) if self.norm_first else x
+
+    def _post(self, x: Array, y: Array, norm: nn.Module, deterministic: bool) -> Array:
+        x = x + self.dropout(y, deterministic=deterministic)
+        return x if self.norm_first else norm(x)
 
     def cross_kv(self, encoded: Array) -> KVCache:
         """Cross-attention keys/values of the encoder output (computed once per sequence)."""
@@ -237,24 +239,18 @@ class Block(nn.Module):
         Returns:
           ``(x [B, T, D], updated cache or None)``.
         """
-        new_cache = None
-
-        def self_attention(h):
-            nonlocal new_cache
-            kv = self.self_attn.kv(h, positions)
-            if cache is not None:
-                kv = new_cache = KVCache(write(cache.k, kv.k, slots), write(cache.v, kv.v, slots))
-            return self.self_attn(h, kv, mask, positions, deterministic)
-
-        x = self._sublayer(x, self.self_attn_norm, self_attention, deterministic)
+        h = self._pre(x, self.self_attn_norm)
+        kv = self.self_attn.kv(h, positions)
+        if cache is not None:
+            kv = KVCache(write(cache.k, kv.k, slots), write(cache.v, kv.v, slots))
+        x = self._post(x, self.self_attn(h, kv, mask, positions, deterministic), self.self_attn_norm, deterministic)
         if self.cross_attention:
-            kv, cross_mask = cross
-            x = self._sublayer(
-                x, self.cross_attn_norm, lambda h: self.cross_attn(h, kv, cross_mask, None, deterministic),
-                deterministic,
-            )
-        x = self._sublayer(x, self.mlp_norm, lambda h: self.mlp(h, deterministic), deterministic)
-        return x, new_cache
+            cross_kv, cross_mask = cross
+            h = self._pre(x, self.cross_attn_norm)
+            x = self._post(x, self.cross_attn(h, cross_kv, cross_mask, None, deterministic), self.cross_attn_norm,
+                           deterministic)
+        x = self._post(x, self.mlp(self._pre(x, self.mlp_norm), deterministic), self.mlp_norm, deterministic)
+        return x, (None if cache is None else kv)
 
 
 class DecoderCache(NamedTuple):

@@ -254,8 +254,10 @@ def train(
             callback(step, rows[-1])
 
     start = time.perf_counter()
-    for batch in batches:
-        if step >= config.num_steps:
+    stream = iter(batches)
+    while step < config.num_steps:
+        batch = next(stream, None)
+        if batch is None:
             break
         params, opt_state, metrics = step_fn(params, opt_state, batch, jax.random.fold_in(base, step))
         pending.append(metrics)
