@@ -46,7 +46,8 @@ def _rows(seed, b, n):
 # ----------------------------------------------------------------------------------------- configs
 def test_named_configs_sizes_and_special_ids():
     base = get_config("bart", "base")
-    assert (base.d_model, base.num_heads, base.d_ff, base.encoder_layers, base.decoder_layers) == (768, 12, 3072, 6, 6)
+    dims = (base.d_model, base.num_heads, base.d_ff, base.encoder_layers, base.decoder_layers)
+    assert dims == (768, 12, 3072, 6, 6)
     assert (base.vocab_size, base.bos_id, base.pad_id, base.eos_id, base.mask_id, base.decoder_start_id) == (
         50265, 0, 1, 2, 50264, 2)
     gpt = get_config("decoder", "base")
@@ -105,24 +106,26 @@ def _check_cache_leaves(cache, b):
         assert leaf.shape[0] == b
 
 
-def test_step_output_shapes_dtypes_and_stable_cache_structure():
-    cache = DEC.init_cache(3, L)
-    out = dec_step(DEC_PARAMS, _rows(0, 3, 4), np.tile(np.arange(4), (3, 1)), cache)
-    assert isinstance(out, StepOutput)
-    assert out.logits.shape == (3, 4, 97) and out.logits.dtype == jnp.float32
-    assert out.hidden.shape == (3, 4, 32) and out.hidden.dtype == jnp.float32
-    _check_cache_leaves(out.cache, 3)
-    assert jax.tree.structure(out.cache) == jax.tree.structure(cache)
-    assert jax.tree.map(lambda a: (a.shape, a.dtype), out.cache) == jax.tree.map(lambda a: (a.shape, a.dtype), cache)
-
-    bcache = bart_encode(BART_PARAMS, _rows(1, 3, 5), np.ones((3, 5), bool), L)
-    bout = bart_step(BART_PARAMS, np.full((3, 1), 2), np.zeros((3, 1), np.int32), bcache)
-    assert bout.logits.shape == (3, 1, 97) and bout.hidden.shape == (3, 1, 32)
-    _check_cache_leaves(bout.cache, 3)
-    assert jax.tree.structure(bout.cache) == jax.tree.structure(bcache)
-
-
 B, N, S = 3, 10, 8  # canonical shapes (rows, decoder length, encoder length): shared compilations
+
+
+def test_step_output_shapes_dtypes_and_stable_cache_structure():
+    cache = DEC.init_cache(B, L)
+    out = dec_step(DEC_PARAMS, _rows(0, B, N), np.tile(np.arange(N), (B, 1)), cache)
+    assert isinstance(out, StepOutput)
+    assert out.logits.shape == (B, N, 97) and out.logits.dtype == jnp.float32
+    assert out.hidden.shape == (B, N, 32) and out.hidden.dtype == jnp.float32
+    _check_cache_leaves(out.cache, B)
+    assert jax.tree.structure(out.cache) == jax.tree.structure(cache)
+    spec = lambda tree: jax.tree.map(lambda a: (a.shape, a.dtype), tree)  # noqa: E731
+    assert spec(out.cache) == spec(cache)
+
+    bcache = bart_encode(BART_PARAMS, _rows(1, B, S), np.ones((B, S), bool), L)
+    bout = bart_step(BART_PARAMS, np.full((B, 1), 2), np.zeros((B, 1), np.int32), bcache)
+    assert bout.logits.shape == (B, 1, 97) and bout.hidden.shape == (B, 1, 32)
+    _check_cache_leaves(bout.cache, B)
+    assert jax.tree.structure(bout.cache) == jax.tree.structure(bcache)
+    assert bcache.encoded.shape == (B, S, 32) and bcache.cross[1].k.shape == (B, S, 4, 8)
 
 
 def _full_positions(lengths):
@@ -258,30 +261,25 @@ def test_new_positions_do_not_retrace():
 
 
 def test_bfloat16_compute_close_to_float32():
-    lengths = [N] * B
-    cases = [
-        (DEC, dec_full, DEC_PARAMS, (_rows(12, B, N), _full_positions(lengths))),
-        (BART, bart_full, BART_PARAMS, (_rows(13, B, S), np.ones((B, S), bool), _rows(14, B, N))),
-    ]
-    for model, full, params, args in cases:
-        low = make_model(dataclasses.replace(model.config, dtype="bfloat16"))
-        ref = full(params, *args).logits
-        out = jax.jit(low.__call__)(params, *args)
-        assert out.logits.dtype == jnp.float32 and out.hidden.dtype == jnp.float32
-        scale = float(jnp.max(jnp.abs(ref)))
-        assert float(jnp.max(jnp.abs(out.logits - ref))) < 0.05 * scale, model.config.arch
-    assert low.encode(params, *args[:2], L).decoder.layers[0].k.dtype == jnp.bfloat16
+    low = make_model(dataclasses.replace(BART.config, dtype="bfloat16"))
+    args = (_rows(13, B, S), np.ones((B, S), bool), _rows(14, B, N))
+    ref = bart_full(BART_PARAMS, *args).logits
+    out = jax.jit(low.__call__)(BART_PARAMS, *args)
+    assert out.logits.dtype == jnp.float32 and out.hidden.dtype == jnp.float32
+    assert float(jnp.max(jnp.abs(out.logits - ref))) < 0.05 * float(jnp.max(jnp.abs(ref)))
+    cache = jax.eval_shape(lambda p, ids, mask: low.encode(p, ids, mask, L), BART_PARAMS, *args[:2])
+    assert cache.decoder.layers[0].k.dtype == jnp.bfloat16 and cache.encoder_mask.dtype == jnp.bool_
+    dec = make_model(dataclasses.replace(DEC.config, dtype="bfloat16"))
+    assert dec.init_cache(1, L).layers[0].v.dtype == jnp.bfloat16
 
 
-def test_dropout_only_with_a_key():
+def test_dropout_needs_a_key_and_is_reproducible():
     drop = DecoderLM(dataclasses.replace(DEC.config, dropout_rate=0.3, attention_dropout_rate=0.1))
-    run = jax.jit(drop.__call__)
+    run = jax.jit(lambda params, x, key: drop(params, x, dropout_rng=key).logits)
     x = _rows(15, B, N)
-    np.testing.assert_allclose(run(DEC_PARAMS, x).logits, dec_full(DEC_PARAMS, x).logits, atol=1e-6)
-    a = run(DEC_PARAMS, x, dropout_rng=jax.random.key(0)).logits
-    b = run(DEC_PARAMS, x, dropout_rng=jax.random.key(1)).logits
-    assert not np.allclose(a, b)
-    np.testing.assert_array_equal(a, run(DEC_PARAMS, x, dropout_rng=jax.random.key(0)).logits)
+    a, b = run(DEC_PARAMS, x, jax.random.key(0)), run(DEC_PARAMS, x, jax.random.key(1))
+    assert not np.allclose(a, b) and not np.allclose(a, dec_full(DEC_PARAMS, x).logits)
+    np.testing.assert_array_equal(a, run(DEC_PARAMS, x, jax.random.key(0)))
 
 
 def test_input_validation():

@@ -131,12 +131,14 @@ class Bart:
         input_ids = jnp.asarray(input_ids, jnp.int32)
         mask = jnp.ones(input_ids.shape, bool) if attention_mask is None else jnp.asarray(attention_mask, bool)
         if input_ids.ndim != 2 or mask.shape != input_ids.shape:
-            raise ValueError(f"input_ids and attention_mask must both be [B, S]; got {input_ids.shape}, {mask.shape}")
+            raise ValueError(
+                f"input_ids and attention_mask must both be [B, S]; got {input_ids.shape}, {mask.shape}")
         if input_ids.shape[1] > self.config.max_len:
             raise ValueError(f"encoder length {input_ids.shape[1]} exceeds config.max_len={self.config.max_len}")
         return input_ids, mask
 
-    def encode(self, params: Any, input_ids: ArrayLike, attention_mask: ArrayLike | None, max_len: int) -> BartCache:
+    def encode(self, params: Any, input_ids: ArrayLike, attention_mask: ArrayLike | None,
+               max_len: int) -> BartCache:
         """Encodes ``input_ids [B, S]`` and returns the decoding cache for up to ``max_len`` decoder positions.
 
         Args:
@@ -164,7 +166,8 @@ class Bart:
         """
         tokens, positions = layers.check_tokens(tokens, positions)
         if cache.encoder_mask.shape[0] != tokens.shape[0]:
-            raise ValueError(f"cache has batch {cache.encoder_mask.shape[0]} but tokens have batch {tokens.shape[0]}")
+            raise ValueError(
+                f"cache has batch {cache.encoder_mask.shape[0]} but tokens have batch {tokens.shape[0]}")
         out = layers.apply(self.module, params, tokens, positions, cache.cross, cache.encoder_mask, cache.decoder,
                            method=_BartNet.decode)
         return out._replace(cache=cache._replace(decoder=out.cache))

@@ -126,9 +126,11 @@ def restore(
     if step not in available:
         raise FileNotFoundError(f"no complete checkpoint for step {step} in {directory}; available: {available}")
     with _manager(directory) as manager:
-        saved = config_from_dict(manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config)
+        meta = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
+        saved = config_from_dict(meta.config)
         if config is not None and saved != config:
-            diff = ", ".join(f"{k}: saved {a!r} != expected {b!r}" for k, (a, b) in config_diff(saved, config).items())
+            diff = ", ".join(
+                f"{k}: saved {a!r} != expected {b!r}" for k, (a, b) in config_diff(saved, config).items())
             raise ValueError(f"checkpoint {directory}/{step} was written for a different model config ({diff})")
         if params_like is None:
             params_like = jax.eval_shape(make_model(saved).init, jax.random.key(0))

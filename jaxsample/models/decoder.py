@@ -28,7 +28,6 @@ import math
 from typing import Any, ClassVar
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from jaxsample._types import Array, ArrayLike
@@ -43,7 +42,8 @@ class _DecoderNet(nn.Module):
     def setup(self):
         c = self.config
         dtype = c.compute_dtype
-        self.embed = nn.Embed(c.vocab_size, c.d_model, dtype=dtype, embedding_init=nn.initializers.normal(c.init_std))
+        self.embed = nn.Embed(c.vocab_size, c.d_model, dtype=dtype,
+                              embedding_init=nn.initializers.normal(c.init_std))
         self.blocks = [
             layers.Block(
                 c.d_model, c.num_heads, c.d_ff, dtype, c.init_std, c.init_std / math.sqrt(2 * c.num_layers),

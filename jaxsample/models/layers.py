@@ -243,7 +243,8 @@ class Block(nn.Module):
         kv = self.self_attn.kv(h, positions)
         if cache is not None:
             kv = KVCache(write(cache.k, kv.k, slots), write(cache.v, kv.v, slots))
-        x = self._post(x, self.self_attn(h, kv, mask, positions, deterministic), self.self_attn_norm, deterministic)
+        y = self.self_attn(h, kv, mask, positions, deterministic)
+        x = self._post(x, y, self.self_attn_norm, deterministic)
         if self.cross_attention:
             cross_kv, cross_mask = cross
             h = self._pre(x, self.cross_attn_norm)
