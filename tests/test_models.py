@@ -334,7 +334,7 @@ def _generate(model, params, sampler, prompt, prompt_len, steps, cache):
     return run(params, prompt, prompt_len, cache, sampler.params((prompt.shape[0],), temperature=0.0))
 
 
-@pytest.mark.parametrize("arch", ["decoder", "bart"])
+@pytest.mark.parametrize("arch", ["decoder", pytest.param("bart", marks=pytest.mark.slow)])
 def test_greedy_generation_with_a_sampler_matches_full_forward(arch):
     sampler = js.chain(stages.temperature(1.0), select=stages.categorical())
     prompt_len = np.array([3, 1])
