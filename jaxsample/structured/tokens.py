@@ -1,0 +1,216 @@
+"""Byte DFA x vocabulary -> token-level DFA with token equivalence classes (host side, numpy).
+
+For every DFA state and every token the next state is computed by walking the token's bytes. Tokens
+are first reduced to strings of the DFA's *byte classes* (deduplicated) and arranged in a trie, and
+the walk runs level by level over the trie, vectorised over (state, trie node) pairs that are still
+alive — a token that dies on its first byte costs nothing further. Then:
+
+1. columns (one per token) that agree in every state are merged into **classes**;
+2. states unreachable from the start or that cannot reach acceptance *with this vocabulary* are
+   pruned, so every allowed token keeps the output completable (no dead ends);
+3. the token-level DFA is minimised and the classes recomputed.
+
+Class 0 is the all-dead column (special tokens, padding columns, tokens no state allows); EOS ids
+form the column that loops in accepting states and is dead elsewhere.
+
+>>> from jaxsample.structured.automaton import compile_expr, lit, alt
+>>> from jaxsample.structured.vocab import Vocabulary
+>>> v = Vocabulary.from_pieces(["<eos>", "a", "b", "ab"], kind="raw", special_ids=[0], eos_ids=[0])
+>>> g = build(compile_expr(alt(lit("ab"), lit("b"))), v)
+>>> g.allowed(g.start).tolist(), int(g.forced[g.advance(g.start, 1)])
+([False, True, True, True], 2)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxsample.structured.automaton import ByteDFA, EmptyLanguageError, minimise, trim
+from jaxsample.structured.vocab import Vocabulary
+
+#: Upper bound on (state, trie node) pairs processed at once (memory of the vectorised walk).
+_PAIR_CHUNK = 1 << 22
+
+
+class TokenGrammar(NamedTuple):
+    """A compiled constraint for one vocabulary (host numpy arrays).
+
+    Attributes:
+      next: ``int32[S, C]`` next state per (state, token class); state 0 is dead, class 0 is dead.
+      class_of: ``int32[V]`` class of every logits column.
+      accept: ``bool[S]`` accepting states (where EOS is allowed).
+      forced: ``int32[S]`` the only allowed token of a state, or ``-1``.
+      start: initial state (always 1).
+    """
+
+    next: np.ndarray
+    class_of: np.ndarray
+    accept: np.ndarray
+    forced: np.ndarray
+    start: int
+
+    @property
+    def num_states(self) -> int:
+        return int(self.next.shape[0])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.next.shape[1])
+
+    def allowed(self, state: int) -> np.ndarray:
+        """``bool[V]``: tokens allowed in ``state`` (EOS ids only if accepting)."""
+        return self.next[state][self.class_of] != 0
+
+    def advance(self, state: int, token: int) -> int:
+        """State after ``token`` (0 if the token was not allowed)."""
+        return int(self.next[state, self.class_of[token]])
+
+    def walk(self, tokens) -> int:
+        """State after a token sequence from the start (0 = left the language)."""
+        s = self.start
+        for t in tokens:
+            s = self.advance(s, int(t))
+        return s
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _class_strings(dfa: ByteDFA, vocab: Vocabulary):
+    """Unique byte-class strings of the text tokens: ``(ids, inverse [T], strings [U, L], lengths [U])``."""
+    ids = np.array([i for i, b in enumerate(vocab.token_bytes) if b], np.int64)
+    blobs = [vocab.token_bytes[i] for i in ids]
+    lengths = np.array([len(b) for b in blobs], np.int64)
+    width = int(lengths.max()) if lengths.size else 1
+    flat = dfa.byte_class[np.frombuffer(b"".join(blobs), np.uint8)] if blobs else np.zeros(0, np.int32)
+    padded = np.full((ids.size, width), -1, np.int32)
+    row = np.repeat(np.arange(ids.size), lengths)
+    col = np.arange(flat.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    padded[row, col] = flat
+    strings, inverse = np.unique(padded, axis=0, return_inverse=True)
+    return ids, inverse.reshape(-1), strings, (strings >= 0).sum(axis=1)
+
+
+def _trie(strings: np.ndarray, lengths: np.ndarray, k: int):
+    """Per depth: ``(parent [N_d], class [N_d], string ending here or -1 [N_d])``, children sorted by parent."""
+    levels = []
+    node = np.zeros(strings.shape[0], np.int64)
+    for d in range(1, strings.shape[1] + 1):
+        live = np.flatnonzero(lengths >= d)
+        if live.size == 0:
+            break
+        key = node[live] * k + strings[live, d - 1]
+        uniq, inv = np.unique(key, return_inverse=True)
+        node[live] = inv
+        term = np.full(uniq.size, -1, np.int64)
+        ends = lengths[live] == d
+        term[inv[ends]] = live[ends]
+        levels.append((uniq // k, (uniq % k).astype(np.int64), term))
+    return levels
+
+
+def _walk(delta: np.ndarray, levels, origins: np.ndarray):
+    """Sparse token-level transitions ``(state, string, next)`` for the given origin states."""
+    out_s, out_u, out_t = [], [], []
+    o, c, n = origins, origins, np.zeros(origins.size, np.int64)
+    n_prev = 1
+    for parent, cls, term in levels:
+        first = np.searchsorted(parent, np.arange(n_prev))
+        counts = np.searchsorted(parent, np.arange(n_prev), side="right") - first
+        cnt = counts[n]
+        total = int(cnt.sum())
+        n_prev = parent.size
+        if total == 0:
+            break
+        rep = np.repeat(np.arange(o.size), cnt)
+        child = first[n][rep] + np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        nxt = delta[c[rep], cls[child]]
+        keep = nxt != 0
+        o, c, n = o[rep][keep], nxt[keep], child[keep]
+        tu = term[n]
+        hit = tu >= 0
+        out_s.append(o[hit])
+        out_u.append(tu[hit])
+        out_t.append(c[hit])
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
+    return cat(out_s), cat(out_u), cat(out_t)
+
+
+def _group_columns(s, u, t, n_strings: int, n_states: int):
+    """Classes of identical sparse columns: ``(class per string or -1, dense [S, C])``; exact."""
+    for salt in range(8):
+        with np.errstate(over="ignore"):
+            h = _splitmix((s.astype(np.uint64) << np.uint64(32)) + t.astype(np.uint64) + np.uint64(salt))
+        order = np.argsort(u, kind="stable")
+        us = u[order]
+        starts = np.flatnonzero(np.r_[True, us[1:] != us[:-1]]) if us.size else np.zeros(0, np.int64)
+        col_hash = np.zeros(n_strings, np.uint64)
+        col_count = np.zeros(n_strings, np.int64)
+        if us.size:
+            col_hash[us[starts]] = np.add.reduceat(h[order], starts)
+            col_count[us[starts]] = np.diff(np.r_[starts, us.size])
+        has = col_count > 0
+        _, cls = np.unique(np.stack([col_hash.view(np.int64), col_count], 1)[has], axis=0, return_inverse=True)
+        cls_of = np.full(n_strings, -1, np.int64)
+        cls_of[has] = cls.reshape(-1)
+        dense = np.zeros((n_states, int(cls.max()) + 1 if cls.size else 0), np.int32)
+        dense[s, cls_of[u]] = t
+        if np.array_equal(dense[s, cls_of[u]], t) and np.array_equal(
+            (dense != 0).sum(axis=0)[cls_of[has]], col_count[has]
+        ):
+            return cls_of, dense
+    raise RuntimeError("token column hashing failed repeatedly")  # pragma: no cover
+
+
+def build(dfa: ByteDFA, vocab: Vocabulary) -> TokenGrammar:
+    """Token-level grammar of a byte DFA for a vocabulary.
+
+    Raises:
+      EmptyLanguageError: if no token sequence of this vocabulary spells an accepted string.
+    """
+    k = int(dfa.delta.shape[1])
+    n_states = dfa.num_states
+    ids, inverse, strings, lengths = _class_strings(dfa, vocab)
+    levels = _trie(strings, lengths, k)
+    chunk = max(1, _PAIR_CHUNK // max(1, strings.shape[0]))
+    parts = [_walk(dfa.delta, levels, np.arange(a, min(a + chunk, n_states))) for a in range(1, n_states, chunk)]
+    s, u, t = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    cls_of_string, dense = _group_columns(s, u, t, strings.shape[0], n_states)
+    eos_col = np.where(dfa.accept, np.arange(n_states), 0).astype(np.int32)
+    table = np.concatenate([np.zeros((n_states, 1), np.int32), eos_col[:, None], dense], axis=1)
+    try:
+        table, accept, start = trim(table, dfa.accept, dfa.start)
+    except EmptyLanguageError:
+        raise EmptyLanguageError(
+            "no token sequence of this vocabulary spells a string the constraint accepts"
+        ) from None
+    table, accept, start = minimise(table, accept, start)
+    cols, col_class = np.unique(table.T, axis=0, return_inverse=True)
+    col_class = col_class.reshape(-1)
+    nxt = np.ascontiguousarray(cols.T.astype(np.int32))
+    v = vocab.size
+    class_of = np.zeros(v, np.int32)
+    text_cls = cls_of_string[inverse]
+    class_of[ids] = np.where(text_cls >= 0, col_class[np.maximum(text_cls, 0) + 2], col_class[0])
+    class_of[list(vocab.eos_ids)] = col_class[1]
+    forced = _forced(nxt, class_of)
+    return TokenGrammar(nxt, class_of, accept, forced, start)
+
+
+def _forced(nxt: np.ndarray, class_of: np.ndarray) -> np.ndarray:
+    """``int32[S]``: the single allowed token id of each state, ``-1`` when zero or several."""
+    c = nxt.shape[1]
+    size = np.bincount(class_of, minlength=c)
+    first = np.full(c, -1, np.int64)
+    first[class_of[::-1]] = np.arange(class_of.size)[::-1]
+    allowed = nxt != 0
+    count = allowed.astype(np.int64) @ size
+    only = np.argmax(allowed, axis=1)
+    return np.where(count == 1, first[only], -1).astype(np.int32)
