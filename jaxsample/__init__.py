@@ -5,6 +5,9 @@ Conventions (see ``docs/conventions.md``): logits ``[..., V]`` in, same shape ou
 """
 
 from jaxsample import stages
+# --- structured (issue #6) ---
+from jaxsample import structured
+# --- end structured ---
 from jaxsample.chain import Param, Sampler, SamplerState, Selector, Stage, StepInfo, chain
 from jaxsample.selection import categorical, greedy
 from jaxsample.temperature import dynamic_temperature, temperature
@@ -23,5 +26,6 @@ __all__ = sorted([
     "dynamic_temperature",
     "greedy",
     "stages",
+    "structured",  # structured (issue #6)
     "temperature",
 ])

@@ -40,3 +40,15 @@ def greedy() -> Selector:
 def categorical(*, candidates: int = DEFAULT_CANDIDATES) -> Selector:
     """Selector drawing from ``softmax(logits)`` with the row's per-step key (llama.cpp ``dist``)."""
     return Selector("dist", lambda x, s, p, info: (selection.categorical(info.key, x, candidates=candidates), s))
+
+
+# --- structured (issue #6) ---
+def grammar(*, name: str = "grammar") -> Stage:
+    """Grammar masking (regex / JSON schema / GBNF); bind grammars per row with
+    :func:`jaxsample.structured.constrain`. Rows without a grammar pass through."""
+    from jaxsample.structured.stage import grammar_stage
+
+    return grammar_stage(name=name)
+
+
+# --- end structured ---
