@@ -72,7 +72,8 @@ _FAMILIES = {
 }
 _DIGIT = chars("0-9")
 _HEX = chars("0-9a-fA-F")
-_UNESCAPED = complement(((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)))
+# DEL is legal JSON but excluded unescaped (as llguidance and llama.cpp do): a harmless over-constraint.
+_UNESCAPED = complement(((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F)))
 _SHORT_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
 _STRING_CHAR = alt(Chars(_UNESCAPED), seq(lit("\\"), alt(chars('"\\\\/bfnrt'), seq(lit("u"), repeat(_HEX, 4, 4)))))
 
@@ -100,8 +101,8 @@ def _json_encoded(expr):
         )
         escaped = []
         for lo, hi in expr.ranges:
-            for cp in range(lo, min(hi, 0x5C) + 1):
-                if cp < 0x20 or cp in (0x22, 0x5C):
+            for cp in [*range(lo, min(hi, 0x5C) + 1), *([0x7F] if lo <= 0x7F <= hi else [])]:
+                if cp < 0x20 or cp in (0x22, 0x5C, 0x7F):
                     escaped.append(lit(_SHORT_ESCAPES.get(cp, f"\\u{cp:04x}")))
         return alt(*([Chars(plain)] if plain else []), *escaped)
     if isinstance(expr, Seq):

@@ -3,8 +3,9 @@
 The stage's state follows the chain convention (every leaf has leading batch axes), so finished
 rows freeze and beam reordering works unchanged: each row carries its *own* copy of its grammar's
 bucketed tables next to its automaton state. Rows sharing a grammar share nothing on the device;
-with class compression a row's tables are small (``S*C`` entries plus ``V`` class ids, int16 when
-they fit), and the tables never change inside the loop (XLA elides the ``where`` over them).
+with class compression and mask deduplication a row's tables are small (``S*C`` next states and
+``V`` class ids, int16 when they fit, plus ``U`` distinct ``V``-bit masks), and the tables never
+change inside the loop (XLA elides the ``where`` over them).
 
 Usage::
 
@@ -43,12 +44,8 @@ class GrammarState(NamedTuple):
 def _flat(gs: GrammarState):
     """Rows flattened to one batch axis: (grammar ids, tables with G = rows, states)."""
     n = int(np.prod(gs.state.shape))
-    t = _tables.Tables(
-        gs.tables.next.reshape((n,) + gs.tables.next.shape[-2:]),
-        gs.tables.class_of.reshape((n, gs.tables.class_of.shape[-1])),
-        gs.tables.forced.reshape((n, gs.tables.forced.shape[-1])),
-        gs.tables.start.reshape(n),
-    )
+    nd = len(gs.state.shape)
+    t = _tables.Tables(*(x.reshape((n,) + x.shape[nd:]) for x in gs.tables))
     ids = jnp.where(gs.constrained.reshape(n), jnp.arange(n, dtype=jnp.int32), -1)
     return ids, t, gs.state.reshape(n)
 
@@ -61,6 +58,8 @@ def unconstrained(batch_shape: tuple[int, ...], vocab_size: int) -> GrammarState
         jnp.zeros(b + (int(vocab_size),), jnp.int16),
         jnp.full(b + (1,), -1, jnp.int32),
         jnp.zeros(b, jnp.int32),
+        jnp.zeros(b + (1,), jnp.int32),
+        jnp.zeros(b + (1, -(-int(vocab_size) // 32)), jnp.uint32),
     )
     return GrammarState(jnp.zeros(b, jnp.int32), jnp.zeros(b, bool), t)
 
@@ -92,6 +91,7 @@ def grammar_state(
     *,
     num_states: int | None = None,
     num_classes: int | None = None,
+    num_masks: int | None = None,
 ) -> GrammarState:
     """Per-row state for rows ``grammars`` (row-major over ``batch_shape``; ``None`` = unconstrained).
 
@@ -114,7 +114,7 @@ def grammar_state(
             uniq.append(g)
             j = len(uniq) - 1
         slot.append(j)
-    stacked = _tables.stack(uniq, num_states=num_states, num_classes=num_classes)
+    stacked = _tables.stack(uniq, num_states=num_states, num_classes=num_classes, num_masks=num_masks)
     idx = jnp.asarray(slot, jnp.int32)
     rows = _tables.Tables(*(jnp.take(x, idx, axis=0).reshape(batch_shape + x.shape[1:]) for x in stacked))
     constrained = jnp.asarray([g is not None for g in grammars]).reshape(batch_shape)
@@ -130,6 +130,7 @@ def constrain(
     name: str = "grammar",
     num_states: int | None = None,
     num_classes: int | None = None,
+    num_masks: int | None = None,
 ) -> SamplerState:
     """Binds one grammar (or ``None``) per row to the grammar stage ``name`` of ``sampler``.
 
@@ -141,7 +142,9 @@ def constrain(
         raise ValueError(f"the sampler has no stage named {name!r} (stages: {names}); add stages.grammar()")
     i = names.index(name)
     old: GrammarState = state.stages[i]
-    gs = grammar_state(grammars, tuple(old.state.shape), num_states=num_states, num_classes=num_classes)
+    gs = grammar_state(
+        grammars, tuple(old.state.shape), num_states=num_states, num_classes=num_classes, num_masks=num_masks
+    )
     if gs.tables.class_of.shape[-1] != old.tables.class_of.shape[-1]:
         raise ValueError(
             f"grammars were compiled for V={gs.tables.class_of.shape[-1]} but the sampler was initialised "

@@ -1,14 +1,18 @@
 """Device tables for compiled grammars, bucketed shapes, and the jit-side mask / advance gathers.
 
 Several :class:`~jaxsample.structured.tokens.TokenGrammar` are stacked along a leading grammar axis
-``G`` and padded to power-of-two buckets of states ``S`` and classes ``C``, so a new schema reuses the
-compiled decode loop unless it crosses a bucket. A row selects its grammar with an id (``-1`` =
-unconstrained). Per step, for rows with state ``s`` and grammar ``g``::
+``G`` and padded to power-of-two buckets of states ``S``, classes ``C`` and distinct masks ``U``, so a
+new schema reuses the compiled decode loop unless it crosses a bucket. A row selects its grammar
+with an id (``-1`` = unconstrained). Per step, for rows with state ``s`` and grammar ``g``::
 
-    allowed[b, v] = next[g, s, class_of[g, v]] != 0      # one [B, C] row gather + one [B, V] gather
+    words         = masks[g, mask_id[g, s]]              # one [B, V/32] row gather
+    allowed[b, v] = (words[b, v // 32] >> (v % 32)) & 1  # elementwise unpack, fused into the where
     s'            = next[g, s, class_of[g, token]]       # two scalar gathers
 
-Padded states and classes are all-dead and unreachable; padded logits columns are class 0 (dead).
+The mask is a packed bitmask rather than ``next[s, class_of[v]]`` because a per-element ``[B, V]``
+gather is ~50x slower than the unpack on CPU (measured: 9 ms vs 0.16 ms at B=32, V=32k).
+Padded states and classes are all-dead and unreachable; padded logits columns are class 0 (dead)
+and never set in a mask.
 
 >>> import numpy as np
 >>> from jaxsample.structured import compile_regex, Vocabulary
@@ -31,6 +35,7 @@ from jaxsample.structured.tokens import TokenGrammar
 
 MIN_STATES = 64
 MIN_CLASSES = 32
+MIN_MASKS = 16
 
 
 class Tables(NamedTuple):
@@ -41,12 +46,16 @@ class Tables(NamedTuple):
       class_of: ``int16|int32[G, V]`` token class per logits column.
       forced: ``int32[G, S]`` the only allowed token of a state, ``-1`` if none or several.
       start: ``int32[G]`` initial state of each grammar.
+      mask_id: ``int32[G, S]`` bitmask index of each state.
+      masks: ``uint32[G, U, ceil(V/32)]`` distinct allowed-token bitmasks.
     """
 
     next: Array
     class_of: Array
     forced: Array
     start: Array
+    mask_id: Array
+    masks: Array
 
 
 def bucket(n: int, minimum: int) -> int:
@@ -60,7 +69,11 @@ def _index_dtype(n: int):
 
 
 def stack_numpy(
-    grammars: Sequence[TokenGrammar], *, num_states: int | None = None, num_classes: int | None = None
+    grammars: Sequence[TokenGrammar],
+    *,
+    num_states: int | None = None,
+    num_classes: int | None = None,
+    num_masks: int | None = None,
 ) -> Tables:
     """:func:`stack` on the host (numpy arrays); see there."""
     if not grammars:
@@ -70,33 +83,50 @@ def stack_numpy(
         raise ValueError(f"grammars were compiled for different vocabulary sizes {sorted(vocab)}")
     need_s = max(g.num_states for g in grammars)
     need_c = max(g.num_classes for g in grammars)
+    need_u = max(g.masks.shape[0] for g in grammars)
     s = bucket(need_s, MIN_STATES) if num_states is None else int(num_states)
     c = bucket(need_c, MIN_CLASSES) if num_classes is None else int(num_classes)
-    if s < need_s or c < need_c:
-        raise ValueError(f"num_states={s}/num_classes={c} are smaller than needed ({need_s}/{need_c})")
-    nxt = np.zeros((len(grammars), s, c), _index_dtype(s))
-    forced = np.full((len(grammars), s), -1, np.int32)
-    class_of = np.zeros((len(grammars), vocab.pop()), _index_dtype(c))
+    u = bucket(need_u, MIN_MASKS) if num_masks is None else int(num_masks)
+    if s < need_s or c < need_c or u < need_u:
+        raise ValueError(
+            f"num_states={s}/num_classes={c}/num_masks={u} are smaller than needed ({need_s}/{need_c}/{need_u})"
+        )
+    n, v = len(grammars), vocab.pop()
+    nxt = np.zeros((n, s, c), _index_dtype(s))
+    forced = np.full((n, s), -1, np.int32)
+    class_of = np.zeros((n, v), _index_dtype(c))
+    mask_id = np.zeros((n, s), np.int32)
+    masks = np.zeros((n, u, -(-v // 32)), np.uint32)
     for i, g in enumerate(grammars):
         nxt[i, : g.num_states, : g.num_classes] = g.next
         forced[i, : g.num_states] = g.forced
         class_of[i] = g.class_of
+        mask_id[i, : g.num_states] = g.mask_id
+        masks[i, : g.masks.shape[0]] = g.masks
     start = np.array([g.start for g in grammars], np.int32)
-    return Tables(nxt, class_of, forced, start)
+    return Tables(nxt, class_of, forced, start, mask_id, masks)
 
 
-def stack(grammars: Sequence[TokenGrammar], *, num_states: int | None = None, num_classes: int | None = None) -> Tables:
+def stack(
+    grammars: Sequence[TokenGrammar],
+    *,
+    num_states: int | None = None,
+    num_classes: int | None = None,
+    num_masks: int | None = None,
+) -> Tables:
     """Device tables for several grammars (same vocabulary), padded to bucketed shapes.
 
     Args:
       grammars: compiled grammars; their index is the grammar id rows refer to.
       num_states: fixed ``S`` (default: the power-of-two bucket, at least ``MIN_STATES``).
       num_classes: fixed ``C`` (default: the power-of-two bucket, at least ``MIN_CLASSES``).
+      num_masks: fixed ``U`` (default: the power-of-two bucket, at least ``MIN_MASKS``).
 
     Raises:
       ValueError: on an empty list, mixed vocabulary sizes, or fixed sizes that are too small.
     """
-    return Tables(*(jnp.asarray(x) for x in stack_numpy(grammars, num_states=num_states, num_classes=num_classes)))
+    host = stack_numpy(grammars, num_states=num_states, num_classes=num_classes, num_masks=num_masks)
+    return Tables(*(jnp.asarray(x) for x in host))
 
 
 def nbytes(tables: Tables) -> int:
@@ -124,9 +154,10 @@ def allowed(tables: Tables, grammar: ArrayLike, state: ArrayLike) -> Array:
     """
     grammar = jnp.asarray(grammar, jnp.int32)
     g = _ids(tables, grammar)
-    row = tables.next[g, jnp.asarray(state, jnp.int32)]  # [B, C]
-    cls = tables.class_of[g].astype(jnp.int32)  # [B, V]
-    ok = jnp.take_along_axis(row, cls, axis=-1) != 0
+    words = tables.masks[g, tables.mask_id[g, jnp.asarray(state, jnp.int32)]]  # [B, W]
+    bits = (words[..., None] >> jnp.arange(32, dtype=jnp.uint32)) & 1  # [B, W, 32]
+    v = tables.class_of.shape[-1]
+    ok = bits.reshape(words.shape[0], -1)[:, :v] != 0
     return ok | (grammar < 0)[:, None]
 
 

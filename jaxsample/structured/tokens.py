@@ -43,6 +43,9 @@ class TokenGrammar(NamedTuple):
       accept: ``bool[S]`` accepting states (where EOS is allowed).
       forced: ``int32[S]`` the only allowed token of a state, or ``-1``.
       start: initial state (always 1).
+      mask_id: ``int32[S]`` index of the state's allowed-token bitmask in ``masks``.
+      masks: ``uint32[U, ceil(V/32)]`` the distinct allowed-token bitmasks (bit ``j`` of word ``i``
+        is token ``32*i+j``, the XGrammar/llguidance layout); ``U`` is usually far below ``S``.
     """
 
     next: np.ndarray
@@ -50,6 +53,8 @@ class TokenGrammar(NamedTuple):
     accept: np.ndarray
     forced: np.ndarray
     start: int
+    mask_id: np.ndarray
+    masks: np.ndarray
 
     @property
     def num_states(self) -> int:
@@ -201,7 +206,22 @@ def build(dfa: ByteDFA, vocab: Vocabulary) -> TokenGrammar:
     class_of[ids] = np.where(text_cls >= 0, col_class[np.maximum(text_cls, 0) + 2], col_class[0])
     class_of[list(vocab.eos_ids)] = col_class[1]
     forced = _forced(nxt, class_of)
-    return TokenGrammar(nxt, class_of, accept, forced, start)
+    mask_id, masks = _bitmasks(nxt, class_of)
+    return TokenGrammar(nxt, class_of, accept, forced, start, mask_id, masks)
+
+
+def _bitmasks(nxt: np.ndarray, class_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct allowed-token bitmasks: ``(mask_id int32[S], masks uint32[U, ceil(V/32)])``.
+
+    Mask 0 is the empty mask (the dead state's), so zero-padded ``mask_id`` entries are safe.
+    """
+    patterns, mask_id = np.unique(nxt != 0, axis=0, return_inverse=True)
+    v = class_of.size
+    w = -(-v // 32)
+    masks = np.zeros((patterns.shape[0], w * 32), bool)
+    masks[:, :v] = patterns[:, class_of]
+    packed = np.packbits(masks, axis=1, bitorder="little").view("<u4").astype(np.uint32)
+    return mask_id.reshape(-1).astype(np.int32), packed
 
 
 def _forced(nxt: np.ndarray, class_of: np.ndarray) -> np.ndarray:
