@@ -30,9 +30,21 @@ ALPHABET = "abcdfoxrz019_@.-+eEéA \n]Жф😀"
 _DFAS = {p: am.compile_expr(parse_regex(p)) for p in PATTERNS}
 
 
+def _distance_to_accept(dfa: am.ByteDFA) -> np.ndarray:
+    dist = np.where(dfa.accept, 0, np.iinfo(np.int64).max // 2)
+    step = dfa.delta[:, dfa.byte_class]  # [S, 256]
+    while True:
+        new = np.minimum(dist, dist[step].min(axis=1) + 1)
+        new[0] = dist[0]
+        if np.array_equal(new, dist):
+            return dist
+        dist = new
+
+
 def random_member(dfa: am.ByteDFA, rng, stop: float = 0.3, limit: int = 200) -> bytes:
     """A random accepted byte string: walk live transitions, stop in accepting states."""
     s, out = dfa.start, bytearray()
+    dist = _distance_to_accept(dfa)
     for _ in range(limit):
         if dfa.accept[s] and rng.random() < stop:
             return bytes(out)
@@ -42,8 +54,8 @@ def random_member(dfa: am.ByteDFA, rng, stop: float = 0.3, limit: int = 200) -> 
         b = int(rng.choice(live))
         out.append(b)
         s = int(dfa.delta[s, dfa.byte_class[b]])
-    while not dfa.accept[s]:  # finish along any live path
-        b = int(np.flatnonzero(dfa.delta[s, dfa.byte_class] != 0)[0])
+    while not dfa.accept[s]:  # finish along a shortest path
+        b = int(np.argmin(dist[dfa.delta[s, dfa.byte_class]]))
         out.append(b)
         s = int(dfa.delta[s, dfa.byte_class[b]])
     return bytes(out)

@@ -210,7 +210,7 @@ class _Compiler:
     # ------------------------------------------------------------------ helpers
     @staticmethod
     def error(path: str, msg: str) -> GrammarError:
-        return GrammarError(f"JSON schema at {path or '#'}: {msg}")
+        return GrammarError(f"JSON schema at {path}: {msg}")
 
     def container(self, open_, close, first, rest_item, lo=0, hi=None):
         """``open first (comma item){lo-1, hi-1} close`` with emptiness when ``lo == 0``."""
@@ -235,7 +235,7 @@ class _Compiler:
         return lit(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
 
     # ------------------------------------------------------------------ schemas
-    def compile(self, schema, path: str = ""):
+    def compile(self, schema, path: str = "#"):
         if schema is True or schema == {}:
             return self.any_value(self.any_depth)
         if schema is False:
