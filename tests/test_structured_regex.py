@@ -30,13 +30,20 @@ ALPHABET = "abcdfoxrz019_@.-+eEéA \n]Жф😀"
 _DFAS = {p: am.compile_expr(parse_regex(p)) for p in PATTERNS}
 
 
+_DIST: dict = {}
+
+
 def _distance_to_accept(dfa: am.ByteDFA) -> np.ndarray:
+    hit = _DIST.get(id(dfa))
+    if hit is not None and hit[0] is dfa:
+        return hit[1]
     dist = np.where(dfa.accept, 0, np.iinfo(np.int64).max // 2)
     step = dfa.delta[:, dfa.byte_class]  # [S, 256]
     while True:
         new = np.minimum(dist, dist[step].min(axis=1) + 1)
         new[0] = dist[0]
         if np.array_equal(new, dist):
+            _DIST[id(dfa)] = (dfa, dist)
             return dist
         dist = new
 

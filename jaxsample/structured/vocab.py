@@ -104,6 +104,8 @@ class Vocabulary(NamedTuple):
           ValueError: on an unknown kind, ``size < len(pieces)``, an EOS id outside ``[0, size)``,
             or no EOS id at all.
         """
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         size = len(pieces) if size is None else int(size)
         if size < len(pieces):
             raise ValueError(f"size={size} is smaller than the tokenizer ({len(pieces)} pieces)")
