@@ -75,7 +75,11 @@ _HEX = chars("0-9a-fA-F")
 # DEL is legal JSON but excluded unescaped (as llguidance and llama.cpp do): a harmless over-constraint.
 _UNESCAPED = complement(((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F)))
 _SHORT_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
-_STRING_CHAR = alt(Chars(_UNESCAPED), seq(lit("\\"), alt(chars('"\\\\/bfnrt'), seq(lit("u"), repeat(_HEX, 4, 4)))))
+# Escapes are the canonical ones (as llguidance emits): short escapes except the redundant "\/", and
+# "\uXXXX" only for the characters that cannot appear raw (U+0000-U+001F, DEL). Every other
+# character is written as itself: an over-constraint that keeps outputs valid and canonical.
+_U_ESCAPE = seq(lit("u00"), alt(seq(chars("01"), _HEX), seq(lit("7"), chars("fF"))))
+_STRING_CHAR = alt(Chars(_UNESCAPED), seq(lit("\\"), alt(chars('"\\\\bfnrt'), _U_ESCAPE)))
 
 _DAY = "((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
 _TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
