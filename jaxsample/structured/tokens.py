@@ -2,8 +2,8 @@
 
 For every DFA state and every token the next state is computed by walking the token's bytes. Tokens
 are first reduced to strings of the DFA's *byte classes* (deduplicated) and arranged in a trie, and
-the walk runs level by level over the trie, vectorised over (state, trie node) pairs that are still
-alive — a token that dies on its first byte costs nothing further. Then:
+the walk runs level by level over the trie, vectorised over (state, trie node); states whose every
+prefix died are dropped, so structural states (after ``{``, ``:`` ...) cost about one level. Then:
 
 1. columns (one per token) that agree in every state are merged into **classes**;
 2. states unreachable from the start or that cannot reach acceptance *with this vocabulary* are
@@ -30,7 +30,7 @@ import numpy as np
 from jaxsample.structured.automaton import ByteDFA, EmptyLanguageError, minimise, trim
 from jaxsample.structured.vocab import Vocabulary
 
-#: Upper bound on (state, trie node) pairs processed at once (memory of the vectorised walk).
+#: Upper bound on (state, trie node) entries per walk level (memory of the vectorised walk).
 _PAIR_CHUNK = 1 << 22
 
 
@@ -122,54 +122,56 @@ def _trie(strings: np.ndarray, lengths: np.ndarray, k: int):
 
 
 def _walk(delta: np.ndarray, levels, origins: np.ndarray):
-    """Sparse token-level transitions ``(state, string, next)`` for the given origin states."""
+    """Sparse token-level transitions ``(state, string, next)`` for the given origin states.
+
+    Dense per trie level: ``cur[o, node]`` is the state of origin ``o`` after the node's prefix
+    (0 = dead); origins whose row died entirely are dropped, so structural states cost one level.
+    """
+    k = delta.shape[1]
+    itype = np.int32 if delta.size < 2**31 else np.int64
+    flat = (delta.astype(itype) * k).ravel()  # next states premultiplied by K
     out_s, out_u, out_t = [], [], []
-    o, c, n = origins, origins, np.zeros(origins.size, np.int64)
-    n_prev = 1
+    rows = origins.astype(np.int64)
+    cur = (origins[:, None] * k).astype(itype)  # [R, 1]: the root; states are stored premultiplied by K
     for parent, cls, term in levels:
-        first = np.searchsorted(parent, np.arange(n_prev))
-        counts = np.searchsorted(parent, np.arange(n_prev), side="right") - first
-        cnt = counts[n]
-        total = int(cnt.sum())
-        n_prev = parent.size
-        if total == 0:
+        idx = cur[:, parent]
+        idx += cls.astype(itype)
+        cur = flat[idx]  # [R, N_d]
+        alive = cur.any(axis=1)
+        if not alive.all():
+            cur, rows = cur[alive], rows[alive]
+        if rows.size == 0:
             break
-        rep = np.repeat(np.arange(o.size), cnt)
-        child = first[n][rep] + np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-        nxt = delta[c[rep], cls[child]]
-        keep = nxt != 0
-        o, c, n = o[rep][keep], nxt[keep], child[keep]
-        tu = term[n]
-        hit = tu >= 0
-        out_s.append(o[hit])
-        out_u.append(tu[hit])
-        out_t.append(c[hit])
-    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
+        ends = np.flatnonzero(term >= 0)
+        r, j = np.nonzero(cur[:, ends])
+        out_s.append(rows[r])
+        out_u.append(term[ends[j]])
+        out_t.append(cur[r, ends[j]] // k)
+    cat = lambda xs: np.concatenate(xs).astype(np.int64) if xs else np.zeros(0, np.int64)  # noqa: E731
     return cat(out_s), cat(out_u), cat(out_t)
 
 
 def _group_columns(s, u, t, n_strings: int, n_states: int):
-    """Classes of identical sparse columns: ``(class per string or -1, dense [S, C])``; exact."""
+    """Classes of identical sparse columns: ``(class per string or -1, dense [S, C])``; exact.
+
+    Each column is fingerprinted by two sums of 26-bit hashes of its ``(state, next)`` entries
+    (``bincount`` sums are exact in float64); the grouping is then verified against the entries.
+    """
     for salt in range(8):
         with np.errstate(over="ignore"):
-            h = _splitmix((s.astype(np.uint64) << np.uint64(32)) + t.astype(np.uint64) + np.uint64(salt))
-        order = np.argsort(u, kind="stable")
-        us = u[order]
-        starts = np.flatnonzero(np.r_[True, us[1:] != us[:-1]]) if us.size else np.zeros(0, np.int64)
-        col_hash = np.zeros(n_strings, np.uint64)
-        col_count = np.zeros(n_strings, np.int64)
-        if us.size:
-            col_hash[us[starts]] = np.add.reduceat(h[order], starts)
-            col_count[us[starts]] = np.diff(np.r_[starts, us.size])
-        has = col_count > 0
-        _, cls = np.unique(np.stack([col_hash.view(np.int64), col_count], 1)[has], axis=0, return_inverse=True)
+            h = _splitmix((s.astype(np.uint64) << np.uint64(32)) + t.astype(np.uint64) + np.uint64(salt * 0x9E37))
+        lo = (h & np.uint64((1 << 26) - 1)).astype(np.float64)
+        hi = (h >> np.uint64(38)).astype(np.float64)
+        count = np.bincount(u, minlength=n_strings)
+        key = np.stack([np.bincount(u, lo, n_strings), np.bincount(u, hi, n_strings), count], 1)
+        has = count > 0
+        _, cls = np.unique(key[has], axis=0, return_inverse=True)
         cls_of = np.full(n_strings, -1, np.int64)
         cls_of[has] = cls.reshape(-1)
         dense = np.zeros((n_states, int(cls.max()) + 1 if cls.size else 0), np.int32)
-        dense[s, cls_of[u]] = t
-        if np.array_equal(dense[s, cls_of[u]], t) and np.array_equal(
-            (dense != 0).sum(axis=0)[cls_of[has]], col_count[has]
-        ):
+        col = cls_of[u]
+        dense[s, col] = t
+        if np.array_equal(dense[s, col], t) and np.array_equal((dense != 0).sum(axis=0)[cls_of[has]], count[has]):
             return cls_of, dense
     raise RuntimeError("token column hashing failed repeatedly")  # pragma: no cover
 
@@ -184,7 +186,7 @@ def build(dfa: ByteDFA, vocab: Vocabulary) -> TokenGrammar:
     n_states = dfa.num_states
     ids, inverse, strings, lengths = _class_strings(dfa, vocab)
     levels = _trie(strings, lengths, k)
-    chunk = max(1, _PAIR_CHUNK // max(1, strings.shape[0]))
+    chunk = max(1, _PAIR_CHUNK // max([1] + [lv[0].size for lv in levels]))
     parts = [_walk(dfa.delta, levels, np.arange(a, min(a + chunk, n_states))) for a in range(1, n_states, chunk)]
     s, u, t = (np.concatenate([p[i] for p in parts]) for i in range(3))
     cls_of_string, dense = _group_columns(s, u, t, strings.shape[0], n_states)
