@@ -43,12 +43,13 @@ def categorical(*, candidates: int = DEFAULT_CANDIDATES) -> Selector:
 
 
 # --- structured (issue #6) ---
+from jaxsample.structured.stage import grammar_stage as _grammar_stage  # noqa: E402
+
+
 def grammar(*, name: str = "grammar") -> Stage:
     """Grammar masking (regex / JSON schema / GBNF); bind grammars per row with
     :func:`jaxsample.structured.constrain`. Rows without a grammar pass through."""
-    from jaxsample.structured.stage import grammar_stage
-
-    return grammar_stage(name=name)
+    return _grammar_stage(name=name)
 
 
 # --- end structured ---
