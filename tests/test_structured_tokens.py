@@ -103,3 +103,25 @@ def test_special_and_padding_columns_never_allowed():
     for s in range(1, g.num_states):
         a = g.allowed(s)
         assert not a[1] and not a[1200:].any()
+
+
+def test_edge_cases_empty_output_and_tiny_vocabularies():
+    v = st.Vocabulary.from_pieces(["<eos>", "a"], kind="raw", special_ids=[0], eos_ids=[0])
+    g = st.compile_choice([""], v)  # only the empty output: EOS is forced at once
+    assert g.allowed(g.start).tolist() == [True, False] and g.forced[g.start] == 0
+    g = st.compile_regex("a*", v)
+    assert g.allowed(g.start).tolist() == [True, True] and g.num_states == 2
+    assert g.walk([1, 1, 1]) == g.start  # minimised: one state loops
+    with pytest.raises(ValueError, match="at least one"):
+        st.compile_choice([], v)
+    only_eos = st.Vocabulary.from_pieces(["<eos>"], kind="raw", eos_ids=[0])
+    with pytest.raises(st.EmptyLanguageError):
+        st.compile_regex("a", only_eos)
+
+
+def test_json_mode_depth():
+    g = st.compile_json(bpe_vocab(), max_depth=2, whitespace="compact")
+    v = bpe_vocab()
+    ids = {b: i for i, b in enumerate(v.token_bytes) if b}
+    assert g.walk([ids[b"["], ids[b"["], ids[b"]"], ids[b"]"]]) != 0
+    assert g.walk([ids[b"["], ids[b"["], ids[b"["]]) == 0

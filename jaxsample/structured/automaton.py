@@ -414,7 +414,9 @@ def minimise(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndar
     mult = rng.integers(1, 2**63, size=k + 1, dtype=np.uint64) | np.uint64(1)
     block = accept.astype(np.int64) + 1
     block[0] = 0
-    n_blocks = len(np.unique(block))
+    _, block = np.unique(block, return_inverse=True)  # contiguous labels; the dead state stays 0
+    block = block.reshape(-1)
+    n_blocks = int(block.max()) + 1
     while True:
         with np.errstate(over="ignore"):
             sig = block.astype(np.uint64) * mult[0]

@@ -227,12 +227,14 @@ class _Compiler:
 
     def any_value(self, depth: int):
         if depth not in self._any:
-            inner = self.any_value(depth - 1) if depth > 0 else EMPTY
-            member = seq(self.string, self.colon, inner)
-            self._any[depth] = alt(
-                self.string, number_range(None, None), lit("true"), lit("false"), lit("null"),
-                self.container("{", "}", member, member), self.container("[", "]", inner, inner),
-            )  # fmt: skip
+            scalars = alt(self.string, number_range(None, None), lit("true"), lit("false"), lit("null"))
+            if depth <= 0:  # no room for containers
+                self._any[depth] = scalars
+            else:
+                inner = self.any_value(depth - 1)
+                member = seq(self.string, self.colon, inner)
+                objects = self.container("{", "}", member, member)
+                self._any[depth] = alt(scalars, objects, self.container("[", "]", inner, inner))
         return self._any[depth]
 
     def literal(self, value):
@@ -483,7 +485,7 @@ class _Compiler:
         return seq(lit("{"), self.ws, body, self.ws, lit("}"))
 
     def any_object(self):
-        inner = self.any_value(self.any_depth - 1) if self.any_depth > 0 else EMPTY
+        inner = self.any_value(self.any_depth - 1)
         member = seq(self.string, self.colon, inner)
         return self.container("{", "}", member, member)
 

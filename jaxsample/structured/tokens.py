@@ -205,7 +205,7 @@ def build(dfa: ByteDFA, vocab: Vocabulary) -> TokenGrammar:
     v = vocab.size
     class_of = np.zeros(v, np.int32)
     text_cls = cls_of_string[inverse]
-    class_of[ids] = np.where(text_cls >= 0, col_class[np.maximum(text_cls, 0) + 2], col_class[0])
+    class_of[ids] = col_class[np.where(text_cls >= 0, text_cls + 2, 0)]  # column 0: never allowed
     class_of[list(vocab.eos_ids)] = col_class[1]
     forced = _forced(nxt, class_of)
     mask_id, masks = _bitmasks(nxt, class_of)
