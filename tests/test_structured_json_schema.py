@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from jaxsample.structured import automaton as am
-from jaxsample.structured.json_schema import integer_range, number_range, schema_expr
+from jaxsample.structured.json_schema import schema_expr
+from jaxsample.structured.numbers import integer_range, number_range
 from tests.test_structured_regex import random_member
 
 jsonschema = pytest.importorskip("jsonschema")
