@@ -6,7 +6,7 @@ the vocabulary on default paths. Chains of stages with explicit state live in :m
 (factories in :mod:`jaxsample.stages`, ecosystem builders in :mod:`jaxsample.presets`).
 """
 
-from jaxsample import stages
+from jaxsample import stages, structured
 from jaxsample.bias import allowed_tokens, ignore_eos, logit_bias, suppress_tokens, suppress_tokens_at_begin
 from jaxsample.chain import Param, Sampler, SamplerState, Selector, Stage, StepInfo, chain
 from jaxsample.cutoffs import epsilon_cutoff, eta_cutoff, p_less, xtc
@@ -73,6 +73,7 @@ __all__ = [
     "sequence_bias",
     "stages",
     "step_logprobs",
+    "structured",
     "suppress_tokens",
     "suppress_tokens_at_begin",
     "temperature",

@@ -16,6 +16,7 @@ from jaxsample.stages._history import (
     penalties,
     sequence_bias,
 )
+from jaxsample.stages._structured import grammar
 from jaxsample.stages._tokens import (
     allowed_tokens,
     exponential_decay_length_penalty,
@@ -62,6 +63,7 @@ __all__ = [
     "exponential_decay_length_penalty",
     "forced_bos",
     "forced_eos",
+    "grammar",
     "greedy",
     "ignore_eos",
     "infill",

@@ -41,3 +41,4 @@ def greedy() -> Selector:
 def categorical(*, candidates: int = DEFAULT_CANDIDATES) -> Selector:
     """Selector drawing from ``softmax(logits)`` with the row's per-step key (llama.cpp ``dist``)."""
     return Selector("dist", lambda x, s, p, info: (selection.categorical(info.key, x, candidates=candidates), s))
+

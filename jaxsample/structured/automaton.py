@@ -1,0 +1,489 @@
+"""Character-level expressions -> byte NFA -> minimised byte DFA (host side, numpy).
+
+Every front end (:mod:`~jaxsample.structured.regex`, :mod:`~jaxsample.structured.json_schema`,
+:mod:`~jaxsample.structured.gbnf`) produces the small expression tree defined here, over Unicode
+code points. :func:`compile_expr` lowers it to bytes (UTF-8, surrogates excluded, so every accepted
+byte string is valid UTF-8), builds a Thompson NFA in continuation-passing style (a subexpression
+shared by several parents with the same continuation is built once, which keeps "optional
+properties" linear), determinises it over byte equivalence classes and minimises the result.
+
+>>> dfa = compile_expr(seq(lit("a"), star(chars("0-9"))))
+>>> dfa.matches(b"a12"), dfa.matches(b"b")
+(True, False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+MAX_CODE_POINT = 0x10FFFF
+_SURROGATES = (0xD800, 0xDFFF)
+
+#: Default budgets: compile errors instead of runaway memory (a schema is untrusted input).
+MAX_NFA_STATES = 400_000
+MAX_DFA_STATES = 60_000
+
+
+class GrammarError(ValueError):
+    """A pattern, schema or grammar that cannot be compiled (syntax, unsupported feature, budget)."""
+
+
+class EmptyLanguageError(GrammarError):
+    """The constraint admits no output at all (or none the vocabulary can spell)."""
+
+
+# --------------------------------------------------------------------------------------- expressions
+@dataclass(frozen=True, slots=True)
+class Chars:
+    """One code point from a union of inclusive ranges ``((lo, hi), ...)``."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Seq:
+    """Concatenation."""
+
+    items: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Alt:
+    """Alternation (``Alt(())`` matches nothing)."""
+
+    items: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """``item{lo,hi}``; ``hi=None`` is unbounded."""
+
+    item: object
+    lo: int
+    hi: int | None
+
+
+EPSILON = Seq(())
+EMPTY = Alt(())  # matches nothing
+
+
+def normalise_ranges(ranges) -> tuple[tuple[int, int], ...]:
+    """Sorted, merged, surrogate-free code point ranges."""
+    out: list[list[int]] = []
+    for lo, hi in sorted((int(a), int(b)) for a, b in ranges):
+        if lo > hi:
+            continue
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    cleaned = []
+    for lo, hi in out:  # surrogates are not encodable in UTF-8
+        for a, b in ((lo, min(hi, _SURROGATES[0] - 1)), (max(lo, _SURROGATES[1] + 1), hi)):
+            if a <= b:
+                cleaned.append((a, b))
+    return tuple(cleaned)
+
+
+def complement(ranges) -> tuple[tuple[int, int], ...]:
+    """Every code point not in ``ranges``."""
+    out, nxt = [], 0
+    for lo, hi in normalise_ranges(ranges):
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= MAX_CODE_POINT:
+        out.append((nxt, MAX_CODE_POINT))
+    return normalise_ranges(out)
+
+
+def chars(spec: str | Sequence[tuple[int, int]] = (), *, negate: bool = False) -> Chars:
+    """A character class; ``spec`` is ``"a-z_"``-style text or explicit ranges."""
+    if isinstance(spec, str):
+        ranges, i = [], 0
+        while i < len(spec):
+            if i + 2 < len(spec) and spec[i + 1] == "-":
+                ranges.append((ord(spec[i]), ord(spec[i + 2])))
+                i += 3
+            else:
+                ranges.append((ord(spec[i]), ord(spec[i])))
+                i += 1
+    else:
+        ranges = list(spec)
+    r = normalise_ranges(ranges)
+    return Chars(complement(r) if negate else r)
+
+
+def lit(text: str):
+    """The literal string ``text``."""
+    return seq(*(Chars(((ord(c), ord(c)),)) for c in text))
+
+
+def seq(*items):
+    flat = []
+    for it in items:
+        if it == EMPTY:
+            return EMPTY
+        flat.extend(it.items if isinstance(it, Seq) else (it,))
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def alt(*items):
+    flat = []
+    for it in items:
+        for x in it.items if isinstance(it, Alt) else (it,):
+            if x not in flat:
+                flat.append(x)
+    return flat[0] if len(flat) == 1 else Alt(tuple(flat))
+
+
+def repeat(item, lo: int, hi: int | None):
+    if hi is not None and hi < lo:
+        return EMPTY
+    if item == EMPTY:
+        return EPSILON if lo == 0 else EMPTY
+    if item == EPSILON or hi == 0:
+        return EPSILON
+    if lo == hi == 1:
+        return item
+    return Repeat(item, lo, hi)
+
+
+def opt(item):
+    return repeat(item, 0, 1)
+
+
+def star(item):
+    return repeat(item, 0, None)
+
+
+def plus(item):
+    return repeat(item, 1, None)
+
+
+# ------------------------------------------------------------------------------------------- UTF-8
+def _utf8_len(cp: int) -> int:
+    return 1 if cp < 0x80 else 2 if cp < 0x800 else 3 if cp < 0x10000 else 4
+
+
+def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """Byte-range sequences whose concatenations encode exactly the code points ``[lo, hi]``."""
+    out, stack = [], [(lo, hi)]
+    while stack:
+        lo, hi = stack.pop()
+        for b in (0x7F, 0x7FF, 0xFFFF):  # split where the encoded length changes
+            if lo <= b < hi:
+                stack += [(b + 1, hi), (lo, b)]
+                break
+        else:
+            n = _utf8_len(lo)
+            for i in range(1, n):
+                m = (1 << (6 * i)) - 1
+                if lo & ~m != hi & ~m:
+                    if lo & m:
+                        stack += [((lo | m) + 1, hi), (lo, lo | m)]
+                        break
+                    if hi & m != m:
+                        stack += [(hi & ~m, hi), (lo, (hi & ~m) - 1)]
+                        break
+            else:
+                a, b = chr(lo).encode("utf-8", "surrogatepass"), chr(hi).encode("utf-8", "surrogatepass")
+                out.append(list(zip(a, b)))
+    return out
+
+
+def _mask(lo: int, hi: int) -> int:
+    return ((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1)
+
+
+# --------------------------------------------------------------------------------------------- NFA
+class _NFA:
+    def __init__(self, max_states: int):
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[int, int]]] = []  # (256-bit byte mask, target)
+        self.max_states = max_states
+        self._memo: dict = {}
+        self._seqs: dict = {}
+
+    def new(self) -> int:
+        if len(self.eps) >= self.max_states:
+            raise GrammarError(
+                f"constraint too large: more than {self.max_states} NFA states (lower repetition bounds, "
+                "max_whitespace or the recursion depth)"
+            )
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+    def build(self, node, cont: int) -> int:
+        key = (id(node), cont)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        state = self._build(node, cont)
+        self._memo[key] = (node, state)
+        return state
+
+    def _build(self, node, cont: int) -> int:
+        if isinstance(node, Chars):
+            entry = self.new()
+            for lo, hi in node.ranges:
+                for byte_ranges in utf8_sequences(lo, hi):
+                    cur = entry
+                    for a, b in byte_ranges[:-1]:
+                        nxt = self.new()
+                        self.edges[cur].append((_mask(a, b), nxt))
+                        cur = nxt
+                    a, b = byte_ranges[-1]
+                    self.edges[cur].append((_mask(a, b), cont))
+            return entry
+        if isinstance(node, Seq):
+            for item in reversed(node.items):
+                cont = self.build(item, cont)
+            return cont
+        if isinstance(node, Alt):
+            entry = self.new()
+            self.eps[entry] = [self.build(x, cont) for x in node.items]
+            return entry
+        if isinstance(node, Repeat):
+            if node.hi is None:
+                loop = self.new()
+                self.eps[loop] = [self.build(node.item, loop), cont]
+                c = loop
+            else:
+                c = cont
+                for _ in range(node.hi - node.lo):
+                    e = self.new()
+                    self.eps[e] = [self.build(node.item, c), cont]
+                    c = e
+            for _ in range(node.lo):
+                c = self.build(node.item, c)
+            return c
+        raise TypeError(f"not an expression node: {node!r}")
+
+
+# --------------------------------------------------------------------------------------------- DFA
+class ByteDFA(NamedTuple):
+    """A byte-level DFA. State 0 is the absorbing dead state.
+
+    Attributes:
+      delta: ``int32[S, K]`` next state per byte class.
+      byte_class: ``int32[256]`` class of each byte.
+      accept: ``bool[S]``.
+      start: the initial state.
+    """
+
+    delta: np.ndarray
+    byte_class: np.ndarray
+    accept: np.ndarray
+    start: int
+
+    @property
+    def num_states(self) -> int:
+        return int(self.delta.shape[0])
+
+    def run(self, data: bytes, state: int | None = None) -> int:
+        s = self.start if state is None else state
+        for b in data:
+            s = int(self.delta[s, self.byte_class[b]])
+        return s
+
+    def matches(self, data: bytes) -> bool:
+        return bool(self.accept[self.run(data)])
+
+
+def _byte_classes(masks: list[int]) -> tuple[np.ndarray, dict[int, list[int]]]:
+    """Coarsest partition of the 256 bytes respecting every mask; mask -> its class ids."""
+    distinct = sorted(set(masks))
+    bits = np.zeros((len(distinct), 256), bool)
+    for i, m in enumerate(distinct):
+        bits[i] = [(m >> b) & 1 for b in range(256)]
+    _, byte_class = np.unique(bits.T, axis=0, return_inverse=True) if distinct else (None, np.zeros(256, int))
+    byte_class = np.asarray(byte_class, np.int32).reshape(256)
+    classes = {m: sorted(set(byte_class[bits[i]].tolist())) for i, m in enumerate(distinct)}
+    return byte_class, classes
+
+
+def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
+    byte_class, cls_of_mask = _byte_classes([m for es in nfa.edges for m, _ in es])
+    k = int(byte_class.max()) + 1
+    edges = [[(cls_of_mask[m], t) for m, t in es] for es in nfa.edges]
+    closure_memo: dict[int, frozenset] = {}
+
+    def closure(n: int) -> frozenset:
+        got = closure_memo.get(n)
+        if got is None:
+            seen, todo = {n}, [n]
+            while todo:
+                for t in nfa.eps[todo.pop()]:
+                    if t not in seen:
+                        seen.add(t)
+                        todo.append(t)
+            got = closure_memo[n] = frozenset(x for x in seen if edges[x] or x == final)
+        return got
+
+    ids: dict[frozenset, int] = {frozenset(): 0}
+    sets = [frozenset()]
+    rows = [[0] * k]
+    first = closure(start)
+    ids[first] = 1
+    sets.append(first)
+    rows.append(None)
+    i = 1
+    while i < len(sets):
+        trans: dict[int, set] = {}
+        for n in sets[i]:
+            for cl, t in edges[n]:
+                c = closure(t)
+                for c_id in cl:
+                    trans.setdefault(c_id, set()).update(c)
+        row = [0] * k
+        for c_id, targets in trans.items():
+            key = frozenset(targets)
+            j = ids.get(key)
+            if j is None:
+                if len(sets) >= max_states:
+                    raise GrammarError(f"constraint too large: more than {max_states} DFA states")
+                j = ids[key] = len(sets)
+                sets.append(key)
+                rows.append(None)
+            row[c_id] = j
+        rows[i] = row
+        i += 1
+    delta = np.array(rows, np.int32)
+    accept = np.array([final in s for s in sets], bool)
+    return ByteDFA(delta, byte_class, accept, 1)
+
+
+def trim(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Keeps states reachable from ``start`` that can reach acceptance; renumbers (0 = dead, 1 = start).
+
+    Raises:
+      EmptyLanguageError: when ``start`` cannot reach an accepting state.
+    """
+    s_count = delta.shape[0]
+    fwd = np.zeros(s_count, bool)
+    fwd[start] = True
+    frontier = np.array([start])
+    while frontier.size:
+        nxt = np.unique(delta[frontier].ravel())
+        nxt = nxt[~fwd[nxt]]
+        fwd[nxt] = True
+        frontier = nxt
+    live = accept & fwd
+    src = np.repeat(np.arange(s_count), delta.shape[1])
+    dst = delta.ravel()
+    order = np.argsort(dst, kind="stable")
+    src_sorted, dst_sorted = src[order], dst[order]
+    starts = np.searchsorted(dst_sorted, np.arange(s_count + 1))
+    frontier = np.flatnonzero(live)
+    while frontier.size:
+        preds = np.concatenate([src_sorted[starts[t] : starts[t + 1]] for t in frontier])
+        preds = np.unique(preds)
+        preds = preds[~live[preds] & fwd[preds]]
+        live[preds] = True
+        frontier = preds
+    live[0] = False
+    if not live[start]:
+        raise EmptyLanguageError("the constraint matches no string at all")
+    keep = np.concatenate([[0, start], np.flatnonzero(live & (np.arange(s_count) != start))])
+    new_id = np.zeros(s_count, np.int32)
+    new_id[keep] = np.arange(keep.size)
+    new_id[~live] = 0
+    new_delta = new_id[delta[keep]]
+    new_delta[0] = 0
+    return new_delta.astype(np.int32), accept[keep] & (np.arange(keep.size) > 0), 1
+
+
+def minimise(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Moore partition refinement (hashed signatures, verified exact); state 0 stays dead.
+
+    Args:
+      delta: ``int[S, K]`` trimmed transition table with 0 absorbing.
+      accept: ``bool[S]``.
+      start: initial state.
+
+    Returns:
+      ``(delta, accept, start)`` of the minimal DFA, numbered 0 = dead, 1 = start.
+    """
+    s_count, k = delta.shape
+    rng = np.random.default_rng(0x5EED)
+    mult = rng.integers(1, 2**63, size=k + 1, dtype=np.uint64) | np.uint64(1)
+    block = accept.astype(np.int64) + 1
+    block[0] = 0
+    _, block = np.unique(block, return_inverse=True)  # contiguous labels; the dead state stays 0
+    block = block.reshape(-1)
+    n_blocks = int(block.max()) + 1
+    while True:
+        with np.errstate(over="ignore"):
+            sig = block.astype(np.uint64) * mult[0]
+            sig = sig + (block[delta].astype(np.uint64) * mult[1:]).sum(axis=1, dtype=np.uint64)
+        _, new_block = np.unique(np.stack([block, sig.view(np.int64)], 1), axis=0, return_inverse=True)
+        new_block = new_block.reshape(-1)
+        n_new = int(new_block.max()) + 1
+        if n_new == n_blocks:
+            break
+        block, n_blocks = new_block, n_new
+    # Exactness check: states in one block agree on the blocks of their successors.
+    rep = np.zeros(n_blocks, np.int64)
+    rep[block] = np.arange(s_count)
+    if not np.array_equal(block[delta], block[delta[rep[block]]]):  # pragma: no cover - hash collision
+        return _exact_minimise(delta, accept, start)
+    order = np.concatenate([[block[0], block[start]], np.setdiff1d(np.arange(n_blocks), [block[0], block[start]])])
+    renum = np.zeros(n_blocks, np.int32)
+    renum[order] = np.arange(n_blocks)
+    new_delta = renum[block[delta[rep[order]]]]
+    return new_delta.astype(np.int32), accept[rep[order]], 1
+
+
+def _exact_minimise(delta, accept, start):  # pragma: no cover - only after a 64-bit hash collision
+    block = accept.astype(np.int64) + 1
+    block[0] = 0
+    while True:
+        _, nb = np.unique(np.concatenate([block[:, None], block[delta]], 1), axis=0, return_inverse=True)
+        nb = nb.reshape(-1)
+        if nb.max() == block.max() and len(np.unique(nb)) == len(np.unique(block)):
+            break
+        block = nb
+    n = int(block.max()) + 1
+    rep = np.zeros(n, np.int64)
+    rep[block] = np.arange(delta.shape[0])
+    order = np.concatenate([[block[0], block[start]], np.setdiff1d(np.arange(n), [block[0], block[start]])])
+    renum = np.zeros(n, np.int32)
+    renum[order] = np.arange(n)
+    return renum[block[delta[rep[order]]]].astype(np.int32), accept[rep[order]], 1
+
+
+def compile_expr(expr, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: int = MAX_DFA_STATES) -> ByteDFA:
+    """Minimal byte DFA accepting exactly the UTF-8 encodings of ``expr``'s strings.
+
+    Raises:
+      EmptyLanguageError: if ``expr`` matches nothing.
+      GrammarError: if a state budget is exceeded.
+    """
+    nfa = _NFA(max_nfa_states)
+    final = nfa.new()
+    start = nfa.build(expr, final)
+    dfa = _determinise(nfa, start, final, max_dfa_states)
+    delta, accept, start = trim(dfa.delta, dfa.accept, dfa.start)
+    delta, accept, start = minimise(delta, accept, start)
+    return ByteDFA(delta, dfa.byte_class, accept, start)
+
+
+def intersects(a: ByteDFA, b: ByteDFA) -> bool:
+    """Whether two DFAs accept a common byte string (product reachability)."""
+    seen = {(a.start, b.start)}
+    todo = [(a.start, b.start)]
+    while todo:
+        x, y = todo.pop()
+        if a.accept[x] and b.accept[y]:
+            return True
+        pairs = set(zip(a.delta[x, a.byte_class].tolist(), b.delta[y, b.byte_class].tolist()))
+        for p in pairs:
+            if p[0] and p[1] and p not in seen:
+                seen.add(p)
+                todo.append(p)
+    return False

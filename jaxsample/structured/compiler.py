@@ -1,0 +1,57 @@
+"""One call from a constraint to a :class:`~jaxsample.structured.tokens.TokenGrammar` for a vocabulary.
+
+>>> from jaxsample.structured.vocab import Vocabulary
+>>> v = Vocabulary.from_pieces(["<eos>", "yes", "no", "y", "es"], kind="raw", special_ids=[0], eos_ids=[0])
+>>> g = compile_choice(["yes", "no"], v)
+>>> g.allowed(g.start).tolist(), g.allowed(g.walk([3, 4])).tolist()
+([False, True, True, True, False], [True, False, False, False, False])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from jaxsample.structured import automaton, gbnf, json_schema, regex, tokens
+from jaxsample.structured.tokens import TokenGrammar
+from jaxsample.structured.vocab import Vocabulary
+
+
+def compile_expression(expr, vocab: Vocabulary) -> TokenGrammar:
+    """Token grammar of an expression tree (see :mod:`~jaxsample.structured.automaton`)."""
+    return tokens.build(automaton.compile_expr(expr), vocab)
+
+
+def compile_regex(pattern: str, vocab: Vocabulary) -> TokenGrammar:
+    """Outputs that fully match ``pattern`` (see :mod:`~jaxsample.structured.regex` for the syntax).
+
+    Raises:
+      GrammarError: unsupported construct, syntax error, or a pattern matching nothing
+        (:class:`~jaxsample.structured.automaton.EmptyLanguageError`).
+    """
+    return compile_expression(regex.parse_regex(pattern), vocab)
+
+
+def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGrammar:
+    """JSON documents valid under ``schema``; ``options`` as :func:`~jaxsample.structured.json_schema.schema_expr`."""
+    return compile_expression(json_schema.schema_expr(schema, **options), vocab)
+
+
+def compile_json(vocab: Vocabulary, *, max_depth: int = 4, whitespace: str = "bounded") -> TokenGrammar:
+    """Any JSON value with containers nested at most ``max_depth`` deep (JSON mode)."""
+    return compile_json_schema(True, vocab, any_depth=max_depth, whitespace=whitespace)
+
+
+def compile_gbnf(text: str, vocab: Vocabulary, **options) -> TokenGrammar:
+    """Strings of a GBNF grammar; ``options`` as :func:`~jaxsample.structured.gbnf.parse_gbnf`."""
+    return compile_expression(gbnf.parse_gbnf(text, **options), vocab)
+
+
+def compile_choice(options: Sequence[str], vocab: Vocabulary) -> TokenGrammar:
+    """Exactly one of the given strings.
+
+    Raises:
+      ValueError: on an empty list.
+    """
+    if not options:
+        raise ValueError("compile_choice needs at least one option")
+    return compile_expression(automaton.alt(*(automaton.lit(o) for o in options)), vocab)

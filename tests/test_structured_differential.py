@@ -1,0 +1,160 @@
+"""Differential tests against established engines (skipped when they are not installed).
+
+* **llguidance** (``pip install llguidance``): the same trained tokenizer (loaded by llguidance from
+  its ``tokenizer.json``), the same schemas/regexes, compact JSON separators. llguidance restricts
+  bytes the grammar *forces* to their canonical tokenization (``{"`` but not ``{`` before a forced
+  key), so masks must be identical wherever nothing is forced, and llguidance's mask must be a
+  subset of ours where something is.
+* **outlines-core** (``pip install outlines-core``): regex token index on the same vocabulary. It
+  drops tokens that leave an accepting state for a non-accepting one (``x( b)?``: no ``" "`` after
+  ``x``), so masks must be identical in non-accepting states and a subset in accepting ones.
+
+Paths follow random tokens allowed by both engines; every finished output is validated.
+"""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from jaxsample import structured as st
+from tests._structured_vocab import bpe_tokenizer, bpe_vocab
+
+JSON_SCHEMAS = [
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 5},
+            "age": {"type": "integer", "minimum": -3, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["a", "bc"]}, "maxItems": 2},
+        },
+        "required": ["name"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"x": {"type": "number"}, "ok": {"type": "boolean"}, "d": {"type": "string", "format": "date"}},
+        "required": ["x", "ok", "d"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer"},
+                "v": {"anyOf": [{"type": "null"}, {"type": "string", "pattern": "^[a-z]+$"}]},
+            },
+            "required": ["id"],
+            "additionalProperties": False,
+        },
+        "minItems": 1,
+        "maxItems": 3,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "function": {"const": "get_weather"},
+            "arguments": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["function", "arguments"],
+        "additionalProperties": False,
+    },
+]
+REGEXES = [
+    r"-?(0|[1-9][0-9]*)(\.[0-9]+)?",
+    r"(cat|dog|bird)s?( and (cat|dog|bird)s?){0,2}",
+    r"[a-z]{3,8}@[a-z]+\.(com|org)",
+    r'\{"name":"[^"]{0,10}"\}',
+    r"(é|ü)+[^a-z]{2}",
+    r"[A-Z][a-z]+( [A-Z][a-z]+)*\.",
+]
+EOS = (0, 2)
+
+
+@pytest.fixture(scope="module")
+def llg_tokenizer():
+    llg = pytest.importorskip("llguidance")
+    return llg, llg.LLTokenizer(bpe_tokenizer().to_str(), n_vocab=bpe_vocab().size, eos_token=list(EOS), slices=[])
+
+
+def _llg_mask(matcher, v):
+    return np.unpackbits(np.frombuffer(matcher.compute_bitmask(), np.uint8), bitorder="little")[:v].astype(bool)
+
+
+def _compare_llg(llg, lt, grammar_text, g, paths, check_output):
+    v = bpe_vocab()
+    stats = {"equal": 0, "forced": 0}
+    for seed in range(paths):
+        rng = np.random.default_rng(seed)
+        m = llg.LLMatcher(lt, grammar_text, log_level=0)
+        assert not m.is_error(), m.get_error()
+        s, out = g.start, b""
+        for _ in range(60):
+            ours, theirs = g.allowed(s), _llg_mask(m, v.size)
+            assert not (theirs & ~ours).any(), (out, [v.token_bytes[i] for i in np.flatnonzero(theirs & ~ours)])
+            if m.compute_ff_bytes():
+                stats["forced"] += 1
+            else:
+                np.testing.assert_array_equal(ours, theirs, err_msg=repr(out))
+                stats["equal"] += 1
+            t = int(rng.choice(np.flatnonzero(ours & theirs)))
+            if t in EOS:
+                check_output(out.decode("utf-8"))
+                break
+            assert m.consume_token(t)
+            s, out = g.advance(s, t), out + v.token_bytes[t]
+    assert stats["equal"] >= 20, stats  # the exact comparison really ran
+
+
+@pytest.mark.parametrize("index", range(len(JSON_SCHEMAS)))
+def test_json_schema_masks_match_llguidance(llg_tokenizer, index):
+    llg, lt = llg_tokenizer
+    schema = JSON_SCHEMAS[index]
+    options = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+    grammar_text = llg.LLMatcher.grammar_from_json_schema(schema, overrides=options)
+    g = st.compile_json_schema(schema, bpe_vocab(), whitespace="compact")
+    jsonschema = pytest.importorskip("jsonschema")
+    _compare_llg(llg, lt, grammar_text, g, 12, lambda text: jsonschema.validate(json.loads(text), schema))
+
+
+@pytest.mark.parametrize("pattern", REGEXES)
+def test_regex_masks_match_llguidance(llg_tokenizer, pattern):
+    llg, lt = llg_tokenizer
+    g = st.compile_regex(pattern, bpe_vocab())
+    _compare_llg(llg, lt, llg.LLMatcher.grammar_from_regex(pattern), g, 10, lambda t: re.fullmatch(pattern, t))
+
+
+@pytest.mark.parametrize("pattern", REGEXES)
+def test_regex_masks_match_outlines_core(pattern):
+    oc = pytest.importorskip("outlines_core")
+    v = bpe_vocab()
+    table: dict[bytes, list[int]] = {}
+    for i, b in enumerate(v.token_bytes):
+        if b:
+            table.setdefault(b, []).append(i)
+    index = oc.Index(pattern, oc.Vocabulary(EOS[1], table))
+    g = st.compile_regex(pattern, v)
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        s, q, out = g.start, index.get_initial_state(), b""
+        for _ in range(40):
+            ours = g.allowed(s)
+            theirs = np.zeros(v.size, bool)
+            theirs[list(index.get_allowed_tokens(q))] = True
+            final = index.is_final_state(q)
+            theirs[list(EOS)] = final
+            assert not (theirs & ~ours).any()
+            if not final:
+                np.testing.assert_array_equal(ours, theirs, err_msg=repr(out))
+            t = int(rng.choice(np.flatnonzero(theirs)))
+            if t in EOS:
+                assert re.fullmatch(pattern, out.decode("utf-8"))
+                break
+            s, q, out = g.advance(s, t), index.get_next_state(q, t), out + v.token_bytes[t]

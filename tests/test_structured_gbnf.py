@@ -1,0 +1,106 @@
+"""GBNF subset: llama.cpp's JSON grammar, recursion cut-off, syntax errors."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from jaxsample import structured as st
+from jaxsample.structured import automaton as am
+from jaxsample.structured.gbnf import parse_gbnf
+from tests._structured_vocab import bpe_vocab
+from tests.test_structured_regex import random_member
+
+# llama.cpp grammars/json.gbnf (number exponent digits as upstream)
+JSON_GBNF = r'''
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+
+object ::=
+  "{" ws (
+            string ":" ws value
+    ("," ws string ":" ws value)*
+  )? "}" ws
+
+array  ::=
+  "[" ws (
+            value
+    ("," ws value)*
+  )? "]" ws
+
+string ::=
+  "\"" (
+    [^"\\\x7F\x00-\x1F] |
+    "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) # escapes
+  )* "\"" ws
+
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+
+# Optional space: by convention, applied in this grammar after literal chars when allowed
+ws ::= | " " | "\n" [ \t]{0,20}
+'''
+
+
+@pytest.fixture(scope="module")
+def json_dfa():
+    return am.compile_expr(parse_gbnf(JSON_GBNF, max_depth=6))
+
+
+def test_json_grammar_members_parse(json_dfa):
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        doc = random_member(json_dfa, rng, stop=0.3, limit=300).decode("utf-8")
+        assert isinstance(json.loads(doc), dict)
+
+
+def test_json_grammar_accepts_and_rejects(json_dfa):
+    assert json_dfa.matches(b'{"a": [1, {"b": null}], "c": "x\\n"}')
+    assert json_dfa.matches(json.dumps({"k": [1.5, -2e3, True]}, indent=2).encode() + b"\n")
+    for bad in (b'{"a": [1, {"b": nul}]}', b"[1]", b'{"a" 1}', b'{"a": 01}', b"{'a': 1}"):
+        assert not json_dfa.matches(bad)
+
+
+def test_recursion_depth_is_cut():
+    g = 'root ::= "(" root ")" | "x"'
+    d2, d6 = (am.compile_expr(parse_gbnf(g, max_depth=n)) for n in (2, 6))
+    assert d2.matches(b"((x))") and not d2.matches(b"(((x)))")
+    assert d6.matches(b"((((((x))))))") and not d6.matches(b"(((((((x)))))))")
+
+
+def test_rules_classes_escapes_repetitions_comments():
+    g = r'''
+    root ::= greeting " " name{1,2} "!"?   # comment
+    greeting ::= ("hi" | "hello") [,.]?
+    name ::= [A-Z] [a-z]* | "\x41\u00e9"
+    '''
+    d = am.compile_expr(parse_gbnf(g))
+    pattern = r"(hi|hello)[,.]? ([A-Z][a-z]*|Aé){1,2}!?"
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        assert re.fullmatch(pattern, random_member(d, rng).decode())
+    assert d.matches("hello, AéBob!".encode()) and not d.matches(b"hey Bob")
+
+
+def test_compile_gbnf_to_tokens():
+    g = st.compile_gbnf('root ::= "yes" | "no"', bpe_vocab())
+    allowed = [bpe_vocab().token_bytes[i] for i in np.flatnonzero(g.allowed(g.start))]
+    assert allowed and all(b"yes".startswith(b) or b"no".startswith(b) for b in allowed)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('root ::= "a" missing', "not defined"),
+        ('start ::= "a"', "no 'root' rule"),
+        ('root ::= "a\nroot ::= "b"', "unterminated|twice"),
+        ('root ::= <[123]>', "token terminals"),
+        ('root ::= ("a"', r"missing '\)'"),
+        ('root = "a"', "::="),
+        ('root ::= "a"{2,x}', "repetition"),
+        ('root ::= "\\q"', "unknown escape"),
+    ],
+)
+def test_errors(text, message):
+    with pytest.raises(am.GrammarError, match=message):
+        parse_gbnf(text)

@@ -1,0 +1,147 @@
+"""Regex parser and byte automata: whole-string semantics against Python ``re``, UTF-8, errors."""
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as hs
+
+from jaxsample.structured import automaton as am
+from jaxsample.structured.regex import parse_regex
+
+PATTERNS = [
+    r"[a-c]{2}\d+",
+    r"(foo|ba[rz])*",
+    r"^\w+@\w+\.(com|org)$",
+    r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?",
+    r"[^a-z]{1,3}x?",
+    r"a{2,}b{0,2}",
+    r"(?:ab|c)+?d",
+    r"\u00e9.\x41",
+    r"(?P<year>\d{4})-(?P<m>\d\d)",
+    r"[\w.-]+|\s",
+    r"[]a]+[^]]",
+    r"(|a)(b|)c{0}",
+    r"(?:x{2}){3}",
+    r"[\u0400-\u04ff\U0001F600-\U0001F64F]+",
+]
+ALPHABET = "abcdfoxrz019_@.-+eEéA \n]Жф😀"
+_DFAS = {p: am.compile_expr(parse_regex(p)) for p in PATTERNS}
+
+
+_DIST: dict = {}
+
+
+def _distance_to_accept(dfa: am.ByteDFA) -> np.ndarray:
+    hit = _DIST.get(id(dfa))
+    if hit is not None and hit[0] is dfa:
+        return hit[1]
+    dist = np.where(dfa.accept, 0, np.iinfo(np.int64).max // 2)
+    step = dfa.delta[:, dfa.byte_class]  # [S, 256]
+    while True:
+        new = np.minimum(dist, dist[step].min(axis=1) + 1)
+        new[0] = dist[0]
+        if np.array_equal(new, dist):
+            _DIST[id(dfa)] = (dfa, dist)
+            return dist
+        dist = new
+
+
+def random_member(dfa: am.ByteDFA, rng, stop: float = 0.3, limit: int = 200) -> bytes:
+    """A random accepted byte string: walk live transitions, stop in accepting states."""
+    s, out = dfa.start, bytearray()
+    dist = _distance_to_accept(dfa)
+    for _ in range(limit):
+        if dfa.accept[s] and rng.random() < stop:
+            return bytes(out)
+        live = np.flatnonzero(dfa.delta[s, dfa.byte_class] != 0)
+        if live.size == 0:
+            break
+        b = int(rng.choice(live))
+        out.append(b)
+        s = int(dfa.delta[s, dfa.byte_class[b]])
+    while not dfa.accept[s]:  # finish along a shortest path
+        b = int(np.argmin(dist[dfa.delta[s, dfa.byte_class]]))
+        out.append(b)
+        s = int(dfa.delta[s, dfa.byte_class[b]])
+    return bytes(out)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@given(text=hs.text(alphabet=ALPHABET, max_size=8))
+def test_dfa_equals_re_fullmatch(pattern, text):
+    assert _DFAS[pattern].matches(text.encode()) == bool(re.fullmatch(pattern, text, re.ASCII))
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_random_members_match_re(pattern):
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        s = random_member(_DFAS[pattern], rng).decode("utf-8")  # accepted strings are valid UTF-8
+        assert re.fullmatch(pattern, s, re.ASCII), (pattern, s)
+
+
+@given(lo=hs.integers(0, 0x10FFFF), span=hs.integers(0, 5000))
+def test_utf8_sequences_encode_exactly_the_range(lo, span):
+    hi = min(lo + span, 0x10FFFF)
+    seqs = am.utf8_sequences(lo, hi)
+    for cp in {lo, hi, (lo + hi) // 2}:
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        enc = chr(cp).encode()
+        assert sum(len(s) == len(enc) and all(a <= b <= c for (a, c), b in zip(s, enc)) for s in seqs) == 1
+    below = chr(lo - 1).encode("utf-8", "surrogatepass") if lo > 0 else None
+    if below is not None:
+        assert not any(len(s) == len(below) and all(a <= b <= c for (a, c), b in zip(s, below)) for s in seqs)
+
+
+def test_dot_excludes_newline_and_invalid_utf8():
+    d = am.compile_expr(parse_regex("."))
+    assert d.matches("é".encode()) and d.matches("😀".encode()) and not d.matches(b"\n")
+    assert not d.matches(b"\xff") and not d.matches(b"\xc3") and not d.matches("\ud800".encode("utf-8", "surrogatepass"))
+    assert not d.matches(b"\xc0\x80")  # overlong encodings are not UTF-8
+
+
+def test_minimal_state_counts():
+    # dead + the minimal DFA's states
+    assert am.compile_expr(parse_regex("(a|b)*abb")).num_states == 1 + 4
+    assert am.compile_expr(parse_regex("a{3}")).num_states == 1 + 4
+    assert am.compile_expr(parse_regex("(ab|ab)(c|c)")).num_states == 1 + 4
+
+
+@pytest.mark.parametrize(
+    "pattern, named",
+    [
+        ("a(?=b)", "look-around"),
+        ("a(?<!b)", "look-around"),
+        (r"(a)\1", "back-reference"),
+        (r"\bword", "word boundary"),
+        (r"\p{L}", "unicode property"),
+        ("(?i)abc", "inline flags"),
+        ("a^b", "'^'"),
+        ("a$b", "'$'"),
+        ("(ab", "missing ')'"),
+        ("ab)", "unbalanced"),
+        ("*a", "nothing to repeat"),
+        ("a{3,2}", "max < min"),
+        ("[b-a]", "bad character range"),
+        ("[[:alpha:]]", "POSIX"),
+    ],
+)
+def test_unsupported_and_malformed_patterns_raise_named_errors(pattern, named):
+    with pytest.raises(am.GrammarError, match=re.escape(named)):
+        parse_regex(pattern)
+
+
+def test_empty_language_and_budget():
+    with pytest.raises(am.EmptyLanguageError):
+        am.compile_expr(parse_regex("[^\\x00-\\U0010FFFF]"))
+    with pytest.raises(am.GrammarError, match="too large"):
+        am.compile_expr(parse_regex("(.{100}){100}"), max_nfa_states=10_000)
+
+
+def test_intersects():
+    a = am.compile_expr(parse_regex("[0-9]+"))
+    assert am.intersects(a, am.compile_expr(parse_regex("1[a-z]?")))
+    assert not am.intersects(a, am.compile_expr(parse_regex("[a-z]+")))

@@ -1,0 +1,231 @@
+"""Device side: tables vs host, bucketing without recompiles, the chain stage, end-to-end decoding."""
+
+import json
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsample as js
+from jaxsample import stages
+from jaxsample import structured as st
+from tests._helpers import CountingJit, assert_single_trace
+from tests._structured_vocab import bpe_vocab
+
+V = 1216  # logits wider than the 1200-token tokenizer: padded columns
+SCHEMA_A = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "age"],
+}
+SCHEMA_B = {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 1, "maxItems": 3}
+REGEX_C = r"(yes|no|maybe)( because [a-z]{1,8})?\."
+
+
+@pytest.fixture(scope="module")
+def grammars():
+    v = bpe_vocab(size=V)
+    return {
+        "a": st.compile_json_schema(SCHEMA_A, v, whitespace="compact"),
+        "b": st.compile_json_schema(SCHEMA_B, v, whitespace="bounded", max_whitespace=2),
+        "c": st.compile_regex(REGEX_C, v),
+        "d": st.compile_choice(["alpha", "beta", "gamma"], v),
+    }
+
+
+def test_device_mask_and_advance_match_the_host_tables(grammars):
+    gs = [grammars[k] for k in "abc"]
+    tables = st.stack(gs)
+    assert tables.next.shape[1] == st.bucket(max(g.num_states for g in gs), 64)
+    rng = np.random.default_rng(0)
+    ids = np.array([0, 1, 2, -1])
+    state = np.asarray(st.initial_state(tables, ids))
+    mask_fn, adv_fn = jax.jit(st.mask), jax.jit(st.advance)
+    x = rng.normal(size=(4, V)).astype(np.float32)
+    for _ in range(12):
+        out = np.asarray(mask_fn(x, tables, ids, state))
+        for r in range(3):
+            np.testing.assert_array_equal(np.isfinite(out[r]), gs[r].allowed(int(state[r])))
+            np.testing.assert_array_equal(out[r][np.isfinite(out[r])], x[r][np.isfinite(out[r])])
+        np.testing.assert_array_equal(out[3], x[3])  # unconstrained row untouched
+        ok = np.isfinite(out)
+        toks = np.array([rng.choice(np.flatnonzero(ok[r] & (np.arange(V) > 2) if (ok[r, 3:]).any() else ok[r]))
+                         for r in range(4)])  # fmt: skip
+        new = np.asarray(adv_fn(tables, ids, state, toks))
+        for r in range(3):
+            assert new[r] == gs[r].advance(int(state[r]), int(toks[r]))
+        assert new[3] == state[3]
+        state = new
+    assert np.asarray(st.advance(tables, ids, state, np.array([-1, -1, -1, -1]))).tolist() == state.tolist()
+
+
+def test_forced_tokens_and_accepting(grammars):
+    g = grammars["d"]
+    v = bpe_vocab(size=V)
+    tables = st.stack([g])
+    s = st.initial_state(tables, np.array([0]))
+    assert int(st.forced_token(tables, np.array([0]), s)[0]) == -1
+    path = []
+    state = g.start
+    for piece in (b"g", b"am", b"ma"):
+        t = v.token_bytes.index(piece) if piece in v.token_bytes else None
+        if t is None or not g.allowed(state)[t]:
+            break
+        path.append(t)
+        state = g.advance(state, t)
+    s = jnp.asarray([state])
+    f = int(st.forced_token(tables, np.array([0]), s)[0])
+    assert f == g.forced[state]
+    assert bool(st.is_accepting(tables, np.array([0]), s, 0)[0]) == bool(g.accept[state])
+    assert int(st.forced_token(tables, np.array([-1]), s)[0]) == -1
+
+
+def test_new_schema_in_the_same_bucket_does_not_recompile(grammars):
+    f = CountingJit(st.mask)
+    x = jnp.zeros((2, V))
+    ids = jnp.array([0, -1])
+    for k in "acd":
+        t = st.stack([grammars[k]], num_states=128, num_classes=128, num_masks=64)
+        jax.block_until_ready(f(x, t, ids, st.initial_state(t, ids)))
+    assert f.traces == 1
+
+
+def test_stack_validation(grammars):
+    with pytest.raises(ValueError, match="at least one"):
+        st.stack([])
+    with pytest.raises(ValueError, match="smaller than needed"):
+        st.stack([grammars["a"]], num_states=2)
+    other = st.compile_regex("a", bpe_vocab())
+    with pytest.raises(ValueError, match="vocabulary sizes"):
+        st.stack([grammars["a"], other])
+    with pytest.raises(ValueError, match="V=10 columns"):
+        st.mask(jnp.zeros((1, 10)), st.stack([grammars["a"]]), jnp.array([0]), jnp.array([1]))
+    assert st.nbytes(st.stack([grammars["a"]])) > 0
+
+
+def _toy_logits(seed=0):
+    """A deterministic 'model': logits of the next token depend only on the last token."""
+    return jax.random.normal(jax.random.key(seed), (V, V)) * 2.0
+
+
+def _decode(sampler, steps):
+    table = _toy_logits()
+
+    def run(state, params):
+        def body(carry, _):
+            state, last, done = carry
+            tok, _, new = sampler.sample(table[last], state, params, active=~done)
+            tok = jnp.where(done, -1, tok)
+            return (new, jnp.where(done, last, tok), done | (tok == 0) | (tok == 2)), tok
+
+        b = params["seed"].shape[0]
+        carry = (state, jnp.full((b,), 1, jnp.int32), jnp.zeros((b,), bool))
+        (state, _, done), toks = jax.lax.scan(body, carry, None, length=steps)
+        return toks.T, done, state
+
+    return CountingJit(run)
+
+
+def test_end_to_end_decode_with_per_row_grammars(grammars):
+    v = bpe_vocab(size=V)
+    sampler = js.chain(stages.temperature(1.0), stages.grammar(), select=stages.categorical())
+    b = 5
+    params = sampler.params((b,), seed=jnp.arange(10, 10 + b), temperature=jnp.array([1.0, 0.7, 1.3, 1.0, 1.0]))
+    run = _decode(sampler, 60)
+    rows = ["a", "b", None, "c", "d"]
+    results = []
+    for trial in range(2):  # second call with rows permuted: same compiled loop
+        order = rows if trial == 0 else rows[::-1]
+        state = sampler.init(params, vocab_size=V)
+        state = st.constrain(sampler, state, [None if k is None else grammars[k] for k in order],
+                             num_states=256, num_classes=128, num_masks=64)  # fmt: skip
+        toks, done, final = run(state, params)
+        results.append((order, np.asarray(toks), np.asarray(done)))
+        gstate = final.stages[1]
+        assert not np.asarray(st.is_dead(gstate)).any()
+    assert run.traces == 1
+    checked = 0
+    for order, toks, done in results:
+        for r, k in enumerate(order):
+            if k is None:
+                continue
+            assert done[r], (k, toks[r])
+            ids = [t for t in toks[r] if t >= 0]
+            assert ids[-1] in (0, 2) and all(t not in (0, 1, 2) and t < 1200 for t in ids[:-1])
+            text = b"".join(v.token_bytes[t] for t in ids[:-1]).decode("utf-8")
+            if k == "a":
+                doc = json.loads(text)
+                assert set(doc) >= {"name", "age"} and len(doc["name"]) <= 6 and 0 <= doc["age"] <= 99
+            elif k == "b":
+                doc = json.loads(text)
+                assert 1 <= len(doc) <= 3 and set(doc) <= {"red", "green", "blue"}
+            elif k == "c":
+                assert re.fullmatch(REGEX_C, text)
+            else:
+                assert text in ("alpha", "beta", "gamma")
+            checked += 1
+    assert checked == 8
+
+
+def test_unconstrained_row_equals_a_plain_sampler(grammars):
+    plain = js.chain(stages.temperature(1.0), select=stages.categorical())
+    constrained = js.chain(stages.temperature(1.0), stages.grammar(), select=stages.categorical())
+    b = 3
+    params = plain.params((b,), seed=jnp.array([5, 6, 7]))
+    s0 = plain.init(params, vocab_size=V)
+    s1 = st.constrain(constrained, constrained.init(params, vocab_size=V), [grammars["a"], None, grammars["c"]])
+    t0, _, _ = _decode(plain, 8)(s0, params)
+    t1, _, _ = _decode(constrained, 8)(s1, params)
+    np.testing.assert_array_equal(np.asarray(t0)[1], np.asarray(t1)[1])
+    assert not np.array_equal(np.asarray(t0)[0], np.asarray(t1)[0])
+
+
+def test_stage_state_follows_chain_conventions(grammars):
+    sampler = js.chain(stages.grammar(), select=stages.greedy())
+    params = sampler.params((3,))
+    state = sampler.init(params, vocab_size=V)
+    x = jax.random.normal(jax.random.key(0), (3, V)).astype(jnp.bfloat16)
+    out, _ = sampler.process(x, state, params)  # unconstrained placeholder: identity
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x.astype(jnp.float32)))
+    state = st.constrain(sampler, state, [grammars["d"], grammars["d"], None])
+    for leaf in jax.tree.leaves(state.stages[0]):
+        assert leaf.shape[0] == 3
+    # inactive rows keep their grammar state; forced tokens reported per row
+    tok, _, new = sampler.sample(x, state, params, active=jnp.array([True, False, True]))
+    assert int(new.stages[0].state[1]) == int(state.stages[0].state[1])
+    assert int(new.stages[0].state[0]) == grammars["d"].advance(grammars["d"].start, int(tok[0]))
+    assert st.forced_tokens(new.stages[0]).shape == (3,)
+    with pytest.raises(ValueError, match="no stage named"):
+        st.constrain(js.chain(select=stages.greedy()), state, [None, None, None])
+    with pytest.raises(ValueError, match="unconstrained"):
+        st.grammar_state([None, None])
+    with pytest.raises(ValueError, match="vocab_size"):
+        small = sampler.init(params, vocab_size=100)
+        st.constrain(sampler, small, [grammars["d"]] * 3)
+
+
+def test_accepting_a_disallowed_token_kills_the_row(grammars):
+    sampler = js.chain(stages.grammar(), select=stages.greedy())
+    params = sampler.params((1,))
+    state = st.constrain(sampler, sampler.init(params, vocab_size=V), [grammars["d"]])
+    state = sampler.accept(jnp.array([1]), state, params)  # a special token: never allowed
+    assert bool(st.is_dead(state.stages[0])[0])
+    out, _ = sampler.process(jnp.zeros((1, V)), state, params)
+    assert not np.isfinite(np.asarray(out)).any()
+
+
+def test_traced_grammar_values_single_trace(grammars):
+    x = jnp.zeros((2, V))
+    ids = jnp.array([0, 0])
+    calls = []
+    for k in "ad":
+        t = st.stack([grammars[k]], num_states=256, num_classes=128, num_masks=64)
+        calls.append((x, t, ids, st.initial_state(t, ids)))
+    outs = assert_single_trace(st.mask, calls)
+    assert not np.array_equal(np.isfinite(outs[0]), np.isfinite(outs[1]))
