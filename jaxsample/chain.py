@@ -47,6 +47,9 @@ class Param(NamedTuple):
     With ``capacity=None`` the value is one number per row (``[B]``). With an int ``capacity`` it
     is a per-row list padded with ``default`` to that static length (``[B, capacity]``), e.g. token
     ids with ``-1`` padding: ragged lists of new ids never recompile. Range checks skip padding.
+    With ``shared=True`` the value is any pytree common to all rows (e.g. the device tables of
+    several grammars, indexed per row by another parameter); it is passed through unchecked, and
+    its shapes (not its values) are part of the compiled structure.
     """
 
     name: str
@@ -57,6 +60,7 @@ class Param(NamedTuple):
     lo_open: bool = False
     hi_open: bool = False
     capacity: int | None = None
+    shared: bool = False
 
 
 class InitInfo(NamedTuple):
@@ -232,7 +236,9 @@ class Sampler(NamedTuple):
         out = {}
         for name, s in specs.items():
             checks = dict(lo=s.lo, hi=s.hi, lo_open=s.lo_open, hi_open=s.hi_open)
-            if s.capacity is None:
+            if s.shared:
+                out[name] = values.get(name, s.default)
+            elif s.capacity is None:
                 out[name] = _validate.param(values.get(name, s.default), batch_shape, name, dtype=s.dtype, **checks)
             else:
                 out[name] = _validate.row_lists(
