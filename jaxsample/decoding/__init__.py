@@ -5,17 +5,22 @@ and ``init_cache(batch_size, max_len)``); see :mod:`jaxsample.decoding.model`.
 """
 
 from jaxsample.decoding._stopping import FinishReason, Logprobs
+from jaxsample.decoding.beam import BeamOutput, beam_sample, beam_search, group_beam_search
 from jaxsample.decoding.generate import GenerateOutput, generate
 from jaxsample.decoding.model import BIGRAM, Model, StepOutput
 from jaxsample.decoding.toy import TinyDecoder
 
 __all__ = sorted([
     "BIGRAM",
+    "BeamOutput",
     "FinishReason",
     "GenerateOutput",
     "Logprobs",
     "Model",
     "StepOutput",
     "TinyDecoder",
+    "beam_sample",
+    "beam_search",
     "generate",
+    "group_beam_search",
 ])
