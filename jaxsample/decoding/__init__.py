@@ -6,8 +6,12 @@ and ``init_cache(batch_size, max_len)``); see :mod:`jaxsample.decoding.model`.
 
 from jaxsample.decoding._stopping import FinishReason, Logprobs
 from jaxsample.decoding.beam import BeamOutput, beam_sample, beam_search, group_beam_search
+from jaxsample.decoding.contrastive import contrastive_search
 from jaxsample.decoding.generate import GenerateOutput, generate
 from jaxsample.decoding.model import BIGRAM, Model, StepOutput
+from jaxsample.decoding.rank import RankedOutput, sample_and_rank
+from jaxsample.decoding.speculative import SpeculativeOutput, speculative_generate
+from jaxsample.decoding.stream import StreamChunk, stream
 from jaxsample.decoding.toy import TinyDecoder
 
 __all__ = sorted([
@@ -17,10 +21,17 @@ __all__ = sorted([
     "GenerateOutput",
     "Logprobs",
     "Model",
+    "RankedOutput",
+    "SpeculativeOutput",
     "StepOutput",
+    "StreamChunk",
     "TinyDecoder",
     "beam_sample",
     "beam_search",
+    "contrastive_search",
     "generate",
     "group_beam_search",
+    "sample_and_rank",
+    "speculative_generate",
+    "stream",
 ])

@@ -1,7 +1,7 @@
 """Streaming generation: a jitted single decode step with a donated state, driven from Python.
 
 :func:`stream` yields one :class:`StreamChunk` per step, as soon as the step's tokens reach the host.
-Each step is :func:`jaxsample.decoding.generate.step` (the body of :func:`generate`'s
+Each step is the ``step`` function of :mod:`jaxsample.decoding.generate` (the body of :func:`generate`'s
 ``lax.while_loop``) compiled on its own with ``donate_argnums`` on the decode state, so the KV cache
 is updated in place and the tokens equal :func:`generate`'s for the same inputs and seeds.
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxsample._types import ArrayLike
 from jaxsample.chain import Sampler
-from jaxsample.decoding import generate as _gen
+from jaxsample.decoding.generate import DecodeState, prepare, start, step
 from jaxsample.decoding.model import Model
 
 
@@ -35,12 +35,12 @@ class StreamChunk(NamedTuple):
     finish_reason: np.ndarray  # int32[B]: FinishReason so far (NOT_FINISHED while running)
 
 
-_start = jax.jit(_gen.start, static_argnums=(0, 1, 2))
+_start = jax.jit(start, static_argnums=(0, 1, 2))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(6,))
-def _step(model, sampler, cfg, params, sparams, stops, state: _gen.DecodeState):
-    new = _gen.step(model, sampler, cfg, params, sparams, stops, state)
+def _step(model, sampler, cfg, params, sparams, stops, state: DecodeState):
+    new = step(model, sampler, cfg, params, sparams, stops, state)
     emitted = new.out.length > state.out.length
     col = jnp.clip(state.out.length, 0, cfg.max_tokens - 1)
     token = jnp.take_along_axis(new.out.tokens, col[:, None], axis=-1)[:, 0]
@@ -71,7 +71,7 @@ def stream(
     generator stops after the step in which the last row finished; a row's tokens are the
     ``tokens[b]`` of the chunks where ``emitted[b]`` is True.
     """
-    req = _gen.prepare(
+    req = prepare(
         model,
         prompt,
         prompt_lengths,

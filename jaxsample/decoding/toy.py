@@ -8,8 +8,8 @@ from an untied ``[D, V]`` projection, so a large ``V`` makes the step cost that 
 
 >>> import jax, jax.numpy as jnp
 >>> net = TinyDecoder(vocab_size=11, d_model=8, num_layers=1, num_heads=2)
->>> params = net.init_params(jax.random.key(0))
->>> out = net.apply_step(params, jnp.array([[3, 4]]), jnp.array([[0, 1]]), net.init_cache(1, 4))
+>>> params = jax.jit(net.init_params)(jax.random.key(0))
+>>> out = jax.jit(net.apply_step)(params, jnp.array([[3, 4]]), jnp.array([[0, 1]]), net.init_cache(1, 4))
 >>> out.logits.shape, out.hidden.shape
 ((1, 2, 11), (1, 2, 8))
 """
