@@ -9,6 +9,10 @@ from jaxsample.chain import Param, Sampler, SamplerState, Selector, Stage, StepI
 from jaxsample.selection import categorical, greedy
 from jaxsample.temperature import dynamic_temperature, temperature
 
+# --- decoding (issue #4) ---------------------------------------------------------------------
+from jaxsample import decoding  # noqa: E402
+# --- end decoding -----------------------------------------------------------------------------
+
 __version__ = "0.1.0"
 
 __all__ = sorted([
@@ -20,6 +24,7 @@ __all__ = sorted([
     "StepInfo",
     "categorical",
     "chain",
+    "decoding",
     "dynamic_temperature",
     "greedy",
     "stages",
