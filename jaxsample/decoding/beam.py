@@ -318,15 +318,57 @@ def _search(model, sampler, cfg: BeamConfig, params, prompt, lengths, cache, spa
 _search_jit = jax.jit(_search, static_argnums=(0, 1, 2))
 
 
-def _run(
-    model, params, prompt, prompt_lengths, *, num_beams, num_groups, diversity_penalty, do_sample, max_new_tokens,
-    max_tokens, length_penalty, early_stopping, num_return_sequences, length_normalization, sampler,
-    sampler_params, eos_ids, stop_sequences, min_new_tokens, pad_id, cache, history_size,
+def beam_search(
+    model: Model,
+    params: Any,
+    prompt: ArrayLike,
+    prompt_lengths: ArrayLike | None = None,
+    *,
+    num_beams: int,
+    max_new_tokens: ArrayLike,
+    max_tokens: int | None = None,
+    length_penalty: ArrayLike = 1.0,
+    early_stopping: bool | str = False,
+    num_return_sequences: int = 1,
+    length_normalization: str = "hf",
+    do_sample: bool = False,
+    num_beam_groups: int = 1,
+    diversity_penalty: ArrayLike = 0.0,
+    sampler: Sampler | None = None,
+    sampler_params: Mapping[str, ArrayLike] | None = None,
+    eos_ids: ArrayLike | None = None,
+    stop_sequences=None,
+    min_new_tokens: ArrayLike = 0,
+    pad_id: int = 0,
+    cache: Any = None,
+    history_size: int | None = None,
 ) -> BeamOutput:
+    """Beam search (HF ``num_beams > 1``), one ``jit``-compiled ``while_loop``.
+
+    Args:
+      model, params, prompt, prompt_lengths, max_new_tokens, max_tokens, eos_ids, stop_sequences,
+        min_new_tokens, pad_id, cache, history_size: as in :func:`jaxsample.decoding.generate`
+        (``max_new_tokens`` and the other per-row values are per prompt).
+      num_beams: static ``K``.
+      length_penalty: ``alpha`` per prompt (traced): scores are ``sum_logprobs / pen(L)``.
+      early_stopping: ``True``, ``False`` or ``"never"`` (HF semantics, see the module docstring).
+      num_return_sequences: static ``R <= K`` hypotheses returned per prompt, best first.
+      length_normalization: ``"hf"`` (``pen(L) = L ** alpha``) or ``"gnmt"`` (``((5 + L) / 6) ** alpha``).
+      do_sample: beam sampling (see :func:`beam_sample`).
+      num_beam_groups, diversity_penalty: diverse beam search (see :func:`group_beam_search`).
+      sampler: its stages process the per-step log-probs (its selector is unused); default none.
+      sampler_params: per-prompt values ``[B]``, shared by the prompt's beams; ``seed`` drives
+        beam sampling.
+
+    Returns:
+      :class:`BeamOutput` with ``[B, R]`` leading axes.
+    """
     k = _validate.static_int(num_beams, "num_beams", lo=1)
-    g = _validate.static_int(num_groups, "num_beam_groups", lo=1)
+    g = _validate.static_int(num_beam_groups, "num_beam_groups", lo=1)
     if k % g:
         raise ValueError(f"num_beams ({k}) must be divisible by num_beam_groups ({g})")
+    if do_sample and g > 1:
+        raise ValueError("beam sampling (do_sample=True) does not combine with num_beam_groups > 1 (as in HF)")
     r = _validate.static_int(num_return_sequences, "num_return_sequences", lo=1)
     if r > k:
         raise ValueError(f"num_return_sequences ({r}) must be <= num_beams ({k})")
@@ -352,63 +394,14 @@ def _run(
     )
 
 
-def beam_search(
-    model: Model,
-    params: Any,
-    prompt: ArrayLike,
-    prompt_lengths: ArrayLike | None = None,
-    *,
-    num_beams: int,
-    max_new_tokens: ArrayLike,
-    max_tokens: int | None = None,
-    length_penalty: ArrayLike = 1.0,
-    early_stopping: bool | str = False,
-    num_return_sequences: int = 1,
-    length_normalization: str = "hf",
-    sampler: Sampler | None = None,
-    sampler_params: Mapping[str, ArrayLike] | None = None,
-    eos_ids: ArrayLike | None = None,
-    stop_sequences=None,
-    min_new_tokens: ArrayLike = 0,
-    pad_id: int = 0,
-    cache: Any = None,
-    history_size: int | None = None,
-) -> BeamOutput:
-    """Beam search (HF ``num_beams > 1, do_sample=False``), one ``jit``-compiled ``while_loop``.
-
-    Args:
-      model, params, prompt, prompt_lengths, max_new_tokens, max_tokens, eos_ids, stop_sequences,
-        min_new_tokens, pad_id, cache, history_size: as in :func:`jaxsample.decoding.generate`
-        (``max_new_tokens`` per prompt).
-      num_beams: static ``K``.
-      length_penalty: ``alpha`` per prompt (traced): scores are ``sum_logprobs / pen(L)``.
-      early_stopping: ``True``, ``False`` or ``"never"`` (HF semantics, see the module docstring).
-      num_return_sequences: static ``R <= K`` hypotheses returned per prompt, best first.
-      length_normalization: ``"hf"`` (``L ** alpha``) or ``"gnmt"`` (``((5 + L) / 6) ** alpha``).
-      sampler: its stages process the per-step log-probs (its selector is unused); default none.
-      sampler_params: per-prompt values (``[B]``), shared by the prompt's beams.
-
-    Returns:
-      :class:`BeamOutput` with ``[B, R]`` leading axes.
-    """
-    return _run(
-        model, params, prompt, prompt_lengths, num_beams=num_beams, num_groups=1, diversity_penalty=0.0,
-        do_sample=False, max_new_tokens=max_new_tokens, max_tokens=max_tokens, length_penalty=length_penalty,
-        early_stopping=early_stopping, num_return_sequences=num_return_sequences,
-        length_normalization=length_normalization, sampler=sampler, sampler_params=sampler_params, eos_ids=eos_ids,
-        stop_sequences=stop_sequences, min_new_tokens=min_new_tokens, pad_id=pad_id, cache=cache,
-        history_size=history_size,
-    )
-
-
 def beam_sample(model: Model, params: Any, prompt: ArrayLike, prompt_lengths: ArrayLike | None = None, **kwargs) -> BeamOutput:
-    """Beam sampling (HF ``num_beams > 1, do_sample=True``); arguments as :func:`beam_search`.
+    """Beam sampling (HF ``num_beams > 1, do_sample=True``): :func:`beam_search` with ``do_sample=True``.
 
     The sampler's stages (warpers such as temperature or top-k) process each step's log-probs; the
     ``C`` candidates are then drawn without replacement from ``softmax`` of the accumulated scores
     over all ``K * V`` continuations, with the prompt's key ``fold_in(key(seed), step)``.
     """
-    return _run(model, params, prompt, prompt_lengths, num_groups=1, diversity_penalty=0.0, do_sample=True, **_defaults(kwargs))
+    return beam_search(model, params, prompt, prompt_lengths, do_sample=True, **kwargs)
 
 
 def group_beam_search(
@@ -421,26 +414,12 @@ def group_beam_search(
     diversity_penalty: ArrayLike,
     **kwargs,
 ) -> BeamOutput:
-    """Diverse beam search (HF ``num_beam_groups > 1``) with the Hamming diversity penalty.
+    """Diverse beam search (HF ``num_beam_groups > 1``): :func:`beam_search` with groups.
 
     ``num_beams`` must be divisible by the static ``num_beam_groups``; ``diversity_penalty`` is per
-    prompt (traced). Other arguments as :func:`beam_search`; the returned hypotheses are the best
-    ``R`` over all groups.
+    prompt (traced, ``>= 0``). The returned hypotheses are the best ``R`` over all groups.
     """
-    return _run(
-        model, params, prompt, prompt_lengths, num_groups=num_beam_groups, diversity_penalty=diversity_penalty,
-        do_sample=False, **_defaults(kwargs),
+    return beam_search(
+        model, params, prompt, prompt_lengths, num_beam_groups=num_beam_groups, diversity_penalty=diversity_penalty,
+        **kwargs,
     )
-
-
-def _defaults(kwargs: dict) -> dict:
-    out = dict(
-        max_tokens=None, length_penalty=1.0, early_stopping=False, num_return_sequences=1, length_normalization="hf",
-        sampler=None, sampler_params=None, eos_ids=None, stop_sequences=None, min_new_tokens=0, pad_id=0,
-        cache=None, history_size=None,
-    )
-    unknown = sorted(set(kwargs) - set(out) - {"num_beams", "max_new_tokens"})
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s) {unknown}")
-    out.update(kwargs)
-    return out

@@ -230,8 +230,8 @@ def generate(
         decoder start token). Default: ``model.init_cache(B, P + N)``.
       logprobs: also return the raw and processed log-probabilities of the chosen tokens.
       top_logprobs: static ``n``: also return the ``n`` most likely tokens under the raw model.
-      history_size: sampler history window (required by chains reading the whole history is
-        filled in as ``P + N``).
+      history_size: static sampler history window; default: what the chain's stages declare, or
+        ``P + N`` when a stage reads the whole history.
 
     Returns:
       :class:`GenerateOutput`.
