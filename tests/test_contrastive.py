@@ -44,7 +44,7 @@ def _bigram_step(seq, cand):
     return np.asarray(jax.nn.softmax(logits[toks[-1]])), [hidden[t] for t in toks]
 
 
-@pytest.mark.parametrize("k,alpha", [(2, 0.6), (4, 0.3), (3, 0.9)])
+@pytest.mark.parametrize("k,alpha", [(2, 0.6), (4, 0.3)])
 def test_matches_reference_on_bigram_with_ragged_prompts(k, alpha):
     prompts = [[1, 2, 3], [5], [0, 7]]
     padded = np.full((3, 3), -1)
