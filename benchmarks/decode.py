@@ -29,11 +29,34 @@ from jaxsample import stages
 from jaxsample.decoding import TinyDecoder, beam_search, generate
 
 #: llama.cpp ``common_sampler_init`` order (common/sampling.cpp) and its default values.
-LLAMA_CPP_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typical", "top_p", "min_p", "xtc", "temperature")
+LLAMA_CPP_ORDER = (
+    "penalties",
+    "dry",
+    "top_n_sigma",
+    "top_k",
+    "typical",
+    "top_p",
+    "min_p",
+    "xtc",
+    "temperature",
+)
 LLAMA_CPP_VALUES = {
-    "repeat": 1.0, "frequency": 0.0, "presence": 0.0, "penalty_last_n": 64, "last_n": 64,
-    "dry_multiplier": 0.0, "multiplier": 0.0, "top_n_sigma": -1.0, "top_k": 40, "typical": 1.0, "typical_p": 1.0,
-    "top_p": 0.95, "min_p": 0.05, "xtc_probability": 0.0, "xtc_threshold": 0.1, "temperature": 0.8,
+    "repeat": 1.0,
+    "frequency": 0.0,
+    "presence": 0.0,
+    "penalty_last_n": 64,
+    "last_n": 64,
+    "dry_multiplier": 0.0,
+    "multiplier": 0.0,
+    "top_n_sigma": -1.0,
+    "top_k": 40,
+    "typical": 1.0,
+    "typical_p": 1.0,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "xtc_probability": 0.0,
+    "xtc_threshold": 0.1,
+    "temperature": 0.8,
 }
 
 
@@ -72,7 +95,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--beams", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--chain", default=None, help="module:function returning a Sampler (default: llama.cpp chain)")
+    ap.add_argument(
+        "--chain", default=None, help="module:function returning a Sampler (default: llama.cpp chain)"
+    )
     args = ap.parse_args(argv)
 
     net = TinyDecoder(args.vocab, args.d_model, args.layers, args.heads)
@@ -84,23 +109,30 @@ def main(argv=None) -> dict:
 
     @jax.jit
     def model_only(params, prompt):
-        """The model cost alone: prefill + n decode steps feeding a fixed token (no selection at all)."""
+        """The model cost alone: prefill + n decode steps feeding a fixed token (a max instead of a selector)."""
         cache = net.init_cache(b, args.prompt_len + n)
-        cache = net.apply_step(params, prompt, jnp.broadcast_to(jnp.arange(args.prompt_len), prompt.shape), cache).cache
+        cache = net.apply_step(
+            params, prompt, jnp.broadcast_to(jnp.arange(args.prompt_len), prompt.shape), cache
+        ).cache
 
         def body(i, carry):
             cache, acc = carry
             out = net.apply_step(params, prompt[:, :1], jnp.full((b, 1), args.prompt_len + i), cache)
-            return out.cache, acc + out.logits[:, 0, 0]
+            return out.cache, acc + jnp.max(out.logits[:, 0], axis=-1)  # uses every logit: no DCE
 
         return jax.lax.fori_loop(0, n, body, (cache, jnp.zeros(b)))[1]
 
     modes = {
         "model only": lambda: model_only(params, prompt),
         "greedy": lambda: generate(net.model, params, prompt, max_new_tokens=n).tokens,
-        "chain": lambda: generate(net.model, params, prompt, max_new_tokens=n, sampler=sampler, sampler_params=sp).tokens,
-        f"beam {args.beams}": lambda: beam_search(net.model, params, prompt, num_beams=args.beams, max_new_tokens=n,
-                                                  early_stopping="never").tokens,
+        "chain": lambda: (
+            generate(net.model, params, prompt, max_new_tokens=n, sampler=sampler, sampler_params=sp).tokens
+        ),
+        f"beam {args.beams}": lambda: (
+            beam_search(
+                net.model, params, prompt, num_beams=args.beams, max_new_tokens=n, early_stopping="never"
+            ).tokens
+        ),
     }
     for fn in modes.values():  # compile
         jax.block_until_ready(fn())
@@ -112,14 +144,19 @@ def main(argv=None) -> dict:
             times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
 
-    print(f"devices: {jax.devices()}  batch={b} vocab={args.vocab} d_model={args.d_model} layers={args.layers} "
-          f"prompt={args.prompt_len} new_tokens={n}")
+    print(
+        f"devices: {jax.devices()}  batch={b} vocab={args.vocab} d_model={args.d_model} layers={args.layers} "
+        f"prompt={args.prompt_len} new_tokens={n}"
+    )
     print(f"chain stages: {used + ['dist']}  values: {values}")
-    print(f"{'mode':<18}{'time (s)':>10}{'ms/step':>10}{'tokens/s':>12}   (beam: output tokens of the best beam)")
+    print(
+        f"{'mode':<18}{'time (s)':>10}{'ms/step':>10}{'tokens/s':>12}   (beam: output tokens of the best beam)"
+    )
     for name, t in med.items():
         print(f"{name:<18}{t:>10.4f}{1000 * t / n:>10.2f}{b * n / t:>12.0f}")
     overhead = med["chain"] / med["greedy"] - 1.0
-    print(f"chain overhead over greedy: {100 * overhead:+.1f}%   (beam {args.beams}: {med[f'beam {args.beams}'] / med['greedy']:.2f}x greedy time)")
+    beam_ratio = med[f"beam {args.beams}"] / med["greedy"]
+    print(f"chain overhead over greedy: {100 * overhead:+.1f}%   (beam {args.beams}: {beam_ratio:.2f}x greedy time)")
     return {"median_s": med, "chain_overhead": overhead}
 
 

@@ -12,7 +12,15 @@ from scipy import stats
 
 import jaxsample as js
 from jaxsample import stages
-from jaxsample.decoding import BIGRAM, FinishReason, Model, TinyDecoder, beam_sample, beam_search, group_beam_search
+from jaxsample.decoding import (
+    BIGRAM,
+    FinishReason,
+    Model,
+    TinyDecoder,
+    beam_sample,
+    beam_search,
+    group_beam_search,
+)
 
 EOS = 0
 V, N = 3, 3
@@ -59,8 +67,15 @@ def _hypotheses(out, b, r):
 def test_exhaustive_beam_equals_brute_force_enumeration(alpha, normalization):
     prompts = [[1], [2, 2]]
     out = beam_search(
-        BIGRAM, {"logits": jnp.asarray(TABLE)}, [[1, -1], [2, 2]], num_beams=K, num_return_sequences=6,
-        max_new_tokens=N, eos_ids=EOS, early_stopping="never", length_penalty=alpha,
+        BIGRAM,
+        {"logits": jnp.asarray(TABLE)},
+        [[1, -1], [2, 2]],
+        num_beams=K,
+        num_return_sequences=6,
+        max_new_tokens=N,
+        eos_ids=EOS,
+        early_stopping="never",
+        length_penalty=alpha,
         length_normalization=normalization,
     )
     for b, prompt in enumerate(prompts):
@@ -85,8 +100,17 @@ def test_exhaustive_beam_on_a_transformer_reorders_its_cache_correctly():
         lp = np.asarray(jax.nn.log_softmax(logits))
         return sum(lp[len(prompt) - 1 + i, t] for i, t in enumerate(seq))
 
-    out = beam_search(NET.model, NET_PARAMS, [[1, 2]], num_beams=K, num_return_sequences=5, max_new_tokens=N,
-                      eos_ids=EOS, early_stopping="never", length_penalty=0.5)
+    out = beam_search(
+        NET.model,
+        NET_PARAMS,
+        [[1, 2]],
+        num_beams=K,
+        num_return_sequences=5,
+        max_new_tokens=N,
+        eos_ids=EOS,
+        early_stopping="never",
+        length_penalty=0.5,
+    )
     ref = _brute_force(logprob, [1, 2], 0.5, "hf", 5)
     assert _hypotheses(out, 0, 5) == [seq for _, seq in ref]
     np.testing.assert_allclose(out.scores[0], [s for s, _ in ref], rtol=1e-4, atol=1e-5)
@@ -102,15 +126,29 @@ def test_beam_sample_at_low_temperature_is_beam_search():
     prompt = [[1, 4], [3, -1]]
     kw = dict(num_beams=3, num_return_sequences=3, max_new_tokens=5, eos_ids=2, length_penalty=1.0)
     ref = beam_search(BIGRAM, BIG, prompt, **kw)
-    got = beam_sample(BIGRAM, BIG, prompt, sampler=TEMP, sampler_params={"temperature": 1e-3, "seed": jnp.array([1, 2])}, **kw)
+    got = beam_sample(
+        BIGRAM,
+        BIG,
+        prompt,
+        sampler=TEMP,
+        sampler_params={"temperature": 1e-3, "seed": jnp.array([1, 2])},
+        **kw,
+    )
     np.testing.assert_array_equal(got.tokens, ref.tokens)
     np.testing.assert_allclose(got.scores * 1e-3, ref.scores, rtol=1e-3)
 
 
 def test_beam_sample_first_draw_follows_the_processed_distribution():
     n = 3000
-    out = beam_sample(BIGRAM, BIG, jnp.full((n, 1), 6), num_beams=1, max_new_tokens=1, sampler=TEMP,
-                      sampler_params={"temperature": 0.8, "seed": jnp.arange(n)})
+    out = beam_sample(
+        BIGRAM,
+        BIG,
+        jnp.full((n, 1), 6),
+        num_beams=1,
+        max_new_tokens=1,
+        sampler=TEMP,
+        sampler_params={"temperature": 0.8, "seed": jnp.arange(n)},
+    )
     counts = np.bincount(np.asarray(out.tokens[:, 0, 0]), minlength=BIG_V)
     p = np.asarray(jax.nn.softmax(jnp.asarray(BIG_TABLE[6]) / 0.8), np.float64)
     assert stats.chisquare(counts, n * p / p.sum()).pvalue > 1e-3
@@ -130,15 +168,31 @@ def test_group_beam_search_diversity_penalty_spreads_groups():
 def test_early_stopping_true_returns_the_first_finished_hypotheses():
     table = np.full((4, 4), -4.0, np.float32)
     table[1, 0], table[1, 2], table[2, 0], table[2, 3], table[3, 0] = 0.0, -0.1, -0.2, -0.3, -0.4
-    out = beam_search(BIGRAM, {"logits": jnp.asarray(table)}, [[1]], num_beams=2, num_return_sequences=2,
-                      max_new_tokens=8, eos_ids=0, early_stopping=True, length_penalty=0.0)
+    out = beam_search(
+        BIGRAM,
+        {"logits": jnp.asarray(table)},
+        [[1]],
+        num_beams=2,
+        num_return_sequences=2,
+        max_new_tokens=8,
+        eos_ids=0,
+        early_stopping=True,
+        length_penalty=0.0,
+    )
     # step 1 finishes [0]; step 2 finishes [2, 0]: two hypotheses, done, although [2, 3, 0] might score higher
     assert _hypotheses(out, 0, 2) == [[0], [2, 0]]
 
 
 def test_prompt_results_do_not_depend_on_the_batch():
-    kw = dict(num_beams=4, num_return_sequences=2, max_new_tokens=jnp.array([6, 3, 5]), max_tokens=6, eos_ids=[2, 5],
-              length_penalty=jnp.array([1.0, 0.0, 2.0]), stop_sequences=[[7, 1]])
+    kw = dict(
+        num_beams=4,
+        num_return_sequences=2,
+        max_new_tokens=jnp.array([6, 3, 5]),
+        max_tokens=6,
+        eos_ids=[2, 5],
+        length_penalty=jnp.array([1.0, 0.0, 2.0]),
+        stop_sequences=[[7, 1]],
+    )
     prompts = jnp.array([[1, 4, 4], [3, -1, -1], [8, 0, -1]])
     full = beam_search(BIGRAM, BIG, prompts, **kw)
     one = beam_search(BIGRAM, BIG, prompts[1:2], **dict(kw, max_new_tokens=3, length_penalty=0.0))
@@ -161,10 +215,23 @@ COUNTING = Model(_counting_apply, BIGRAM.init_cache)
 
 def test_new_values_never_recompile():
     counts = []
-    for lp, max_new, eos, seed in [(1.0, [4, 2], [2, 3], [1, 2]), (0.3, [1, 5], [4, -1], [5, 5]), (-1.0, [5, 5], [-1, -1], [0, 9])]:
-        out = beam_sample(COUNTING, BIG, [[1], [2]], num_beams=2, max_new_tokens=jnp.array(max_new), max_tokens=5,
-                          length_penalty=jnp.array([lp, 2 * lp]), eos_ids=jnp.array(eos), sampler=TEMP,
-                          sampler_params={"seed": jnp.array(seed), "temperature": jnp.array([lp + 2.0, 1.0])})
+    for lp, max_new, eos, seed in [
+        (1.0, [4, 2], [2, 3], [1, 2]),
+        (0.3, [1, 5], [4, -1], [5, 5]),
+        (-1.0, [5, 5], [-1, -1], [0, 9]),
+    ]:
+        out = beam_sample(
+            COUNTING,
+            BIG,
+            [[1], [2]],
+            num_beams=2,
+            max_new_tokens=jnp.array(max_new),
+            max_tokens=5,
+            length_penalty=jnp.array([lp, 2 * lp]),
+            eos_ids=jnp.array(eos),
+            sampler=TEMP,
+            sampler_params={"seed": jnp.array(seed), "temperature": jnp.array([lp + 2.0, 1.0])},
+        )
         jax.block_until_ready(out)
         counts.append(len(_TRACES))
     assert counts[0] > 0 and counts[0] == counts[1] == counts[2]
@@ -176,6 +243,8 @@ def test_invalid_arguments():
     with pytest.raises(ValueError, match="early_stopping"):
         beam_search(BIGRAM, BIG, [[1]], num_beams=2, max_new_tokens=2, early_stopping="sometimes")
     with pytest.raises(ValueError, match="divisible"):
-        group_beam_search(BIGRAM, BIG, [[1]], num_beams=3, num_beam_groups=2, diversity_penalty=1.0, max_new_tokens=2)
+        group_beam_search(
+            BIGRAM, BIG, [[1]], num_beams=3, num_beam_groups=2, diversity_penalty=1.0, max_new_tokens=2
+        )
     with pytest.raises(ValueError, match="length_normalization"):
         beam_search(BIGRAM, BIG, [[1]], num_beams=2, max_new_tokens=2, length_normalization="t5")

@@ -10,8 +10,10 @@ from jaxsample.decoding import BIGRAM, TinyDecoder, contrastive_search, generate
 
 V, D = 8, 4
 RNG = np.random.default_rng(7)
-PARAMS = {"logits": jnp.asarray(RNG.standard_normal((V, V)), jnp.float32),
-          "hidden": jnp.asarray(RNG.standard_normal((V, D)), jnp.float32)}
+PARAMS = {
+    "logits": jnp.asarray(RNG.standard_normal((V, V)), jnp.float32),
+    "hidden": jnp.asarray(RNG.standard_normal((V, D)), jnp.float32),
+}
 
 
 def _unit(x):
@@ -73,8 +75,9 @@ def test_matches_full_recomputation_on_a_transformer():
         return probs, list(np.asarray(o.hidden[0, : len(toks)]))
 
     prompts = [[1, 2, 3, 4], [6, 6]]
-    out = contrastive_search(NET.model, NET_PARAMS, [[1, 2, 3, 4], [6, 6, -1, -1]], top_k=3, penalty_alpha=0.5,
-                             max_new_tokens=5)
+    out = contrastive_search(
+        NET.model, NET_PARAMS, [[1, 2, 3, 4], [6, 6, -1, -1]], top_k=3, penalty_alpha=0.5, max_new_tokens=5
+    )
     for b, p in enumerate(prompts):
         assert list(np.asarray(out.tokens[b])) == _reference(step, p, 3, 0.5, 5)
 
@@ -82,8 +85,17 @@ def test_matches_full_recomputation_on_a_transformer():
 def test_alpha_zero_is_greedy_and_stopping_rules_apply():
     prompt = [[3, 1], [4, -1]]
     greedy = generate(BIGRAM, PARAMS, prompt, max_new_tokens=jnp.array([7, 3]), max_tokens=7, eos_ids=2)
-    out = contrastive_search(BIGRAM, PARAMS, prompt, top_k=3, penalty_alpha=0.0, max_new_tokens=jnp.array([7, 3]),
-                             max_tokens=7, eos_ids=2, logprobs=True)
+    out = contrastive_search(
+        BIGRAM,
+        PARAMS,
+        prompt,
+        top_k=3,
+        penalty_alpha=0.0,
+        max_new_tokens=jnp.array([7, 3]),
+        max_tokens=7,
+        eos_ids=2,
+        logprobs=True,
+    )
     np.testing.assert_array_equal(out.tokens, greedy.tokens)
     np.testing.assert_array_equal(out.lengths, greedy.lengths)
     np.testing.assert_array_equal(out.finish_reason, greedy.finish_reason)
@@ -92,7 +104,9 @@ def test_alpha_zero_is_greedy_and_stopping_rules_apply():
 
 def test_needs_hidden_states_and_valid_arguments():
     with pytest.raises(ValueError, match="hidden"):
-        contrastive_search(BIGRAM, {"logits": PARAMS["logits"]}, [[1]], top_k=2, penalty_alpha=0.5, max_new_tokens=2)
+        contrastive_search(
+            BIGRAM, {"logits": PARAMS["logits"]}, [[1]], top_k=2, penalty_alpha=0.5, max_new_tokens=2
+        )
     with pytest.raises(ValueError, match="penalty_alpha"):
         contrastive_search(BIGRAM, PARAMS, [[1]], top_k=2, penalty_alpha=1.5, max_new_tokens=2)
     with pytest.raises(ValueError, match="top_k"):

@@ -49,8 +49,15 @@ def _bigram_greedy(table, prompts, max_new, min_new=(0, 0, 0, 0), eos=(-1, -1), 
     for i, p in enumerate(prompts):
         padded[i, : len(p)] = p
     return generate(
-        BIGRAM, {"logits": jnp.asarray(table)}, padded, max_new_tokens=jnp.array(max_new), max_tokens=10,
-        eos_ids=jnp.array(eos), stop_sequences=jnp.array(stops), min_new_tokens=jnp.array(min_new), pad_id=-2,
+        BIGRAM,
+        {"logits": jnp.asarray(table)},
+        padded,
+        max_new_tokens=jnp.array(max_new),
+        max_tokens=10,
+        eos_ids=jnp.array(eos),
+        stop_sequences=jnp.array(stops),
+        min_new_tokens=jnp.array(min_new),
+        pad_id=-2,
         cache=BIGRAM.init_cache(4, 14),
     )
 
@@ -64,7 +71,9 @@ def test_greedy_matches_reference_with_ragged_prompts_and_all_stop_rules():
     stop_seqs = [free[2][3:5], [-1, free[1][0]]]  # right-aligned, -1 = padding
     out = _bigram_greedy(TABLE, prompts, max_new, min_new, eos, stop_seqs)
     for b, p in enumerate(prompts):
-        ref, reason = _reference_greedy(TABLE, p, max_new[b], eos[:1], [stop_seqs[0], stop_seqs[1][1:]], min_new[b])
+        ref, reason = _reference_greedy(
+            TABLE, p, max_new[b], eos[:1], [stop_seqs[0], stop_seqs[1][1:]], min_new[b]
+        )
         assert _rows(out)[b] == ref
         assert int(out.finish_reason[b]) == reason
         assert np.all(np.asarray(out.tokens[b, len(ref) :]) == -2)
@@ -106,9 +115,16 @@ def test_kv_cache_decoding_equals_full_recomputation_on_a_transformer():
 
 def test_logprobs_raw_processed_and_top_n():
     sampler = js.chain(stages.temperature(0.5), select=stages.categorical())
-    out = generate(BIGRAM, PARAMS, [[1], [2]], max_new_tokens=4, sampler=sampler,
-                   sampler_params={"seed": jnp.array([3, 4]), "temperature": jnp.array([0.5, 2.0])},
-                   logprobs=True, top_logprobs=3)
+    out = generate(
+        BIGRAM,
+        PARAMS,
+        [[1], [2]],
+        max_new_tokens=4,
+        sampler=sampler,
+        sampler_params={"seed": jnp.array([3, 4]), "temperature": jnp.array([0.5, 2.0])},
+        logprobs=True,
+        top_logprobs=3,
+    )
     temps = [0.5, 2.0]
     for b, start in enumerate([1, 2]):
         prev = start
@@ -125,15 +141,36 @@ def test_logprobs_raw_processed_and_top_n():
 def test_rows_depend_only_on_their_prompt_params_and_seed():
     prompts = jnp.array([[1, 2], [3, -1], [4, 5], [6, -1]])
     seeds, temps = jnp.array([10, 11, 12, 13]), jnp.array([0.7, 1.5, 1.0, 0.3])
-    full = generate(BIGRAM, PARAMS, prompts, max_new_tokens=jnp.array([5, 3, 5, 4]), max_tokens=5, sampler=SAMPLER,
-                    sampler_params={"seed": seeds, "temperature": temps})
+    full = generate(
+        BIGRAM,
+        PARAMS,
+        prompts,
+        max_new_tokens=jnp.array([5, 3, 5, 4]),
+        max_tokens=5,
+        sampler=SAMPLER,
+        sampler_params={"seed": seeds, "temperature": temps},
+    )
     perm = jnp.array([2, 0, 3, 1])
-    shuffled = generate(BIGRAM, PARAMS, prompts[perm], max_new_tokens=jnp.array([5, 3, 5, 4])[perm], max_tokens=5,
-                        sampler=SAMPLER, sampler_params={"seed": seeds[perm], "temperature": temps[perm]})
+    shuffled = generate(
+        BIGRAM,
+        PARAMS,
+        prompts[perm],
+        max_new_tokens=jnp.array([5, 3, 5, 4])[perm],
+        max_tokens=5,
+        sampler=SAMPLER,
+        sampler_params={"seed": seeds[perm], "temperature": temps[perm]},
+    )
     for j, b in enumerate(np.asarray(perm)):
         np.testing.assert_array_equal(full.tokens[b], shuffled.tokens[j])
-    alone = generate(BIGRAM, PARAMS, prompts[1:2], max_new_tokens=3, max_tokens=5, sampler=SAMPLER,
-                     sampler_params={"seed": seeds[1:2], "temperature": temps[1:2]})
+    alone = generate(
+        BIGRAM,
+        PARAMS,
+        prompts[1:2],
+        max_new_tokens=3,
+        max_tokens=5,
+        sampler=SAMPLER,
+        sampler_params={"seed": seeds[1:2], "temperature": temps[1:2]},
+    )
     np.testing.assert_array_equal(full.tokens[1], alone.tokens[0])
     assert len({tuple(np.asarray(r)) for r in full.tokens}) > 1
 
@@ -141,8 +178,14 @@ def test_rows_depend_only_on_their_prompt_params_and_seed():
 @pytest.mark.slow
 def test_first_token_distribution_matches_tempered_softmax():
     n = 4000
-    out = generate(BIGRAM, PARAMS, jnp.full((n, 1), 3), max_new_tokens=1, sampler=SAMPLER,
-                   sampler_params={"seed": jnp.arange(n), "temperature": 1.5})
+    out = generate(
+        BIGRAM,
+        PARAMS,
+        jnp.full((n, 1), 3),
+        max_new_tokens=1,
+        sampler=SAMPLER,
+        sampler_params={"seed": jnp.arange(n), "temperature": 1.5},
+    )
     counts = np.bincount(np.asarray(out.tokens[:, 0]), minlength=V)
     p = np.asarray(jax.nn.softmax(TABLE[3] / 1.5), np.float64)
     p /= p.sum()
@@ -165,14 +208,24 @@ def test_new_values_never_recompile():
     calls = [
         dict(seed=[1, 2], temperature=[0.5, 1.0], max_new=[3, 4], eos=[0, -1], stop=[[1, 2]], min_new=[0, 1]),
         dict(seed=[7, 9], temperature=[2.0, 0.0], max_new=[6, 1], eos=[3, 4], stop=[[-1, 5]], min_new=[2, 0]),
-        dict(seed=[0, 0], temperature=[1.0, 1.0], max_new=[0, 6], eos=[-1, -1], stop=[[6, 6]], min_new=[0, 0]),
+        dict(
+            seed=[0, 0], temperature=[1.0, 1.0], max_new=[0, 6], eos=[-1, -1], stop=[[6, 6]], min_new=[0, 0]
+        ),
     ]
     counts = []
     for c in calls:
-        out = generate(COUNTING, PARAMS, prompt, max_new_tokens=jnp.array(c["max_new"]), max_tokens=6, sampler=SAMPLER,
-                       sampler_params={"seed": jnp.array(c["seed"]), "temperature": jnp.array(c["temperature"])},
-                       eos_ids=jnp.array(c["eos"]), stop_sequences=jnp.array(c["stop"]),
-                       min_new_tokens=jnp.array(c["min_new"]))
+        out = generate(
+            COUNTING,
+            PARAMS,
+            prompt,
+            max_new_tokens=jnp.array(c["max_new"]),
+            max_tokens=6,
+            sampler=SAMPLER,
+            sampler_params={"seed": jnp.array(c["seed"]), "temperature": jnp.array(c["temperature"])},
+            eos_ids=jnp.array(c["eos"]),
+            stop_sequences=jnp.array(c["stop"]),
+            min_new_tokens=jnp.array(c["min_new"]),
+        )
         jax.block_until_ready(out)
         counts.append(len(_TRACES))
     assert counts[0] > 0 and counts[0] == counts[1] == counts[2]
@@ -180,8 +233,13 @@ def test_new_values_never_recompile():
 
 def test_stream_yields_the_tokens_of_generate():
     prompts = jnp.array([[1, 2], [3, -1], [4, 5], [6, -1]])
-    kw = dict(max_new_tokens=jnp.array([5, 3, 5, 4]), max_tokens=5, sampler=SAMPLER, eos_ids=2,
-              sampler_params={"seed": jnp.array([5, 6, 7, 8]), "temperature": 1.3})
+    kw = dict(
+        max_new_tokens=jnp.array([5, 3, 5, 4]),
+        max_tokens=5,
+        sampler=SAMPLER,
+        eos_ids=2,
+        sampler_params={"seed": jnp.array([5, 6, 7, 8]), "temperature": 1.3},
+    )
     ref = generate(BIGRAM, PARAMS, prompts, **kw)
     chunks = list(stream(BIGRAM, PARAMS, prompts, **kw))
     got = [[int(c.tokens[b]) for c in chunks if c.emitted[b]] for b in range(4)]
@@ -192,13 +250,30 @@ def test_stream_yields_the_tokens_of_generate():
 
 def test_sample_and_rank_returns_best_of_independently_seeded_samples():
     sampler_params = {"seed": jnp.array([40, 41]), "temperature": 1.0}
-    ranked = sample_and_rank(BIGRAM, PARAMS, [[1], [5]], n=2, best_of=6, max_new_tokens=4, sampler=SAMPLER,
-                             sampler_params=sampler_params, eos_ids=0)
+    ranked = sample_and_rank(
+        BIGRAM,
+        PARAMS,
+        [[1], [5]],
+        n=2,
+        best_of=6,
+        max_new_tokens=4,
+        sampler=SAMPLER,
+        sampler_params=sampler_params,
+        eos_ids=0,
+    )
     for b, start in enumerate([1, 5]):
         cands = []
         for i in range(6):  # sample i is the plain sample with seed + i
-            one = generate(BIGRAM, PARAMS, [[start]], max_new_tokens=4, sampler=SAMPLER, eos_ids=0,
-                           sampler_params={"seed": sampler_params["seed"][b] + i}, logprobs=True)
+            one = generate(
+                BIGRAM,
+                PARAMS,
+                [[start]],
+                max_new_tokens=4,
+                sampler=SAMPLER,
+                eos_ids=0,
+                sampler_params={"seed": sampler_params["seed"][b] + i},
+                logprobs=True,
+            )
             toks = _rows(one)[0]
             cands.append((float(jnp.sum(one.logprobs.raw[0, : len(toks)])), toks))
         best = sorted(cands, key=lambda c: -c[0])[:2]

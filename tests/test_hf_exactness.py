@@ -83,7 +83,13 @@ def test_greedy_matches_hf(seed, eos):
     table = _table(seed)
     hf, _ = _hf(table, PROMPTS, max_new_tokens=6, min_new_tokens=2, eos_token_id=eos)
     ours = generate(
-        BIGRAM, {"logits": jnp.asarray(table)}, PROMPTS, max_new_tokens=6, min_new_tokens=2, eos_ids=eos, pad_id=PAD
+        BIGRAM,
+        {"logits": jnp.asarray(table)},
+        PROMPTS,
+        max_new_tokens=6,
+        min_new_tokens=2,
+        eos_ids=eos,
+        pad_id=PAD,
     )
     for b in range(len(PROMPTS)):
         assert list(np.asarray(ours.tokens[b, : int(ours.lengths[b])])) == _strip(hf[b])
@@ -102,7 +108,11 @@ BEAM_CASES = [
 
 
 def _beam_rows(ours, r):
-    return [list(np.asarray(ours.tokens[b, i, : int(ours.lengths[b, i])])) for b in range(len(PROMPTS)) for i in range(r)]
+    return [
+        list(np.asarray(ours.tokens[b, i, : int(ours.lengths[b, i])]))
+        for b in range(len(PROMPTS))
+        for i in range(r)
+    ]
 
 
 def _assert_same_hypotheses(ours, hf, hf_scores, r):
@@ -114,7 +124,9 @@ def _assert_same_hypotheses(ours, hf, hf_scores, r):
     np.testing.assert_allclose(ours_scores, hf_scores, rtol=1e-5, atol=1e-5)
     for b in range(len(PROMPTS)):
         sl = slice(b * r, (b + 1) * r)
-        mine = sorted((round(float(s), 4), tuple(int(t) for t in row)) for s, row in zip(ours_scores[sl], rows[sl]))
+        mine = sorted(
+            (round(float(s), 4), tuple(int(t) for t in row)) for s, row in zip(ours_scores[sl], rows[sl])
+        )
         theirs = sorted(
             (round(float(s), 4), tuple(int(t) for t in _strip(row))) for s, row in zip(hf_scores[sl], hf[sl])
         )
@@ -126,12 +138,26 @@ def test_beam_search_matches_hf(case):
     seed, k, lp, early, r, n = case
     table = _table(seed, scale=1.0)
     hf, out = _hf(
-        table, PROMPTS, num_beams=k, length_penalty=lp, early_stopping=early, num_return_sequences=r,
-        max_new_tokens=n, eos_token_id=EOS,
+        table,
+        PROMPTS,
+        num_beams=k,
+        length_penalty=lp,
+        early_stopping=early,
+        num_return_sequences=r,
+        max_new_tokens=n,
+        eos_token_id=EOS,
     )
     ours = beam_search(
-        BIGRAM, {"logits": jnp.asarray(table)}, PROMPTS, num_beams=k, length_penalty=lp, early_stopping=early,
-        num_return_sequences=r, max_new_tokens=n, eos_ids=EOS, pad_id=PAD,
+        BIGRAM,
+        {"logits": jnp.asarray(table)},
+        PROMPTS,
+        num_beams=k,
+        length_penalty=lp,
+        early_stopping=early,
+        num_return_sequences=r,
+        max_new_tokens=n,
+        eos_ids=EOS,
+        pad_id=PAD,
     )
     _assert_same_hypotheses(ours, hf, out.sequences_scores.numpy(), r)
 
@@ -154,11 +180,29 @@ def test_group_beam_search_matches_hf(case):
     seed, k, g, div, lp, early, r, n = case
     table = _table(seed, scale=1.0)
     hf, out = _hf(
-        table, PROMPTS, num_beams=k, num_beam_groups=g, diversity_penalty=div, length_penalty=lp,
-        early_stopping=early, num_return_sequences=r, max_new_tokens=n, eos_token_id=EOS,
+        table,
+        PROMPTS,
+        num_beams=k,
+        num_beam_groups=g,
+        diversity_penalty=div,
+        length_penalty=lp,
+        early_stopping=early,
+        num_return_sequences=r,
+        max_new_tokens=n,
+        eos_token_id=EOS,
     )
     ours = group_beam_search(
-        BIGRAM, {"logits": jnp.asarray(table)}, PROMPTS, num_beams=k, num_beam_groups=g, diversity_penalty=div,
-        length_penalty=lp, early_stopping=early, num_return_sequences=r, max_new_tokens=n, eos_ids=EOS, pad_id=PAD,
+        BIGRAM,
+        {"logits": jnp.asarray(table)},
+        PROMPTS,
+        num_beams=k,
+        num_beam_groups=g,
+        diversity_penalty=div,
+        length_penalty=lp,
+        early_stopping=early,
+        num_return_sequences=r,
+        max_new_tokens=n,
+        eos_ids=EOS,
+        pad_id=PAD,
     )
     _assert_same_hypotheses(ours, hf, out.sequences_scores.numpy(), r)

@@ -23,10 +23,13 @@ SAMPLER = js.chain(stages.temperature(1.0), select=stages.categorical())
 
 def test_greedy_speculative_equals_greedy_target_on_transformers():
     prompts = jnp.array([[1, 2, 3, 4], [5, -1, -1, -1], [7, 7, 0, -1]])
-    kw = dict(max_new_tokens=jnp.array([8, 5, 8]), max_tokens=8, eos_ids=3, min_new_tokens=jnp.array([0, 2, 0]))
+    kw = dict(
+        max_new_tokens=jnp.array([8, 5, 8]), max_tokens=8, eos_ids=3, min_new_tokens=jnp.array([0, 2, 0])
+    )
     ref = generate(TARGET_NET.model, TARGET_PARAMS, prompts, **kw)
-    out = speculative_generate(TARGET_NET.model, TARGET_PARAMS, DRAFT_NET.model, DRAFT_PARAMS, prompts,
-                               num_draft_tokens=3, **kw)
+    out = speculative_generate(
+        TARGET_NET.model, TARGET_PARAMS, DRAFT_NET.model, DRAFT_PARAMS, prompts, num_draft_tokens=3, **kw
+    )
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     np.testing.assert_array_equal(out.finish_reason, ref.finish_reason)
@@ -43,8 +46,17 @@ def test_greedy_bigram_with_eos_inside_an_accepted_run_stops_there():
     # the draft equals the target, so every draft is accepted and EOS arrives mid-run
     prompts = jnp.array([[0], [1], [2], [3]])
     ref = generate(BIGRAM, TARGET, prompts, max_new_tokens=7, eos_ids=2, stop_sequences=[[3, 1]])
-    out = speculative_generate(BIGRAM, TARGET, BIGRAM, TARGET, prompts, num_draft_tokens=4, max_new_tokens=7,
-                               eos_ids=2, stop_sequences=[[3, 1]])
+    out = speculative_generate(
+        BIGRAM,
+        TARGET,
+        BIGRAM,
+        TARGET,
+        prompts,
+        num_draft_tokens=4,
+        max_new_tokens=7,
+        eos_ids=2,
+        stop_sequences=[[3, 1]],
+    )
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_array_equal(out.finish_reason, ref.finish_reason)
     np.testing.assert_array_equal(out.num_accepted, out.num_drafted)
@@ -68,8 +80,16 @@ def test_sampled_output_is_distributed_as_the_target(draft_sampler, k):
     n_rows, n_new = 4000, 3
     dsampler = SAMPLER if draft_sampler == "sampled" else js.chain(select=stages.greedy())
     out = speculative_generate(
-        BIGRAM, TARGET, BIGRAM, DRAFT, jnp.full((n_rows, 1), 1), num_draft_tokens=k, max_new_tokens=n_new,
-        sampler=SAMPLER, sampler_params={"seed": jnp.arange(n_rows)}, draft_sampler=dsampler,
+        BIGRAM,
+        TARGET,
+        BIGRAM,
+        DRAFT,
+        jnp.full((n_rows, 1), 1),
+        num_draft_tokens=k,
+        max_new_tokens=n_new,
+        sampler=SAMPLER,
+        sampler_params={"seed": jnp.arange(n_rows)},
+        draft_sampler=dsampler,
         draft_sampler_params={"seed": jnp.arange(n_rows)},
     )
     expected = _sequence_probs(np.asarray(TARGET["logits"]), 1, n_new)
@@ -89,11 +109,29 @@ def test_sampled_output_is_distributed_as_the_target(draft_sampler, k):
 
 def test_identical_draft_accepts_everything_and_temperature_zero_is_greedy():
     prompts = jnp.array([[0], [3]])
-    same = speculative_generate(BIGRAM, TARGET, BIGRAM, TARGET, prompts, num_draft_tokens=3, max_new_tokens=6,
-                                sampler=SAMPLER, sampler_params={"seed": jnp.array([4, 5])})
+    same = speculative_generate(
+        BIGRAM,
+        TARGET,
+        BIGRAM,
+        TARGET,
+        prompts,
+        num_draft_tokens=3,
+        max_new_tokens=6,
+        sampler=SAMPLER,
+        sampler_params={"seed": jnp.array([4, 5])},
+    )
     np.testing.assert_array_equal(same.num_accepted, same.num_drafted)
-    cold = speculative_generate(BIGRAM, TARGET, BIGRAM, DRAFT, prompts, num_draft_tokens=3, max_new_tokens=6,
-                                sampler=SAMPLER, sampler_params={"seed": jnp.array([4, 5]), "temperature": 0.0})
+    cold = speculative_generate(
+        BIGRAM,
+        TARGET,
+        BIGRAM,
+        DRAFT,
+        prompts,
+        num_draft_tokens=3,
+        max_new_tokens=6,
+        sampler=SAMPLER,
+        sampler_params={"seed": jnp.array([4, 5]), "temperature": 0.0},
+    )
     np.testing.assert_array_equal(cold.tokens, generate(BIGRAM, TARGET, prompts, max_new_tokens=6).tokens)
 
 

@@ -42,7 +42,9 @@ def sampler_inputs(
     """The sampler (greedy by default) and its validated ``[B]`` parameters (defaults filled in)."""
     sampler = GREEDY if sampler is None else sampler
     if not isinstance(sampler, Sampler):
-        raise ValueError(f"sampler must be a jaxsample.Sampler (built with jaxsample.chain), got {type(sampler)}")
+        raise ValueError(
+            f"sampler must be a jaxsample.Sampler (built with jaxsample.chain), got {type(sampler)}"
+        )
     return sampler, sampler.params((batch,), **dict(sampler_params or {}))
 
 

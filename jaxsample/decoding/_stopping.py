@@ -106,7 +106,9 @@ def stops(
             stop_sequences = _pack_sequences(stop_sequences, "stop_sequences")
         seqs = jnp.asarray(stop_sequences)
         if not jnp.issubdtype(seqs.dtype, jnp.integer) or seqs.ndim not in (2, 3):
-            raise ValueError("stop_sequences must be a list of token-id lists or an int array [S, L] / [B, S, L]")
+            raise ValueError(
+                "stop_sequences must be a list of token-id lists or an int array [S, L] / [B, S, L]"
+            )
         seqs = jnp.broadcast_to(seqs.astype(jnp.int32), (batch,) + seqs.shape[-2:])
     return Stops(eos, seqs, min_new, max_new), n
 
@@ -118,7 +120,10 @@ def is_eos(tokens: Array, eos_ids: Array) -> Array:
 
 
 def matches_stop(window: Array, stop_sequences: Array) -> Array:
-    """``bool[...]``: whether the last tokens ``window [..., L]`` end with one of ``stop_sequences [..., S, L]``."""
+    """``bool[...]``: whether ``window [..., L]`` (the last tokens) ends with one of ``stop_sequences [..., S, L]``.
+
+    Stop sequences are right-aligned; ``-1`` entries are padding and match anything.
+    """
     if stop_sequences.shape[-2] == 0:
         return jnp.zeros(window.shape[:-1], bool)
     seq = stop_sequences
@@ -175,7 +180,10 @@ def tracker(stops: Stops, width: int, pad_id: int, top_logprobs: int | None) -> 
     if top_logprobs is not None:
         n = top_logprobs
         lp = Logprobs(
-            jnp.zeros((b, width)), jnp.zeros((b, width)), jnp.zeros((b, width, n), jnp.int32), jnp.zeros((b, width, n))
+            jnp.zeros((b, width)),
+            jnp.zeros((b, width)),
+            jnp.zeros((b, width, n), jnp.int32),
+            jnp.zeros((b, width, n)),
         )
     empty = stops.max_new_tokens <= 0
     return Tracker(
@@ -234,6 +242,8 @@ def push(state: Tracker, stops: Stops, token: Array, active: Array, logprobs: tu
     reason = jnp.where(
         eos,
         int(FinishReason.EOS),
-        jnp.where(stop, int(FinishReason.STOP_SEQUENCE), jnp.where(full, int(FinishReason.LENGTH), state.reason)),
+        jnp.where(
+            stop, int(FinishReason.STOP_SEQUENCE), jnp.where(full, int(FinishReason.LENGTH), state.reason)
+        ),
     ).astype(jnp.int32)
     return Tracker(tokens, length, state.done | eos | stop | full, reason, lp)

@@ -124,11 +124,13 @@ class _GroupStep(NamedTuple):
     done: Array  # bool[B]
 
 
-def _group_step(cfg: BeamConfig, legacy: bool, t, logp, run_scores, run_tokens, fin, stops: Stops, alpha, key):
+def _group_step(
+    cfg: BeamConfig, legacy: bool, t, logp, run_scores, run_tokens, fin, stops: Stops, alpha, key
+):
     """One beam step of one group: ``logp [B, S, V]`` processed log-probs of its running beams."""
     b, s, v = logp.shape
     n = run_tokens.shape[-1]
-    c = max(2, 1 + cfg.num_eos) * s
+    c = min(max(2, 1 + cfg.num_eos) * s, s * v)  # HF: (1 + n_eos) * S candidates, at least 2 * S
     acc = (logp + run_scores[..., None]).reshape(b, s * v)
     if key is None:
         cand, idx = lax.top_k(acc, c)
@@ -144,11 +146,15 @@ def _group_step(cfg: BeamConfig, legacy: bool, t, logp, run_scores, run_tokens, 
     may_stop = (gen >= stops.min_new_tokens)[:, None]
     eos = may_stop & _stopping.is_eos(token, stops.eos_ids[:, None, :])
     width = stops.stop_sequences.shape[-1]
-    window = _stopping.last_tokens(seqs.reshape(b * c, n), jnp.full((b * c,), gen), width).reshape(b, c, width)
+    window = _stopping.last_tokens(seqs.reshape(b * c, n), jnp.full((b * c,), gen), width).reshape(
+        b, c, width
+    )
     stop = may_stop & ~eos & _stopping.matches_stop(window, stops.stop_sequences[:, None])
     terminal = eos | stop
     at_last = (gen >= stops.max_new_tokens)[:, None]
-    reason = jnp.where(eos, int(FinishReason.EOS), jnp.where(stop, int(FinishReason.STOP_SEQUENCE), int(FinishReason.LENGTH)))
+    reason = jnp.where(
+        eos, int(FinishReason.EOS), jnp.where(stop, int(FinishReason.STOP_SEQUENCE), int(FinishReason.LENGTH))
+    )
     first = jnp.arange(c) < s  # only the first S candidates may finish
     pen_now = _penalty(gen, alpha, cfg.normalization)[:, None]
     gen_c = jnp.full((b, c), gen, jnp.int32)
@@ -164,7 +170,9 @@ def _group_step(cfg: BeamConfig, legacy: bool, t, logp, run_scores, run_tokens, 
         masked = cand + hits.astype(jnp.float32) * _BIG
         new_scores, j = lax.top_k(masked, s)
         just = hits & first
-        fin = _merge(fin, Finished(cand / pen_now + (~just).astype(jnp.float32) * _BIG, seqs, gen_c, reason, just))
+        fin = _merge(
+            fin, Finished(cand / pen_now + (~just).astype(jnp.float32) * _BIG, seqs, gen_c, reason, just)
+        )
         best = new_scores[:, 0]
 
     hyp_len = gen
@@ -187,8 +195,11 @@ def _group_step(cfg: BeamConfig, legacy: bool, t, logp, run_scores, run_tokens, 
         fin = _merge(
             fin,
             Finished(
-                jnp.where(ended, new_scores / pen_now, -jnp.inf), new_tokens, gen_c[:, :s],
-                jnp.full((b, s), int(FinishReason.LENGTH)), ended,
+                jnp.where(ended, new_scores / pen_now, -jnp.inf),
+                new_tokens,
+                gen_c[:, :s],
+                jnp.full((b, s), int(FinishReason.LENGTH)),
+                ended,
             ),
         )
         done = done | at_last[:, 0]
@@ -217,7 +228,9 @@ def _join(trees: list, b: int):
     return jax.tree.map(one, *trees)
 
 
-def _step(model: Model, sampler: Sampler, cfg: BeamConfig, params, sparams, stops: Stops, alpha, diversity, state):
+def _step(
+    model: Model, sampler: Sampler, cfg: BeamConfig, params, sparams, stops: Stops, alpha, diversity, state
+):
     b, k = state.run_scores.shape
     g_count = cfg.num_groups
     s = k // g_count
@@ -230,7 +243,9 @@ def _step(model: Model, sampler: Sampler, cfg: BeamConfig, params, sparams, stop
     key = None
     if cfg.do_sample:
         seeds = sparams["seed"].reshape(b, k)[:, 0]
-        key = jax.vmap(lambda sd: jax.random.fold_in(jax.random.fold_in(jax.random.key(sd), t), _SAMPLE_SALT))(seeds)
+        key = jax.vmap(
+            lambda sd: jax.random.fold_in(jax.random.fold_in(jax.random.key(sd), t), _SAMPLE_SALT)
+        )(seeds)
 
     chosen = jnp.zeros((b, 0), jnp.int32)  # tokens picked at this step by earlier groups (Hamming)
     outs, states, flat_parent = [], [], []
@@ -245,8 +260,16 @@ def _step(model: Model, sampler: Sampler, cfg: BeamConfig, params, sparams, stop
         x, new_sst = sampler.process(lp_g.reshape(b * s, v), sst, sp)
         fin_g = Finished(*(f[:, lo : lo + s] for f in state.finished))
         out = _group_step(
-            cfg, legacy, t, x.reshape(b, s, v), state.run_scores[:, lo : lo + s], state.run_tokens[:, lo : lo + s],
-            fin_g, stops, alpha, key,
+            cfg,
+            legacy,
+            t,
+            x.reshape(b, s, v),
+            state.run_scores[:, lo : lo + s],
+            state.run_tokens[:, lo : lo + s],
+            fin_g,
+            stops,
+            alpha,
+            key,
         )
         was_done = state.done[:, g]
         keep = lambda new, old: jnp.where(was_done.reshape((b,) + (1,) * (new.ndim - 1)), old, new)  # noqa: E731
@@ -281,12 +304,21 @@ def _step(model: Model, sampler: Sampler, cfg: BeamConfig, params, sparams, stop
 
     logits, cache = lax.cond(jnp.any(running), call, lambda: (state.logits, cache))
     return BeamState(
-        t + 1, logits, cache, _join(states, b), cat([o.run_scores for o in outs]), run_tokens, finished, done,
+        t + 1,
+        logits,
+        cache,
+        _join(states, b),
+        cat([o.run_scores for o in outs]),
+        run_tokens,
+        finished,
+        done,
         state.prompt_lengths,
     )
 
 
-def _search(model, sampler, cfg: BeamConfig, params, prompt, lengths, cache, sparams, stops, alpha, diversity):
+def _search(
+    model, sampler, cfg: BeamConfig, params, prompt, lengths, cache, sparams, stops, alpha, diversity
+):
     dc = cfg.decode
     k, s = cfg.num_beams, cfg.num_beams // cfg.num_groups
     b = prompt.shape[0]
@@ -299,12 +331,23 @@ def _search(model, sampler, cfg: BeamConfig, params, prompt, lengths, cache, spa
     # only the first beam of each group starts alive, so the group's beams do not all pick the same tokens
     run_scores = jnp.where(jnp.arange(k) % s == 0, 0.0, _BIG) * jnp.ones((b, 1))
     finished = Finished(
-        jnp.full((b, k), _BIG), jnp.full((b, k, n), dc.pad_id, jnp.int32), jnp.zeros((b, k), jnp.int32),
-        jnp.zeros((b, k), jnp.int32), jnp.zeros((b, k), bool),
+        jnp.full((b, k), _BIG),
+        jnp.full((b, k, n), dc.pad_id, jnp.int32),
+        jnp.zeros((b, k), jnp.int32),
+        jnp.zeros((b, k), jnp.int32),
+        jnp.zeros((b, k), bool),
     )
     empty = jnp.broadcast_to((stops.max_new_tokens <= 0)[:, None], (b, cfg.num_groups))
     state = BeamState(
-        jnp.int32(0), logits, cache, sst, run_scores, jnp.full((b, k, n), dc.pad_id, jnp.int32), finished, empty, lengths
+        jnp.int32(0),
+        logits,
+        cache,
+        sst,
+        run_scores,
+        jnp.full((b, k, n), dc.pad_id, jnp.int32),
+        finished,
+        empty,
+        lengths,
     )
     body = functools.partial(_step, model, sampler, cfg, params, rows_params, stops, alpha, diversity)
     state = lax.while_loop(lambda st: ~jnp.all(st.done), body, state)
@@ -368,7 +411,9 @@ def beam_search(
     if k % g:
         raise ValueError(f"num_beams ({k}) must be divisible by num_beam_groups ({g})")
     if do_sample and g > 1:
-        raise ValueError("beam sampling (do_sample=True) does not combine with num_beam_groups > 1 (as in HF)")
+        raise ValueError(
+            "beam sampling (do_sample=True) does not combine with num_beam_groups > 1 (as in HF)"
+        )
     r = _validate.static_int(num_return_sequences, "num_return_sequences", lo=1)
     if r > k:
         raise ValueError(f"num_return_sequences ({r}) must be <= num_beams ({k})")
@@ -377,24 +422,53 @@ def beam_search(
     if length_normalization not in ("hf", "gnmt"):
         raise ValueError(f"length_normalization must be 'hf' or 'gnmt', got {length_normalization!r}")
     req = prepare(
-        model, prompt, prompt_lengths, max_new_tokens=max_new_tokens, max_tokens=max_tokens, sampler=sampler,
-        sampler_params=sampler_params, eos_ids=eos_ids, stop_sequences=stop_sequences,
-        min_new_tokens=min_new_tokens, pad_id=pad_id, cache=cache, logprobs=False, top_logprobs=0,
+        model,
+        prompt,
+        prompt_lengths,
+        max_new_tokens=max_new_tokens,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        sampler_params=sampler_params,
+        eos_ids=eos_ids,
+        stop_sequences=stop_sequences,
+        min_new_tokens=min_new_tokens,
+        pad_id=pad_id,
+        cache=cache,
+        logprobs=False,
+        top_logprobs=0,
         history_size=history_size,
     )
     b = req.prompt.shape[0]
     alpha = _validate.param(length_penalty, (b,), "length_penalty")
     diversity = _validate.param(diversity_penalty, (b,), "diversity_penalty", lo=0.0)
     cfg = BeamConfig(
-        req.cfg, k, g, r, early_stopping, length_normalization, bool(do_sample), int(req.stops.eos_ids.shape[-1])
+        req.cfg,
+        k,
+        g,
+        r,
+        early_stopping,
+        length_normalization,
+        bool(do_sample),
+        int(req.stops.eos_ids.shape[-1]),
     )
     return _search_jit(
-        model, req.sampler, cfg, params, req.prompt, req.lengths, cache, req.sampler_params, req.stops, alpha,
+        model,
+        req.sampler,
+        cfg,
+        params,
+        req.prompt,
+        req.lengths,
+        cache,
+        req.sampler_params,
+        req.stops,
+        alpha,
         diversity,
     )
 
 
-def beam_sample(model: Model, params: Any, prompt: ArrayLike, prompt_lengths: ArrayLike | None = None, **kwargs) -> BeamOutput:
+def beam_sample(
+    model: Model, params: Any, prompt: ArrayLike, prompt_lengths: ArrayLike | None = None, **kwargs
+) -> BeamOutput:
     """Beam sampling (HF ``num_beams > 1, do_sample=True``): :func:`beam_search` with ``do_sample=True``.
 
     The sampler's stages (warpers such as temperature or top-k) process each step's log-probs; the
@@ -420,6 +494,11 @@ def group_beam_search(
     prompt (traced, ``>= 0``). The returned hypotheses are the best ``R`` over all groups.
     """
     return beam_search(
-        model, params, prompt, prompt_lengths, num_beam_groups=num_beam_groups, diversity_penalty=diversity_penalty,
+        model,
+        params,
+        prompt,
+        prompt_lengths,
+        num_beam_groups=num_beam_groups,
+        diversity_penalty=diversity_penalty,
         **kwargs,
     )

@@ -12,7 +12,8 @@ cache row and its logits for the next step. Stopping rules, log-probs and output
 >>> from jaxsample.decoding import BIGRAM
 >>> params = {"logits": jnp.log(jnp.array([[0.1, 0.5, 0.4], [0.3, 0.3, 0.4], [0.2, 0.5, 0.3]])),
 ...           "hidden": jnp.array([[1.0, 0.0], [1.0, 0.1], [0.0, 1.0]])}
->>> contrastive_search(BIGRAM, params, jnp.array([[0]]), top_k=2, penalty_alpha=0.6, max_new_tokens=3).tokens.tolist()
+>>> out = contrastive_search(BIGRAM, params, jnp.array([[0]]), top_k=2, penalty_alpha=0.6, max_new_tokens=3)
+>>> out.tokens.tolist()
 [[2, 1, 2]]
 """
 
@@ -71,12 +72,16 @@ def _step(model, sampler, cfg, k, params, sparams, stops: Stops, alpha, state: C
     sst = sampler.accept(token, sst, sparams, active)
     cache = take_rows(o.cache, jnp.repeat(jnp.arange(b) * k + sel, k))
     chosen = jnp.take_along_axis(hidden, sel[:, None, None], axis=1)[:, 0]
-    slot = jnp.where(active, state.context.shape[1] - cfg.max_tokens + out.length, -1)  # after the P prompt slots
+    slot = jnp.where(
+        active, state.context.shape[1] - cfg.max_tokens + out.length, -1
+    )  # after the P prompt slots
     rows = jnp.arange(b)
     context = state.context.at[rows, slot].set(chosen, mode="drop")
     context_valid = state.context_valid.at[rows, slot].set(True, mode="drop")
     logits = jnp.where(
-        active[:, None], jnp.take_along_axis(o.logits[:, 0].reshape(b, k, v), sel[:, None, None], axis=1)[:, 0], state.logits
+        active[:, None],
+        jnp.take_along_axis(o.logits[:, 0].reshape(b, k, v), sel[:, None, None], axis=1)[:, 0],
+        state.logits,
     ).astype(jnp.float32)
     return ContrastiveState(logits, cache, sst, state.prompt_lengths, new_out, context, context_valid)
 
@@ -132,12 +137,35 @@ def contrastive_search(
     """
     k = _validate.static_int(top_k, "top_k", lo=1)
     req = prepare(
-        model, prompt, prompt_lengths, max_new_tokens=max_new_tokens, max_tokens=max_tokens, sampler=sampler,
-        sampler_params=sampler_params, eos_ids=eos_ids, stop_sequences=stop_sequences,
-        min_new_tokens=min_new_tokens, pad_id=pad_id, cache=cache, logprobs=logprobs, top_logprobs=top_logprobs,
+        model,
+        prompt,
+        prompt_lengths,
+        max_new_tokens=max_new_tokens,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        sampler_params=sampler_params,
+        eos_ids=eos_ids,
+        stop_sequences=stop_sequences,
+        min_new_tokens=min_new_tokens,
+        pad_id=pad_id,
+        cache=cache,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
         history_size=history_size,
     )
-    alpha = jnp.clip(_validate.param(penalty_alpha, (req.prompt.shape[0],), "penalty_alpha", lo=0.0, hi=1.0), 0.0, 1.0)
+    alpha = jnp.clip(
+        _validate.param(penalty_alpha, (req.prompt.shape[0],), "penalty_alpha", lo=0.0, hi=1.0), 0.0, 1.0
+    )
     return _search_jit(
-        model, req.sampler, req.cfg, k, params, req.prompt, req.lengths, cache, req.sampler_params, req.stops, alpha
+        model,
+        req.sampler,
+        req.cfg,
+        k,
+        params,
+        req.prompt,
+        req.lengths,
+        cache,
+        req.sampler_params,
+        req.stops,
+        alpha,
     )

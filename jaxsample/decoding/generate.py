@@ -79,7 +79,9 @@ def prefill(model: Model, params: Any, prompt: Array, lengths: Array, cache: Any
     return last_valid(out.logits, lengths).astype(jnp.float32), out.cache, out.hidden
 
 
-def begin(sampler: Sampler, cfg: Config, logits, cache, prompt, lengths, sparams, stops: Stops) -> DecodeState:
+def begin(
+    sampler: Sampler, cfg: Config, logits, cache, prompt, lengths, sparams, stops: Stops
+) -> DecodeState:
     """Decode state after prefill: the sampler sees the prompt as its first history."""
     history = jnp.where(jnp.arange(prompt.shape[1]) < lengths[:, None], prompt, -1)
     sst = sampler.init(sparams, vocab_size=logits.shape[-1], prompt=history, history_size=cfg.history_size)
@@ -87,14 +89,18 @@ def begin(sampler: Sampler, cfg: Config, logits, cache, prompt, lengths, sparams
     return DecodeState(logits, cache, sst, lengths, out)
 
 
-def start(model, sampler, cfg, params, prompt, lengths, cache, sparams, stops, expand: int = 1) -> DecodeState:
+def start(
+    model, sampler, cfg, params, prompt, lengths, cache, sparams, stops, expand: int = 1
+) -> DecodeState:
     """Prefill, then (``expand > 1``) repeat every row ``expand`` times for independent samples."""
     logits, cache, _ = prefill(model, params, prompt, lengths, cache, cfg.cache_len)
     logits, cache, prompt, lengths = repeat_rows((logits, cache, prompt, lengths), expand)
     return begin(sampler, cfg, logits, cache, prompt, lengths, sparams, stops)
 
 
-def step(model: Model, sampler: Sampler, cfg: Config, params, sparams, stops: Stops, state: DecodeState) -> DecodeState:
+def step(
+    model: Model, sampler: Sampler, cfg: Config, params, sparams, stops: Stops, state: DecodeState
+) -> DecodeState:
     """Chooses one token per unfinished row and feeds it to the model."""
     out = state.out
     active = ~out.done
@@ -163,7 +169,9 @@ def prepare(
 ) -> Request:
     """Host-side validation shared by the strategies (``ValueError`` names the culprit)."""
     if not isinstance(model, Model):
-        raise ValueError(f"model must be a jaxsample.decoding.Model(apply_step, init_cache), got {type(model)}")
+        raise ValueError(
+            f"model must be a jaxsample.decoding.Model(apply_step, init_cache), got {type(model)}"
+        )
     if cache is None and model.init_cache is None:
         raise ValueError("pass a cache (encoder-decoder models) or a model with init_cache")
     prompt, lengths = _request.prompt_inputs(prompt, prompt_lengths)

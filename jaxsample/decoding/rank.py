@@ -53,9 +53,11 @@ def _rank(model, sampler, cfg, best_of, n, rank_by, params, prompt, lengths, cac
     length = jnp.maximum(out.lengths, 1).astype(jnp.float32).reshape(b, best_of)
     scores = total / jnp.power(length, alpha[:, None])
     scores, j = lax.top_k(scores, n)
-    pick = lambda x: jnp.take_along_axis(  # noqa: E731
-        x.reshape((b, best_of) + x.shape[1:]), j.reshape(j.shape + (1,) * (x.ndim - 1)), axis=1
-    )
+
+    def pick(x):  # [B * best_of, ...] -> the ranked [B, n, ...]
+        x = x.reshape((b, best_of) + x.shape[1:])
+        return jnp.take_along_axis(x, j.reshape(j.shape + (1,) * (x.ndim - 2)), axis=1)
+
     return RankedOutput(
         pick(out.tokens), pick(out.lengths), pick(out.finish_reason), scores, pick(raw_total.reshape(-1)), j
     )
@@ -102,9 +104,20 @@ def sample_and_rank(
     if rank_by not in ("raw", "processed"):
         raise ValueError(f"rank_by must be 'raw' or 'processed', got {rank_by!r}")
     req = prepare(
-        model, prompt, prompt_lengths, max_new_tokens=max_new_tokens, max_tokens=max_tokens, sampler=sampler,
-        sampler_params=sampler_params, eos_ids=eos_ids, stop_sequences=stop_sequences,
-        min_new_tokens=min_new_tokens, pad_id=pad_id, cache=cache, logprobs=True, top_logprobs=0,
+        model,
+        prompt,
+        prompt_lengths,
+        max_new_tokens=max_new_tokens,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        sampler_params=sampler_params,
+        eos_ids=eos_ids,
+        stop_sequences=stop_sequences,
+        min_new_tokens=min_new_tokens,
+        pad_id=pad_id,
+        cache=cache,
+        logprobs=True,
+        top_logprobs=0,
         history_size=history_size,
     )
     b = req.prompt.shape[0]
@@ -113,5 +126,17 @@ def sample_and_rank(
     rows["seed"] = rows["seed"] + jnp.tile(jnp.arange(best_of, dtype=jnp.int32), b)
     stops = repeat_rows(req.stops, best_of)
     return _rank_jit(
-        model, req.sampler, req.cfg, best_of, n, rank_by, params, req.prompt, req.lengths, cache, rows, stops, alpha
+        model,
+        req.sampler,
+        req.cfg,
+        best_of,
+        n,
+        rank_by,
+        params,
+        req.prompt,
+        req.lengths,
+        cache,
+        rows,
+        stops,
+        alpha,
     )

@@ -26,8 +26,9 @@ so that they never share noise with the target. The model caches must be positio
 >>> from jaxsample.decoding import BIGRAM, generate
 >>> target = {"logits": jnp.log(jnp.array([[0.1, 0.6, 0.3], [0.2, 0.1, 0.7], [0.5, 0.4, 0.1]]))}
 >>> draft = {"logits": jnp.log(jnp.array([[0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.1, 0.8, 0.1]]))}
->>> out = speculative_generate(BIGRAM, target, BIGRAM, draft, jnp.array([[0]]), num_draft_tokens=3, max_new_tokens=6)
->>> out.tokens.tolist() == generate(BIGRAM, target, jnp.array([[0]]), max_new_tokens=6).tokens.tolist()
+>>> prompt = jnp.array([[0]])
+>>> out = speculative_generate(BIGRAM, target, BIGRAM, draft, prompt, num_draft_tokens=3, max_new_tokens=6)
+>>> out.tokens.tolist() == generate(BIGRAM, target, prompt, max_new_tokens=6).tokens.tolist()
 True
 """
 
@@ -77,7 +78,9 @@ class SpecState(NamedTuple):
 
 
 def _keys(seeds: Array, position: Array, salt: int) -> Array:
-    return jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(jax.random.key(s), p), salt))(seeds, position)
+    return jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(jax.random.key(s), p), salt))(
+        seeds, position
+    )
 
 
 def _pick(stacked, index: Array):
@@ -89,7 +92,20 @@ def _pick(stacked, index: Array):
     return jax.tree.map(one, stacked)
 
 
-def _step(target, draft, sampler, draft_sampler, cfg: Config, k, tparams, dparams, sparams, dsparams, stops: Stops, state):
+def _step(
+    target,
+    draft,
+    sampler,
+    draft_sampler,
+    cfg: Config,
+    k,
+    tparams,
+    dparams,
+    sparams,
+    dsparams,
+    stops: Stops,
+    state,
+):
     out = state.out
     b = state.last.shape[0]
     active = ~out.done
@@ -146,7 +162,9 @@ def _step(target, draft, sampler, draft_sampler, cfg: Config, k, tparams, dparam
         p = _math.softmax(procs[:k])
         p_d = jnp.sum(jnp.where(d_onehot, p, 0.0), axis=-1)
         q_d = jnp.sum(jnp.where(d_onehot, q, 0.0), axis=-1)
-        u = jax.vmap(lambda i: _noise.uniform(_keys(sparams["seed"], out.length + i, _ACCEPT_SALT)))(jnp.arange(k))
+        u = jax.vmap(lambda i: _noise.uniform(_keys(sparams["seed"], out.length + i, _ACCEPT_SALT)))(
+            jnp.arange(k)
+        )
         ok = (p_d > 0) & (u * q_d <= p_d)
     n_ok = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=0), axis=0)  # [B] in 0..k
 
@@ -159,11 +177,17 @@ def _step(target, draft, sampler, draft_sampler, cfg: Config, k, tparams, dparam
         q_a = _pick(q, jnp.minimum(n_ok, k - 1))
         resid = jnp.maximum(_math.softmax(proc_a) - q_a, 0.0)
         resid_logits = jnp.where(jnp.any(resid > 0, axis=-1, keepdims=True), jnp.log(resid), proc_a)
-        recovered = selection.categorical(_keys(sparams["seed"], out.length + n_ok, _RESIDUAL_SALT), resid_logits)
+        recovered = selection.categorical(
+            _keys(sparams["seed"], out.length + n_ok, _RESIDUAL_SALT), resid_logits
+        )
         final = jnp.where(rejected, recovered, bonus)
         selected = where_rows(rejected, state_a, selected)
-    target_sampler = where_rows(active, sampler.accept(final, selected, sparams, active), state.target_sampler)
-    all_draft_states = jax.tree.map(lambda s0, s: jnp.concatenate([s0[None], s], axis=0), state.draft_sampler, draft_states)
+    target_sampler = where_rows(
+        active, sampler.accept(final, selected, sparams, active), state.target_sampler
+    )
+    all_draft_states = jax.tree.map(
+        lambda s0, s: jnp.concatenate([s0[None], s], axis=0), state.draft_sampler, draft_states
+    )
     draft_a = draft_sampler.accept(final, _pick(all_draft_states, n_ok), dsparams, active)
     draft_sampler_state = where_rows(active, draft_a, state.draft_sampler)
 
@@ -187,7 +211,23 @@ def _step(target, draft, sampler, draft_sampler, cfg: Config, k, tparams, dparam
     )
 
 
-def _decode(target, draft, sampler, draft_sampler, cfg, k, tparams, dparams, prompt, lengths, tcache, dcache, sparams, dsparams, stops):
+def _decode(
+    target,
+    draft,
+    sampler,
+    draft_sampler,
+    cfg,
+    k,
+    tparams,
+    dparams,
+    prompt,
+    lengths,
+    tcache,
+    dcache,
+    sparams,
+    dsparams,
+    stops,
+):
     b, p = prompt.shape
     if tcache is None:
         tcache = target.init_cache(b, cfg.cache_len)
@@ -203,8 +243,12 @@ def _decode(target, draft, sampler, draft_sampler, cfg, k, tparams, dparams, pro
     dsst = draft_sampler.init(dsparams, vocab_size=v, prompt=history, history_size=cfg.history_size)
     out = _stopping.tracker(stops, cfg.max_tokens, cfg.pad_id, None)
     zeros = jnp.zeros((b,), jnp.int32)
-    state = SpecState(last, jnp.full((b,), -1, jnp.int32), tcache, dcache, tsst, dsst, lengths, out, zeros, zeros)
-    body = functools.partial(_step, target, draft, sampler, draft_sampler, cfg, k, tparams, dparams, sparams, dsparams, stops)
+    state = SpecState(
+        last, jnp.full((b,), -1, jnp.int32), tcache, dcache, tsst, dsst, lengths, out, zeros, zeros
+    )
+    body = functools.partial(
+        _step, target, draft, sampler, draft_sampler, cfg, k, tparams, dparams, sparams, dsparams, stops
+    )
     state = lax.while_loop(lambda s: ~jnp.all(s.out.done), body, state)
     o = state.out
     return SpeculativeOutput(o.tokens, o.length, o.reason, state.drafted, state.accepted)
@@ -258,10 +302,22 @@ def speculative_generate(
         if c is None and m.init_cache is None:
             raise ValueError(f"pass {name}_cache or a {name} model with init_cache")
     req = prepare(
-        target, prompt, prompt_lengths, max_new_tokens=max_new_tokens, max_tokens=max_tokens, sampler=sampler,
-        sampler_params=sampler_params, eos_ids=eos_ids, stop_sequences=stop_sequences,
-        min_new_tokens=min_new_tokens, pad_id=pad_id, cache=target_cache, logprobs=False, top_logprobs=0,
-        history_size=history_size, extra_positions=k + 1,
+        target,
+        prompt,
+        prompt_lengths,
+        max_new_tokens=max_new_tokens,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        sampler_params=sampler_params,
+        eos_ids=eos_ids,
+        stop_sequences=stop_sequences,
+        min_new_tokens=min_new_tokens,
+        pad_id=pad_id,
+        cache=target_cache,
+        logprobs=False,
+        top_logprobs=0,
+        history_size=history_size,
+        extra_positions=k + 1,
     )
     b = req.prompt.shape[0]
     if draft_sampler is None:
@@ -273,6 +329,19 @@ def speculative_generate(
     if draft_sampler.history_size() == -1 and cfg.history_size is None:
         cfg = cfg._replace(history_size=cfg.cache_len)
     return _decode_jit(
-        target, draft, req.sampler, draft_sampler, cfg, k, target_params, draft_params, req.prompt, req.lengths,
-        target_cache, draft_cache, req.sampler_params, dsparams, req.stops,
+        target,
+        draft,
+        req.sampler,
+        draft_sampler,
+        cfg,
+        k,
+        target_params,
+        draft_params,
+        req.prompt,
+        req.lengths,
+        target_cache,
+        draft_cache,
+        req.sampler_params,
+        dsparams,
+        req.stops,
     )
