@@ -162,6 +162,18 @@ def test_beam_search_matches_hf(case):
     _assert_same_hypotheses(ours, hf, out.sequences_scores.numpy(), r)
 
 
+@pytest.mark.parametrize("seed", [7, 8])
+def test_beam_search_with_two_eos_ids_and_min_new_tokens_matches_hf(seed):
+    # two EOS ids: (1 + 2) * K candidates per step; min_new_tokens masks both on the log-probs
+    table = _table(seed, scale=1.0)
+    kw = dict(num_beams=3, num_return_sequences=3, max_new_tokens=6, length_penalty=1.0)
+    hf, out = _hf(table, PROMPTS, eos_token_id=[EOS, 6], min_new_tokens=2, **kw)
+    ours = beam_search(
+        BIGRAM, {"logits": jnp.asarray(table)}, PROMPTS, eos_ids=[EOS, 6], min_new_tokens=2, pad_id=PAD, **kw
+    )
+    _assert_same_hypotheses(ours, hf, out.sequences_scores.numpy(), 3)
+
+
 @pytest.mark.skipif(
     tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (4, 56),
     reason="group beam search left transformers' tree in 4.56 (Hub custom_generate)",

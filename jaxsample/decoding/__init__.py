@@ -1,7 +1,18 @@
 """Decoding strategies over any model with a KV cache, each one ``jax.jit``-compiled loop.
 
 The model protocol is :class:`Model` (``apply_step(params, tokens, positions, cache) -> StepOutput``
-and ``init_cache(batch_size, max_len)``); see :mod:`jaxsample.decoding.model`.
+and ``init_cache(batch_size, max_len)``); see :mod:`jaxsample.decoding.model`. Strategies:
+
+* :func:`generate` (greedy or any :class:`jaxsample.Sampler` chain) and :func:`stream` (the same
+  step, jitted with a donated state and driven from Python);
+* :func:`beam_search`, :func:`beam_sample`, :func:`group_beam_search` (HuggingFace semantics);
+* :func:`sample_and_rank` (``n`` / ``best_of``);
+* :func:`contrastive_search`;
+* :func:`speculative_generate` (draft model + vLLM's rejection sampler).
+
+Every per-row value (sampling parameters, seeds, lengths, EOS ids, stop sequences, penalties) is a
+traced array: new values never recompile. :data:`BIGRAM` and :class:`TinyDecoder` are toy models
+for tests and benchmarks.
 """
 
 from jaxsample.decoding._stopping import FinishReason, Logprobs
