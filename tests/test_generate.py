@@ -303,3 +303,11 @@ def test_invalid_arguments_name_the_culprit():
         generate(BIGRAM, PARAMS, [[1]], max_new_tokens=2, stop_sequences=[[]])
     with pytest.raises(ValueError, match="best_of"):
         sample_and_rank(BIGRAM, PARAMS, [[1]], n=3, best_of=2, max_new_tokens=2)
+
+
+def test_zero_new_tokens_returns_empty_rows_and_an_empty_stream():
+    out = generate(BIGRAM, PARAMS, [[1], [2]], max_new_tokens=0)
+    assert out.tokens.shape == (2, 0)
+    np.testing.assert_array_equal(out.lengths, [0, 0])
+    np.testing.assert_array_equal(out.finish_reason, [FinishReason.LENGTH] * 2)
+    assert list(stream(BIGRAM, PARAMS, [[1], [2]], max_new_tokens=0)) == []

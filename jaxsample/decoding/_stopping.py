@@ -82,7 +82,7 @@ def stops(
         if not _validate.is_concrete(max_new_tokens):
             raise ValueError("max_tokens (the static output width) is required when max_new_tokens is traced")
         max_tokens = int(np.max(np.asarray(max_new_tokens)))
-    n = _validate.static_int(max_tokens, "max_tokens", lo=1)
+    n = _validate.static_int(max_tokens, "max_tokens", lo=0)
     max_new = jnp.clip(_int_rows(max_new_tokens, batch, "max_new_tokens", 0, n), 0, n)
     min_new = jnp.maximum(_int_rows(min_new_tokens, batch, "min_new_tokens", 0, None), 0)
 
