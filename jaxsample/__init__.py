@@ -6,7 +6,7 @@ the vocabulary on default paths. Chains of stages with explicit state live in :m
 (factories in :mod:`jaxsample.stages`, ecosystem builders in :mod:`jaxsample.presets`).
 """
 
-from jaxsample import stages, structured
+from jaxsample import decoding, stages, structured
 from jaxsample.bias import allowed_tokens, ignore_eos, logit_bias, suppress_tokens, suppress_tokens_at_begin
 from jaxsample.chain import Param, Sampler, SamplerState, Selector, Stage, StepInfo, chain
 from jaxsample.cutoffs import epsilon_cutoff, eta_cutoff, p_less, xtc
@@ -22,6 +22,7 @@ from jaxsample.processors import log_softmax, remove_inf_nan, token_mask
 from jaxsample.selection import categorical, greedy
 from jaxsample.temperature import dynamic_temperature, temperature
 from jaxsample.truncation import min_p, top_h, top_k, top_n_sigma, top_p, typical
+
 
 __version__ = "0.1.0"
 
@@ -44,6 +45,7 @@ __all__ = [
     "classifier_free_guidance",
     "classifier_free_guidance_logits",
     "compute_logprobs",
+    "decoding",
     "dry",
     "dry_sequence_breakers",
     "dynamic_temperature",

@@ -1,0 +1,171 @@
+"""Contrastive search (Su et al. 2022) with HuggingFace's in-tree semantics.
+
+Each step: the sampler's stages process the logits; the ``k`` most probable tokens ``c`` (with
+probabilities ``p_c``) are run through the model in one call (``B * k`` rows, the cache holding
+``k`` copies of every row); each candidate's last-layer hidden state ``h_c`` is compared with the
+hidden states of every previous token of its row (prompt included, padding excluded), and the
+token maximising ``(1 - alpha) * p_c - alpha * max_j cos(h_c, h_j)`` is kept, together with its
+cache row and its logits for the next step. Stopping rules, log-probs and outputs are those of
+:func:`jaxsample.decoding.generate`. The model must return ``StepOutput.hidden``.
+
+>>> import jax.numpy as jnp
+>>> from jaxsample.decoding import BIGRAM
+>>> params = {"logits": jnp.log(jnp.array([[0.1, 0.5, 0.4], [0.3, 0.3, 0.4], [0.2, 0.5, 0.3]])),
+...           "hidden": jnp.array([[1.0, 0.0], [1.0, 0.1], [0.0, 1.0]])}
+>>> out = contrastive_search(BIGRAM, params, jnp.array([[0]]), top_k=2, penalty_alpha=0.6, max_new_tokens=3)
+>>> out.tokens.tolist()
+[[2, 1, 2]]
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxsample import _math, _validate
+from jaxsample._types import Array, ArrayLike
+from jaxsample.chain import Sampler, SamplerState
+from jaxsample.decoding import _stopping
+from jaxsample.decoding._stopping import Stops, Tracker
+from jaxsample.decoding.generate import GenerateOutput, begin, prefill, prepare
+from jaxsample.decoding.model import Model, repeat_rows, take_rows
+
+
+class ContrastiveState(NamedTuple):
+    logits: Array  # float32[B, V]
+    cache: Any  # rows B * k (k copies of each row)
+    sampler: SamplerState
+    prompt_lengths: Array  # int32[B]
+    out: Tracker
+    context: Array  # float32[B, P + N, D]: hidden states of prompt and generated tokens
+    context_valid: Array  # bool[B, P + N]
+
+
+def _unit(x: Array) -> Array:
+    norm = jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True))
+    return x / jnp.where(norm > 0, norm, 1.0)
+
+
+def _step(model, sampler, cfg, k, params, sparams, stops: Stops, alpha, state: ContrastiveState):
+    out = state.out
+    b, v = state.logits.shape
+    active = ~out.done
+    x = _stopping.mask_eos(state.logits, stops, out.length)
+    processed, sst = sampler.process(x, state.sampler, sparams)
+    top_p, top_ids = lax.top_k(_math.softmax(processed), k)  # [B, k]
+    position = jnp.repeat(jnp.where(active, state.prompt_lengths + out.length, -1), k)
+    o = model.apply_step(params, top_ids.reshape(b * k, 1), position[:, None], state.cache)
+    hidden = o.hidden[:, 0].reshape(b, k, -1).astype(jnp.float32)
+    cos = jnp.einsum("btd,bkd->bkt", _unit(state.context), _unit(hidden))
+    cos = jnp.where(state.context_valid[:, None, :], cos, jnp.finfo(jnp.float32).min)
+    score = (1.0 - alpha[:, None]) * top_p - alpha[:, None] * jnp.max(cos, axis=-1)
+    sel = jnp.argmax(score, axis=-1)
+    token = jnp.where(active, jnp.take_along_axis(top_ids, sel[:, None], axis=1)[:, 0], cfg.pad_id)
+    lp = None
+    if cfg.top_logprobs is not None:
+        lp = _stopping.step_logprobs(state.logits, processed, token, cfg.top_logprobs)
+    new_out = _stopping.push(out, stops, token, active, lp)
+    sst = sampler.accept(token, sst, sparams, active)
+    cache = take_rows(o.cache, jnp.repeat(jnp.arange(b) * k + sel, k))
+    chosen = jnp.take_along_axis(hidden, sel[:, None, None], axis=1)[:, 0]
+    slot = jnp.where(
+        active, state.context.shape[1] - cfg.max_tokens + out.length, -1
+    )  # after the P prompt slots
+    rows = jnp.arange(b)
+    context = state.context.at[rows, slot].set(chosen, mode="drop")
+    context_valid = state.context_valid.at[rows, slot].set(True, mode="drop")
+    logits = jnp.where(
+        active[:, None],
+        jnp.take_along_axis(o.logits[:, 0].reshape(b, k, v), sel[:, None, None], axis=1)[:, 0],
+        state.logits,
+    ).astype(jnp.float32)
+    return ContrastiveState(logits, cache, sst, state.prompt_lengths, new_out, context, context_valid)
+
+
+def _search(model, sampler, cfg, k, params, prompt, lengths, cache, sparams, stops, alpha) -> GenerateOutput:
+    logits, cache, hidden = prefill(model, params, prompt, lengths, cache, cfg.cache_len)
+    if hidden is None:
+        raise ValueError("contrastive search needs a model whose apply_step returns StepOutput.hidden")
+    b, p, d = hidden.shape
+    if k > logits.shape[-1]:
+        raise ValueError(f"top_k ({k}) must be <= the vocabulary size ({logits.shape[-1]})")
+    base = begin(sampler, cfg, logits, repeat_rows(cache, k), prompt, lengths, sparams, stops)
+    context = jnp.zeros((b, p + cfg.max_tokens, d), jnp.float32).at[:, :p].set(hidden.astype(jnp.float32))
+    valid = jnp.arange(p + cfg.max_tokens) < lengths[:, None]
+    state = ContrastiveState(*base, context, valid)
+    body = functools.partial(_step, model, sampler, cfg, k, params, sparams, stops, alpha)
+    state = lax.while_loop(lambda s: ~jnp.all(s.out.done), body, state)
+    o = state.out
+    return GenerateOutput(o.tokens, o.length, o.reason, o.logprobs)
+
+
+_search_jit = jax.jit(_search, static_argnums=(0, 1, 2, 3))
+
+
+def contrastive_search(
+    model: Model,
+    params: Any,
+    prompt: ArrayLike,
+    prompt_lengths: ArrayLike | None = None,
+    *,
+    top_k: int,
+    penalty_alpha: ArrayLike,
+    max_new_tokens: ArrayLike,
+    max_tokens: int | None = None,
+    sampler: Sampler | None = None,
+    sampler_params: Mapping[str, ArrayLike] | None = None,
+    eos_ids: ArrayLike | None = None,
+    stop_sequences=None,
+    min_new_tokens: ArrayLike = 0,
+    pad_id: int = 0,
+    cache: Any = None,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    history_size: int | None = None,
+) -> GenerateOutput:
+    """Contrastive search (HF ``penalty_alpha > 0, top_k > 1``).
+
+    Args:
+      top_k: static number of candidates ``k``.
+      penalty_alpha: degeneration penalty weight ``alpha`` in ``[0, 1]`` per row (traced).
+      sampler: its stages process the logits before the top-k (its selector is unused).
+      Other arguments: as :func:`jaxsample.decoding.generate`.
+    """
+    k = _validate.static_int(top_k, "top_k", lo=1)
+    req = prepare(
+        model,
+        prompt,
+        prompt_lengths,
+        max_new_tokens=max_new_tokens,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        sampler_params=sampler_params,
+        eos_ids=eos_ids,
+        stop_sequences=stop_sequences,
+        min_new_tokens=min_new_tokens,
+        pad_id=pad_id,
+        cache=cache,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        history_size=history_size,
+    )
+    alpha = jnp.clip(
+        _validate.param(penalty_alpha, (req.prompt.shape[0],), "penalty_alpha", lo=0.0, hi=1.0), 0.0, 1.0
+    )
+    return _search_jit(
+        model,
+        req.sampler,
+        req.cfg,
+        k,
+        params,
+        req.prompt,
+        req.lengths,
+        cache,
+        req.sampler_params,
+        req.stops,
+        alpha,
+    )

@@ -1,0 +1,142 @@
+"""Sample-and-rank: ``best_of`` independent samples per prompt, the best ``n`` returned (vLLM ``n`` /
+``best_of``; Meena and LaMDA "sample-and-rank").
+
+The prompt is prefilled once and its cache repeated ``best_of`` times; sample ``i`` of a prompt with
+seed ``s`` uses seed ``s + i`` (vLLM's per-child seeds), so every sample is reproducible on its own.
+Samples are ranked by their sequence log-probability ``sum(log p) / L ** length_penalty`` under the
+raw model (``rank_by="raw"``, Meena) or under the distribution sampled from (``"processed"``).
+Everything, the ranking included, is one ``jax.jit``.
+
+>>> import jax.numpy as jnp
+>>> from jaxsample import chain, stages
+>>> from jaxsample.decoding import BIGRAM
+>>> table = jnp.log(jnp.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.4, 0.4, 0.2]]))
+>>> out = sample_and_rank(BIGRAM, {"logits": table}, jnp.array([[0]]), n=2, best_of=8, max_new_tokens=3,
+...                       sampler=chain(stages.temperature(1.0), select=stages.categorical()))
+>>> out.tokens.shape, bool(out.scores[0, 0] >= out.scores[0, 1])
+((1, 2, 3), True)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxsample import _validate
+from jaxsample._types import Array, ArrayLike
+from jaxsample.chain import Sampler
+from jaxsample.decoding.generate import _decode, prepare
+from jaxsample.decoding.model import Model, repeat_rows
+
+
+class RankedOutput(NamedTuple):
+    """The best ``n`` of ``best_of`` samples per prompt, best first."""
+
+    tokens: Array  # int32[B, n, N]
+    lengths: Array  # int32[B, n]
+    finish_reason: Array  # int32[B, n]
+    scores: Array  # float32[B, n]: the ranking score
+    cumulative_logprob: Array  # float32[B, n]: sum of raw-model log-probs of the sample
+    sample_index: Array  # int32[B, n]: i of the sample (its seed is seed + i)
+
+
+def _rank(model, sampler, cfg, best_of, n, rank_by, params, prompt, lengths, cache, sparams, stops, alpha):
+    out = _decode(model, sampler, cfg, best_of, params, prompt, lengths, cache, sparams, stops)
+    b = prompt.shape[0]
+    valid = jnp.arange(cfg.max_tokens) < out.lengths[:, None]
+    lp = out.logprobs.raw if rank_by == "raw" else out.logprobs.processed
+    total = jnp.sum(jnp.where(valid, lp, 0.0), axis=-1).reshape(b, best_of)
+    raw_total = jnp.sum(jnp.where(valid, out.logprobs.raw, 0.0), axis=-1).reshape(b, best_of)
+    length = jnp.maximum(out.lengths, 1).astype(jnp.float32).reshape(b, best_of)
+    scores = total / jnp.power(length, alpha[:, None])
+    scores, j = lax.top_k(scores, n)
+
+    def pick(x):  # [B * best_of, ...] -> the ranked [B, n, ...]
+        x = x.reshape((b, best_of) + x.shape[1:])
+        return jnp.take_along_axis(x, j.reshape(j.shape + (1,) * (x.ndim - 2)), axis=1)
+
+    return RankedOutput(
+        pick(out.tokens), pick(out.lengths), pick(out.finish_reason), scores, pick(raw_total.reshape(-1)), j
+    )
+
+
+_rank_jit = jax.jit(_rank, static_argnums=(0, 1, 2, 3, 4, 5))
+
+
+def sample_and_rank(
+    model: Model,
+    params: Any,
+    prompt: ArrayLike,
+    prompt_lengths: ArrayLike | None = None,
+    *,
+    n: int = 1,
+    best_of: int | None = None,
+    max_new_tokens: ArrayLike,
+    max_tokens: int | None = None,
+    sampler: Sampler | None = None,
+    sampler_params: Mapping[str, ArrayLike] | None = None,
+    rank_by: str = "raw",
+    length_penalty: ArrayLike = 0.0,
+    eos_ids: ArrayLike | None = None,
+    stop_sequences=None,
+    min_new_tokens: ArrayLike = 0,
+    pad_id: int = 0,
+    cache: Any = None,
+    history_size: int | None = None,
+) -> RankedOutput:
+    """Draws ``best_of`` samples per prompt and returns the ``n`` best (both static, ``n <= best_of``).
+
+    Args:
+      n, best_of: returned and drawn samples per prompt (``best_of`` defaults to ``n``).
+      sampler, sampler_params: the chain and its per-prompt values ``[B]``; sample ``i`` uses
+        ``seed + i``.
+      rank_by: ``"raw"`` (model log-probs) or ``"processed"`` (log-probs of what was sampled from).
+      length_penalty: ``alpha`` per prompt: score ``= sum(log p) / length ** alpha`` (0: plain sum).
+      Other arguments: as :func:`jaxsample.decoding.generate` (per prompt).
+    """
+    n = _validate.static_int(n, "n", lo=1)
+    best_of = n if best_of is None else _validate.static_int(best_of, "best_of", lo=1)
+    if best_of < n:
+        raise ValueError(f"best_of ({best_of}) must be >= n ({n})")
+    if rank_by not in ("raw", "processed"):
+        raise ValueError(f"rank_by must be 'raw' or 'processed', got {rank_by!r}")
+    req = prepare(
+        model,
+        prompt,
+        prompt_lengths,
+        max_new_tokens=max_new_tokens,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        sampler_params=sampler_params,
+        eos_ids=eos_ids,
+        stop_sequences=stop_sequences,
+        min_new_tokens=min_new_tokens,
+        pad_id=pad_id,
+        cache=cache,
+        logprobs=True,
+        top_logprobs=0,
+        history_size=history_size,
+    )
+    b = req.prompt.shape[0]
+    alpha = _validate.param(length_penalty, (b,), "length_penalty")
+    rows = repeat_rows(req.sampler_params, best_of)
+    rows["seed"] = rows["seed"] + jnp.tile(jnp.arange(best_of, dtype=jnp.int32), b)
+    stops = repeat_rows(req.stops, best_of)
+    return _rank_jit(
+        model,
+        req.sampler,
+        req.cfg,
+        best_of,
+        n,
+        rank_by,
+        params,
+        req.prompt,
+        req.lengths,
+        cache,
+        rows,
+        stops,
+        alpha,
+    )
