@@ -10,8 +10,9 @@ per row (no EOS), compiled once, then timed ``--repeats`` times, interleaved acr
 median is reported. ``chain overhead`` is ``t_chain / t_greedy - 1``.
 
 ``--chain module:function`` names a zero-argument callable returning a :class:`jaxsample.Sampler`
-(optionally ``(sampler, params_dict)``); the default builds llama.cpp's default chain from the stages
-available in :mod:`jaxsample.stages` (missing stages are skipped and listed).
+(optionally ``(sampler, params_dict)``); the default is llama.cpp's default chain
+(``presets.llama_cpp()``: penalties, DRY, top-n-sigma, top-k 40, typical, top-p 0.95, min-p 0.05, XTC,
+temperature 0.8, dist).
 """
 
 from __future__ import annotations
@@ -25,54 +26,13 @@ import jax
 import jax.numpy as jnp
 
 import jaxsample as js
-from jaxsample import stages
+from jaxsample import presets
 from jaxsample.decoding import TinyDecoder, beam_search, generate
 
-#: llama.cpp ``common_sampler_init`` order (common/sampling.cpp) and its default values.
-LLAMA_CPP_ORDER = (
-    "penalties",
-    "dry",
-    "top_n_sigma",
-    "top_k",
-    "typical",
-    "top_p",
-    "min_p",
-    "xtc",
-    "temperature",
-)
-LLAMA_CPP_VALUES = {
-    "repeat": 1.0,
-    "frequency": 0.0,
-    "presence": 0.0,
-    "penalty_last_n": 64,
-    "last_n": 64,
-    "dry_multiplier": 0.0,
-    "multiplier": 0.0,
-    "top_n_sigma": -1.0,
-    "top_k": 40,
-    "typical": 1.0,
-    "typical_p": 1.0,
-    "top_p": 0.95,
-    "min_p": 0.05,
-    "xtc_probability": 0.0,
-    "xtc_threshold": 0.1,
-    "temperature": 0.8,
-}
-
-
 def llama_cpp_chain() -> tuple[js.Sampler, dict, list[str]]:
-    """llama.cpp's default chain from the stage factories that exist (with their defaults)."""
-    used, parts = [], []
-    for name in LLAMA_CPP_ORDER:
-        factory = getattr(stages, name, None)
-        if factory is None:
-            continue
-        parts.append(factory())
-        used.append(name)
-    sampler = js.chain(*parts, select=stages.categorical())
-    specs = sampler.param_specs()
-    values = {k: v for k, v in LLAMA_CPP_VALUES.items() if k in specs}
-    return sampler, values, used
+    """llama.cpp's default chain (:func:`jaxsample.presets.llama_cpp` with llama.cpp's defaults)."""
+    preset = presets.llama_cpp(dry_penalty_last_n=64)
+    return preset.sampler, dict(preset.values), [s.name for s in preset.sampler.stages]
 
 
 def load_chain(spec: str | None):
