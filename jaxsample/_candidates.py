@@ -1,9 +1,9 @@
 """Candidate sets: the sort-free fast path shared by truncation and selection.
 
 Most rows a sampler sees in practice have few tokens that matter (after ``top_k``, or a peaked
-distribution). Taking the ``K`` largest logits with ``lax.top_k`` costs about two passes over the
-vocabulary, after which all work happens on ``[..., K]`` arrays. A row is *covered* when the
-answer provably lies inside its candidates; uncovered rows take an exact full-vocabulary path.
+distribution). Taking the ``K`` largest logits (:func:`top`, about one pass over the vocabulary)
+moves all further work to ``[..., K]`` arrays. A row is *covered* when the answer provably lies
+inside its candidates; uncovered rows take an exact full-vocabulary path.
 
 Batch invariance: :func:`choose` evaluates the full path only when some row needs it, and then
 still returns the fast answer for covered rows, so a row's result depends on that row alone.
@@ -11,15 +11,50 @@ still returns the fast answer for covered rows, so a row's result depends on tha
 
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Callable, NamedTuple
 
 import jax.numpy as jnp
 from jax import lax
 
+from jaxsample import _math
 from jaxsample._types import Array
 
 #: Default number of candidates ``K``. Covers llama.cpp's top_k=40 and HF's top_k=50 defaults.
 DEFAULT_CANDIDATES = 64
+
+#: Chunk size of :func:`top` and how many chunks a row must have (in units of ``k``) before
+#: chunking pays off; measured on XLA:CPU (``B=32, V=32000``: 1.3 ms vs 2.0 ms for ``lax.top_k``;
+#: ``B=64, V=131072``: 4.5 ms vs 12 ms).
+_CHUNK = 32
+_LEAF = 16
+
+
+def _top_k(x: Array, k: int) -> tuple[Array, Array]:
+    # The barrier keeps XLA:CPU's TopK kernel: it lowers top_k as a sort plus a slice and restores
+    # the kernel only when the slice starts at 0, so indexing the result would otherwise fuse into
+    # the slice and keep a full sort (~35x slower).
+    vals, ids = lax.top_k(jnp.where(x == 0, jnp.float32(0.0), x), k)  # -0.0 ties with 0.0
+    return lax.optimization_barrier((vals, ids.astype(jnp.int32)))
+
+
+def _top(x: Array, k: int, chunk: int, leaf: int) -> tuple[Array, Array]:
+    """:func:`top` with explicit chunking (tests force several levels on small rows)."""
+    v = x.shape[-1]
+    if v <= leaf * k or -(-v // chunk) <= k:
+        return _top_k(x, k)
+    # The k largest entries lie in the k chunks with the largest maxima (ties by chunk index): an
+    # entry of any other chunk is below k chunk maxima, or tied with them at a higher id.
+    xc = _math.chunks(x, chunk)  # [..., n, c]
+    _, best = _top(jnp.max(xc, axis=-1), k, chunk, leaf)
+    best = jnp.sort(best, axis=-1)  # id order, so that ties below resolve by id
+    block = jnp.take_along_axis(xc, best[..., None], axis=-2)  # [..., k, c]
+    ids = best[..., None] * chunk + jnp.arange(chunk, dtype=jnp.int32)
+    lead = x.shape[:-1]
+    # The padding of the last chunk sits at the end of the block, so ties at -inf never reach it:
+    # the other (k - 1) * c + 1 >= k entries come first.
+    vals, j = _top_k(block.reshape(lead + (k * chunk,)), k)
+    return vals, jnp.take_along_axis(ids.reshape(lead + (k * chunk,)), j, axis=-1)
 
 
 def top(x: Array, k: int) -> tuple[Array, Array]:
@@ -30,15 +65,56 @@ def top(x: Array, k: int) -> tuple[Array, Array]:
       k: static number of candidates; clipped to ``V``.
 
     Returns:
-      ``(values float32[..., k'], ids int32[..., k'])`` with ``k' = min(k, V)``.
+      ``(values float32[..., k'], ids int32[..., k'])`` with ``k' = min(k, V)``, distinct ids.
+      ``-0.0`` counts as (and is returned as) ``0.0``. In rows with fewer than ``k'`` finite
+      entries, the ``-inf`` entries are ``-inf`` tokens but not necessarily the lowest ids.
 
-    The result sits behind ``lax.optimization_barrier``: XLA:CPU lowers ``top_k`` as a sort plus a
-    slice and only restores its fast TopK kernel when the slice starts at 0, so indexing the result
-    (e.g. ``vals[..., -1]``) would otherwise fuse into the slice and keep a full sort (~35x slower).
+    Cost: ``lax.top_k`` keeps a ``k``-heap per row and runs one row after the other on CPU, so
+    long rows are first cut into chunks of ``32``: one ``max`` pass over ``V``, the ``k`` best
+    chunks (recursively), and ``lax.top_k`` over their ``32 k`` entries.
     """
-    k = min(int(k), x.shape[-1])
-    vals, ids = lax.top_k(x, k)
-    return lax.optimization_barrier((vals, ids.astype(jnp.int32)))
+    return _top(x, min(int(k), x.shape[-1]), _CHUNK, _LEAF)
+
+
+class Candidates(NamedTuple):
+    """A row of logits held as ``K`` entries: ``vals`` at ``ids``, ``-inf`` at every other token.
+
+    Canonical order, as :func:`top` returns it and every candidate form of a stage keeps it:
+    finite values first, descending, ties by id, then ``-inf`` entries (ids of ``-inf`` tokens).
+    Ids are distinct.
+    """
+
+    vals: Array  # float32[..., K]
+    ids: Array  # int32[..., K]
+
+
+def complete(vals: Array, vocab_size: int) -> Array:
+    """``bool[...]``: whether candidate values ``[..., K]`` from :func:`top` hold every finite entry."""
+    if vals.shape[-1] >= vocab_size:
+        return jnp.ones(vals.shape[:-1], bool)
+    return vals[..., -1] == -jnp.inf
+
+
+def densify(c: Candidates, vocab_size: int) -> Array:
+    """``float32[..., V]`` logits of candidates (``-inf`` away from ``c.ids``)."""
+    lead = c.vals.shape[:-1]
+    flat = jnp.full((math.prod(lead), vocab_size), -jnp.inf, c.vals.dtype)
+    rows = jnp.arange(flat.shape[0])[:, None]
+    out = flat.at[rows, c.ids.reshape(flat.shape[0], -1)].set(c.vals.reshape(flat.shape[0], -1))
+    return out.reshape(lead + (vocab_size,))
+
+
+def restore_order(c: Candidates) -> Candidates:
+    """Canonical order again after a monotone map of the values, which may create ties out of id order."""
+    finite = c.vals > -jnp.inf
+    disordered = (c.vals[..., 1:] == c.vals[..., :-1]) & finite[..., 1:] & (c.ids[..., 1:] < c.ids[..., :-1])
+
+    def sort():
+        key = -jnp.where(c.vals == 0, jnp.float32(0.0), c.vals)  # -0.0 ties with 0.0
+        _, ids, vals = lax.sort((key, c.ids, c.vals), dimension=c.vals.ndim - 1, num_keys=2)
+        return Candidates(vals, ids)
+
+    return lax.cond(jnp.any(disordered), sort, lambda: c)
 
 
 def choose(covered: Array, fast: Callable[[], Array], full: Callable[[], Array]) -> Array:

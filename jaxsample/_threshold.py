@@ -16,7 +16,7 @@ and :func:`cutoff` returns, per row, the key ``t`` such that ``keys >= t`` is th
 
 Two exact algorithms compute the same ``t``:
 
-* **candidates** (fast path): the ``K`` largest keys (``lax.top_k``, about two passes over ``V``)
+* **candidates** (fast path): the ``K`` largest keys (:func:`jaxsample._candidates.top`, about one pass over ``V``)
   and a cumulative sum over them. A row is covered when the target is reached inside its
   candidates (or the row has fewer than ``K`` finite keys); ``t`` is then the key where the
   cumulative weight first reaches the target, because a cumulative sum over a sorted prefix is
@@ -90,6 +90,43 @@ def _bisect(u: Array, predicate: Callable[[Array], Array]) -> Array:
     return lax.fori_loop(0, 32, body, jnp.zeros(u.shape[:-1], jnp.uint32))
 
 
+def candidate_cutoff(
+    vals: Array,
+    w_cand: Array | None,
+    target: Array | None,
+    min_count: Array | None,
+    strict: bool,
+    complete: Array,
+) -> tuple[Array, Array]:
+    """The candidate fast path of :func:`cutoff` on the ``K`` largest keys.
+
+    Args:
+      vals: ``float32[..., K]`` the largest keys in canonical order (see :func:`jaxsample._candidates.top`).
+      w_cand: ``float32[..., K]`` their weights (with ``target``).
+      target: ``float32[...]`` or None, as in :func:`cutoff`.
+      min_count: ``int32[...]`` (``>= 1``) or None.
+      strict: as in :func:`cutoff`.
+      complete: ``bool[...]`` rows whose candidates hold every finite key.
+
+    Returns:
+      ``(t float32[...], covered bool[...])``: the cut-off, exact where ``covered``.
+    """
+    k = vals.shape[-1]
+    t = jnp.full(vals.shape[:-1], jnp.inf)
+    covered = jnp.ones(vals.shape[:-1], bool)
+    if target is not None:
+        cum = jnp.cumsum(w_cand, axis=-1)
+        ok = mass_reached(cum, target[..., None], strict)
+        found = jnp.any(ok, axis=-1)
+        t = jnp.where(found, _take(vals, jnp.argmax(ok, axis=-1)), -jnp.inf)
+        covered &= found | complete
+    if min_count is not None:
+        t_count = jnp.where(min_count <= k, _take(vals, jnp.minimum(min_count, k) - 1), -jnp.inf)
+        t = jnp.minimum(t, t_count)
+        covered &= (min_count <= k) | complete
+    return t, covered
+
+
 def cutoff(
     keys: Array,
     *,
@@ -99,6 +136,7 @@ def cutoff(
     min_count: Array | None = None,
     strict: bool = False,
     candidates: int = _candidates.DEFAULT_CANDIDATES,
+    top: tuple[Array, Array] | None = None,
 ) -> Array:
     """Per-row cut-off key of the smallest prefix meeting every given criterion.
 
@@ -113,6 +151,7 @@ def cutoff(
       min_count: ``int32[...]`` minimum number of tokens in the prefix (clipped to ``[1, V]``).
       strict: compare the weight with ``>`` instead of ``>=``.
       candidates: static size ``K`` of the fast path.
+      top: ``_candidates.top(keys, K)`` if the caller already has it.
 
     Returns:
       ``float32[...]`` cut-off ``t``: keep ``keys >= t``. ``-inf`` when no prefix qualifies.
@@ -124,21 +163,11 @@ def cutoff(
     kk = None if min_count is None else jnp.clip(min_count, 1, vocab).astype(jnp.int32)
     get_weights = weights if callable(weights) else (lambda: weights)
 
-    vals, ids = _candidates.top(keys, k)
-    complete = vals[..., -1] == -jnp.inf if k < vocab else jnp.ones(keys.shape[:-1], bool)
-    t = jnp.full(keys.shape[:-1], jnp.inf)
-    covered = jnp.ones(keys.shape[:-1], bool)
+    vals, ids = _candidates.top(keys, k) if top is None else top
+    w_cand = None
     if target is not None:
         w_cand = weights_at(vals, ids) if weights_at else jnp.take_along_axis(get_weights(), ids, axis=-1)
-        cum = jnp.cumsum(w_cand, axis=-1)
-        ok = mass_reached(cum, target[..., None], strict)
-        found = jnp.any(ok, axis=-1)
-        t = jnp.where(found, _take(vals, jnp.argmax(ok, axis=-1)), -jnp.inf)
-        covered &= found | complete
-    if kk is not None:
-        t_count = jnp.where(kk <= k, _take(vals, jnp.minimum(kk, k) - 1), -jnp.inf)
-        t = jnp.minimum(t, t_count)
-        covered &= (kk <= k) | complete
+    t, covered = candidate_cutoff(vals, w_cand, target, kk, strict, _candidates.complete(vals, vocab))
 
     def full():
         u = order_key(keys)
@@ -154,42 +183,58 @@ def cutoff(
             # every min_count <= 1) rather than a second reduction inside each of the 32 passes.
             best = jnp.minimum(_bisect(u, reached), order_key(jnp.max(keys, axis=-1)))
             if kk is not None:
-                best = jnp.minimum(best, order_key(kth_largest(keys, kk, k)))
+                best = jnp.minimum(best, order_key(kth_largest(keys, kk, k, top=(vals, ids))))
         return from_order_key(jnp.maximum(best, order_key(jnp.float32(-jnp.inf))))
 
     return _candidates.choose(covered, lambda: t, full)
 
 
-def kth_largest(keys: Array, k: Array, candidates: int = _candidates.DEFAULT_CANDIDATES) -> Array:
+def kth_largest(
+    keys: Array,
+    k: Array,
+    candidates: int = _candidates.DEFAULT_CANDIDATES,
+    top: tuple[Array, Array] | None = None,
+) -> Array:
     """``float32[...]`` the ``k``-th largest key per row, ties counted (``k`` clipped to ``[1, V]``).
 
-    Batches where every ``k <= 1`` (the usual ``min_keep``) cost one max reduction.
+    Batches where every ``k <= 1`` (the usual ``min_keep``) cost one max reduction (none with ``top``).
     """
     return lax.cond(
         jnp.all(k <= 1),
-        lambda: jnp.max(keys, axis=-1),
-        lambda: cutoff(keys, min_count=k, candidates=candidates),
+        lambda: jnp.max(keys, axis=-1) if top is None else top[0][..., 0],
+        lambda: cutoff(keys, min_count=k, candidates=candidates, top=top),
     )
 
 
-def first_k(keys: Array, k: Array, candidates: int = _candidates.DEFAULT_CANDIDATES) -> Array:
+def first_k(
+    keys: Array,
+    k: Array,
+    candidates: int = _candidates.DEFAULT_CANDIDATES,
+    top: tuple[Array, Array] | None = None,
+) -> Array:
     """``bool[..., V]`` selecting exactly the ``k`` largest keys per row, ties broken by lowest id.
 
     ``k`` is clipped to ``[1, V]``; entries of ``-inf`` keys may be selected when ``k`` exceeds the
-    number of finite keys (callers mask with ``-inf`` anyway).
+    number of finite keys (callers mask with ``-inf`` anyway). ``top``: ``_candidates.top(keys, K)``
+    if the caller already has it.
     """
     vocab = keys.shape[-1]
     kc = min(int(candidates), vocab)
     kk = jnp.clip(k, 1, vocab).astype(jnp.int32)
-    vals, ids = _candidates.top(keys, kc)
-    complete = vals[..., -1] == -jnp.inf if kc < vocab else jnp.ones(keys.shape[:-1], bool)
-    covered = (kk <= kc) | complete
+    vals, ids = _candidates.top(keys, kc) if top is None else top
+    covered = (kk <= kc) | _candidates.complete(vals, vocab)
 
     def fast():
-        return _candidates.scatter_mask(ids, jnp.arange(kc) < kk[..., None], vocab)
+        # Keep the keys above the k-th candidate and, of those tied with it, the ids up to the last
+        # tied candidate: candidates list ties in id order, so these are the lowest tied ids.
+        last = jnp.minimum(kk, kc) - 1
+        t = _take(vals, last)[..., None]
+        tied = (jnp.arange(kc) <= last[..., None]) & (vals == t)
+        last_id = jnp.max(jnp.where(tied, ids, -1), axis=-1, keepdims=True)
+        return (keys > t) | ((keys == t) & (jnp.arange(vocab) <= last_id))
 
     def full():
-        t = cutoff(keys, min_count=kk, candidates=kc)[..., None]
+        t = cutoff(keys, min_count=kk, candidates=kc, top=(vals, ids))[..., None]
         above = keys >= t
         exact = (jnp.sum(above, axis=-1) == kk) | (t[..., 0] == -jnp.inf)
 

@@ -22,6 +22,12 @@ depend on neither its batch slot nor its neighbours.
 
 State conventions: every array in a stage's state has the batch shape as leading axes, which lets
 :meth:`Sampler.accept` freeze finished rows generically (``active=False`` rows keep their state).
+
+Candidate forms: a stage may carry a :class:`Form`, its computation on the few candidates a row
+has left after a filter such as top-k (:mod:`jaxsample._forms`). :meth:`Sampler.sample` switches
+to the forms after the first filter that offers an entry, when every later stage and the selector
+have a form and every row of the batch qualifies; the result is bit-identical either way, so only
+the cost changes (one ``top_k`` per step instead of several passes over the vocabulary).
 """
 
 from __future__ import annotations
@@ -35,7 +41,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsample import _validate
+from jax import lax
+
+from jaxsample import _candidates, _math, _validate
+from jaxsample._candidates import Candidates
 from jaxsample._types import Array, ArrayLike
 
 Params = Mapping[str, Array]
@@ -87,6 +96,26 @@ def _no_state(info: InitInfo) -> tuple:
     return ()
 
 
+class Form(NamedTuple):
+    """A stage's computation on candidates (see :mod:`jaxsample._forms` for the contract).
+
+    Attributes:
+      update: ``(Candidates [B, K], state, params, StepInfo) -> (Candidates, state)``.
+      handles: optional ``params -> bool[B]``: the rows whose parameter values ``update`` covers
+        (default: all); a batch with any other row stays dense.
+      enter: optional ``(logits float32[B, V], state, params, StepInfo) -> (Candidates, ok bool[B],
+        dense)``: the stage's output as candidates, the rows it represents, and a thunk returning
+        the dense output. Only for stateless stages.
+      k: the static candidate count ``K`` the form's arithmetic depends on (``None``: any); a
+        chain only switches when it matches the entry's.
+    """
+
+    update: Callable[[Candidates, Any, Params, StepInfo], tuple[Candidates, Any]]
+    handles: Callable[[Params], Array] | None = None
+    enter: Callable[[Array, Any, Params, StepInfo], tuple[Candidates, Array, Callable[[], Array]]] | None = None
+    k: int | None = None
+
+
 class Stage(NamedTuple):
     """A logits transform: ``update(logits, state, params, info) -> (logits, state)``.
 
@@ -98,6 +127,9 @@ class Stage(NamedTuple):
       accept: optional ``(tokens int32[B], state, params, StepInfo) -> state``.
       history: how many past tokens the stage reads from ``StepInfo.history`` (static; ``-1``
         means everything the sampler keeps).
+      form: optional :class:`Form`, the same computation on candidates.
+      nan_free: ``update`` never turns NaN-free logits into NaN (the sampler maps NaN to ``-inf``
+        after the other stages).
     """
 
     name: str
@@ -106,15 +138,22 @@ class Stage(NamedTuple):
     init: Callable[[InitInfo], Any] = _no_state
     accept: Callable[[Array, Any, Params, StepInfo], Any] | None = None
     history: int = 0
+    form: Form | None = None
+    nan_free: bool = False
 
 
 class Selector(NamedTuple):
-    """The last step of a chain: ``select(logits, state, params, info) -> (tokens, state)``."""
+    """The last step of a chain: ``select(logits, state, params, info) -> (tokens, state)``.
+
+    ``form``: optional ``(Candidates [B, K], state, params, StepInfo) -> (tokens, state)``, the same
+    selection on candidates (see :class:`Form`).
+    """
 
     name: str
     select: Callable[[Array, Any, Params, StepInfo], tuple[Array, Any]]
     params: tuple[Param, ...] = ()
     init: Callable[[InitInfo], Any] = _no_state
+    form: Callable[[Candidates, Any, Params, StepInfo], tuple[Array, Any]] | None = None
 
 
 def cached(factory: Callable) -> Callable:
@@ -143,7 +182,14 @@ def cached(factory: Callable) -> Callable:
     return wrapper
 
 
-def stateless(name: str, fn: Callable[..., Array], params: tuple[Param, ...], keyed: bool = False) -> Stage:
+def stateless(
+    name: str,
+    fn: Callable[..., Array],
+    params: tuple[Param, ...],
+    keyed: bool = False,
+    form: Form | None = None,
+    nan_free: bool = False,
+) -> Stage:
     """Wraps a functional sampler ``fn(logits, *param_values)`` (or ``fn(key, logits, ...)``) as a stage."""
 
     def update(logits, state, p, info):
@@ -151,7 +197,7 @@ def stateless(name: str, fn: Callable[..., Array], params: tuple[Param, ...], ke
         out = fn(info.key, logits, *args) if keyed else fn(logits, *args)
         return out, state
 
-    return Stage(name=name, update=update, params=params)
+    return Stage(name=name, update=update, params=params, form=form, nan_free=nan_free)
 
 
 class SamplerState(NamedTuple):
@@ -319,15 +365,58 @@ class Sampler(NamedTuple):
             encoder_ids=state.encoder_ids,
         )
 
+    @staticmethod
+    def _update(stage: Stage, x: Array, s, params: Params, info: StepInfo):
+        """One stage on NaN-free ``x``; NaN-free out (see :func:`jaxsample._math.nan_free`)."""
+        with _math.nan_free():
+            x, s = stage.update(x, s, params, info)
+        return (x if stage.nan_free else _math.clean(x)), s
+
     def process(self, logits: ArrayLike, state: SamplerState, params: Params) -> tuple[Array, SamplerState]:
-        """Applies every stage: ``logits [B, V]`` (any float dtype) -> float32 ``[B, V]``."""
-        x = jnp.asarray(logits).astype(jnp.float32)
-        x = jnp.where(jnp.isnan(x), -jnp.inf, x)
+        """Applies every stage: ``logits [B, V]`` (any float dtype) -> float32 ``[B, V]`` (NaN -> ``-inf``)."""
+        x = _math.clean(jnp.asarray(logits).astype(jnp.float32))
         new = []
         for stage, s in zip(self.stages, state.stages):
-            x, s = stage.update(x, s, params, self._info(state, params, stage.name))
+            x, s = self._update(stage, x, s, params, self._info(state, params, stage.name))
             new.append(s)
         return x, state._replace(stages=tuple(new))
+
+    def _forms_from(self, i: int, k: int, vocab: int) -> bool:
+        """Whether stages ``i..`` and the selector all have forms usable with ``k`` candidates."""
+        forms = [s.form for s in self.stages[i:]]
+        usable = lambda f: f is not None and (f.k is None or min(f.k, vocab) == k)  # noqa: E731
+        return self.selector.form is not None and all(usable(f) for f in forms)
+
+    def _dense(self, i: int, x: Array, states: tuple, state: SamplerState, params: Params):
+        """Stages ``i..`` and the selector on ``x [B, V]``, switching to forms at the first entry that allows it."""
+        states = list(states)
+        vocab = x.shape[-1]
+        for j in range(i, len(self.stages)):
+            stage, info = self.stages[j], self._info(state, params, self.stages[j].name)
+            form = stage.form
+            if form is not None and form.enter is not None and self._forms_from(j + 1, min(form.k, vocab), vocab):
+                c, ok, dense = form.enter(x, states[j], params, info)  # (a filter: NaN-free)
+                for later in self.stages[j + 1 :]:
+                    if later.form.handles is not None:
+                        ok &= later.form.handles(params)
+                frozen = tuple(states)
+                return lax.cond(
+                    jnp.all(ok),
+                    lambda: self._on_candidates(j + 1, c, frozen, state, params, vocab),
+                    lambda: self._dense(j + 1, dense(), frozen, state, params),
+                )
+            x, states[j] = self._update(stage, x, states[j], params, info)
+        with _math.nan_free():
+            tokens, sel = self.selector.select(x, state.selector, params, self._info(state, params, self.selector.name))
+        return tokens.astype(jnp.int32), x, tuple(states), sel
+
+    def _on_candidates(self, i: int, c: Candidates, states: tuple, state: SamplerState, params: Params, vocab: int):
+        states = list(states)
+        for j in range(i, len(self.stages)):
+            c, states[j] = self.stages[j].form.update(c, states[j], params, self._info(state, params, self.stages[j].name))
+        info = self._info(state, params, self.selector.name)
+        tokens, sel = self.selector.form(c, state.selector, params, info)
+        return tokens.astype(jnp.int32), _candidates.densify(c, vocab), tuple(states), sel
 
     def select(self, logits: Array, state: SamplerState, params: Params) -> tuple[Array, SamplerState]:
         """Runs the selector on processed logits: ``int32[B]`` tokens."""
@@ -364,12 +453,15 @@ class Sampler(NamedTuple):
     ) -> tuple[Array, Array, SamplerState]:
         """One decoding step: ``process`` -> ``select`` -> ``accept``; rows with ``active=False`` keep their state.
 
+        Equal to ``process`` then ``select`` then ``accept``, computed on candidate sets from the
+        first filter on when the chain and the batch allow it (see the module docstring).
+
         Returns:
           ``(tokens int32[B], processed_logits float32[B, V], new_state)``.
         """
-        x, new = self.process(logits, state, params)
-        tokens, new = self.select(x, new, params)
-        new = self.accept(tokens, new, params)
+        x = _math.clean(jnp.asarray(logits).astype(jnp.float32))
+        tokens, x, stage_states, sel = self._dense(0, x, state.stages, state, params)
+        new = self.accept(tokens, state._replace(stages=stage_states, selector=sel), params)
         if active is not None:  # finished rows keep every part of their state, selector's included
             new = _where_rows(jnp.asarray(active, bool), new, state)
         return tokens, x, new

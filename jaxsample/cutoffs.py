@@ -34,8 +34,12 @@ def epsilon_cutoff(logits: ArrayLike, epsilon: ArrayLike, min_keep: ArrayLike = 
     x, dtype = _math.prepare(logits)
     batch = x.shape[:-1]
     eps = _probability(epsilon, batch, "epsilon (epsilon_cutoff)")[..., None]
-    keep = (_math.softmax(x) >= eps) | _keep_top(x, _min_count(min_keep, batch, "epsilon_cutoff"))
-    return _math.restore(_math.keep(x, keep), dtype)
+    min_count = _min_count(min_keep, batch, "epsilon_cutoff")
+
+    def apply():
+        return _math.keep(x, (_math.softmax(x) >= eps) | _keep_top(x, min_count))
+
+    return _math.restore(_math.if_any(eps > 0, apply, lambda: x), dtype)
 
 
 def eta_cutoff(logits: ArrayLike, epsilon: ArrayLike, min_keep: ArrayLike = 1) -> Array:
@@ -59,12 +63,16 @@ def eta_cutoff(logits: ArrayLike, epsilon: ArrayLike, min_keep: ArrayLike = 1) -
     x, dtype = _math.prepare(logits)
     batch = x.shape[:-1]
     eps = _probability(epsilon, batch, "epsilon (eta_cutoff)")[..., None]
-    logp = _math.log_softmax(x)
-    probs = jnp.exp(logp)
-    entropy = -jnp.sum(jnp.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
-    eta = jnp.minimum(eps, jnp.sqrt(eps) * jnp.exp(-entropy))
-    keep = (probs >= eta) | _keep_top(x, _min_count(min_keep, batch, "eta_cutoff"))
-    return _math.restore(_math.keep(x, keep), dtype)
+    min_count = _min_count(min_keep, batch, "eta_cutoff")
+
+    def apply():
+        logp = _math.log_softmax(x)
+        probs = jnp.exp(logp)
+        entropy = -jnp.sum(jnp.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
+        eta = jnp.minimum(eps, jnp.sqrt(eps) * jnp.exp(-entropy))
+        return _math.keep(x, (probs >= eta) | _keep_top(x, min_count))
+
+    return _math.restore(_math.if_any(eps > 0, apply, lambda: x), dtype)
 
 
 def p_less(logits: ArrayLike, min_keep: ArrayLike = 1) -> Array:
@@ -125,12 +133,16 @@ def xtc(
     thr = _validate.param(threshold, batch, "threshold (xtc)")[..., None]
     keep_at_least = _validate.param(min_keep, batch, "min_keep (xtc)", dtype=jnp.int32, lo=0)
     u = _noise.uniform(_noise.row_keys(key, batch))
+    drawn = (chance > 0) & (u <= chance) & (thr[..., 0] <= 0.5)
 
-    finite = x > -jnp.inf
-    above = finite & (_math.softmax(x) >= thr)
-    least = jnp.min(jnp.where(above, x, jnp.inf), axis=-1, keepdims=True)
-    removed = above & (x > least)
-    n_left = jnp.sum(finite, axis=-1) - jnp.sum(removed, axis=-1)
-    active = (chance > 0) & (u <= chance) & (thr[..., 0] <= 0.5) & (jnp.sum(finite, axis=-1) >= 2)
-    active &= n_left >= keep_at_least
-    return _math.restore(_math.keep(x, ~(active[..., None] & removed)), dtype)
+    def apply():
+        finite = x > -jnp.inf
+        above = finite & (_math.softmax(x) >= thr)
+        least = jnp.min(jnp.where(above, x, jnp.inf), axis=-1, keepdims=True)
+        removed = above & (x > least)
+        n_finite = jnp.sum(finite, axis=-1, dtype=jnp.float32)
+        n_left = n_finite - jnp.sum(removed, axis=-1, dtype=jnp.float32)
+        active = drawn & (n_finite >= 2) & (n_left >= keep_at_least)
+        return _math.keep(x, ~(active[..., None] & removed))
+
+    return _math.restore(_math.if_any(drawn, apply, lambda: x), dtype)

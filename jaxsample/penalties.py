@@ -10,7 +10,8 @@ Counting cost: occurrences are counted by one scatter-add of the ``T`` history e
 the logits. That is ``O(T + V)`` work and memory per row, needs no sort, and applies the
 repetition penalty once per distinct token by construction. The alternative, comparing every
 window entry with every other (``O(T^2)``) and scattering penalised values back, only wins for
-tiny windows and still needs a scatter, so it is not used.
+tiny windows and still needs a scatter, so it is not used. Batches whose rows all have neutral
+values (``repeat = 1``, ``frequency = presence = 0``, or ``last_n = 0``) skip both passes.
 
 The private helpers below (:func:`_compact`, :func:`_scatter`, ``_NEVER``) are shared by
 :mod:`jaxsample.ngram` and :mod:`jaxsample.dry`.
@@ -155,9 +156,13 @@ def penalties(
     f = _validate.param(frequency, batch, "frequency")
     p = _validate.param(presence, batch, "presence")
     n = _validate.param(last_n, batch, "last_n", dtype=jnp.int32, lo=-1)
-    counts = _counts(history, vocab, n)
-    r = jnp.maximum(r, _TINY)[..., None]
-    return _math.restore(_penalise(x, counts, r, f[..., None], p[..., None]), dtype)
+    r = jnp.maximum(r, _TINY)
+
+    def apply():  # inf - inf (a +inf logit with an infinite penalty) counts as -inf, like NaN input
+        return _math.clean(_penalise(x, _counts(history, vocab, n), r[..., None], f[..., None], p[..., None]))
+
+    on = ((r != 1) | (f != 0) | (p != 0)) & (n != 0)  # neutral values leave every logit unchanged
+    return _math.restore(_math.if_any(on, apply, lambda: x), dtype)
 
 
 def encoder_repetition_penalty(logits: ArrayLike, encoder_ids: ArrayLike, penalty: ArrayLike) -> Array:
@@ -183,6 +188,9 @@ def encoder_repetition_penalty(logits: ArrayLike, encoder_ids: ArrayLike, penalt
     batch, vocab = x.shape[:-1], x.shape[-1]
     encoder_ids = _validate.check_tokens(encoder_ids, "encoder_ids", batch)
     pen = jnp.maximum(_validate.param(penalty, batch, "penalty", lo=0.0, lo_open=True), _TINY)
-    counts = _counts(encoder_ids, vocab, jnp.full(batch, -1, jnp.int32))
-    zero = jnp.zeros(batch + (1,), jnp.float32)
-    return _math.restore(_penalise(x, counts, (1.0 / pen)[..., None], zero, zero), dtype)
+    def apply():
+        counts = _counts(encoder_ids, vocab, jnp.full(batch, -1, jnp.int32))
+        zero = jnp.zeros(batch + (1,), jnp.float32)
+        return _math.clean(_penalise(x, counts, (1.0 / pen)[..., None], zero, zero))
+
+    return _math.restore(_math.if_any(pen != 1, apply, lambda: x), dtype)

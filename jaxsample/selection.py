@@ -18,13 +18,25 @@ def greedy(logits: ArrayLike) -> Array:
     1
     """
     x, _ = _math.prepare(logits)
-    return jnp.argmax(x, axis=-1).astype(jnp.int32)
+    return _math.argmax(x)
 
 
-def _certain(x: Array) -> Array:
+def gumbel_max(keys: Array, vals: Array, ids: Array) -> Array:
+    """``int32[...]``: the id maximising ``vals + gumbel(id)`` over candidates ``[..., K]`` (ties: lowest id).
+
+    This is ``argmax`` over the whole row as long as every finite logit is a candidate; a row with
+    no finite candidate returns 0, like ``argmax`` of an all ``-inf`` row.
+    """
+    y = jnp.where(vals > -jnp.inf, vals + _noise.gumbel_at(keys, ids), -jnp.inf)
+    best = jnp.max(y, axis=-1, keepdims=True)
+    token = jnp.min(jnp.where(y == best, ids, jnp.iinfo(jnp.int32).max), axis=-1)
+    return jnp.where(best[..., 0] > -jnp.inf, token, 0).astype(jnp.int32)
+
+
+def certain(x: Array) -> Array:
     """Rows holding ``+inf`` logits sample uniformly among them: map those to 0, others to -inf."""
-    posinf = x == jnp.inf
-    return jnp.where(jnp.any(posinf, axis=-1, keepdims=True), jnp.where(posinf, 0.0, -jnp.inf), x)
+    posinf = _math.row_max(x) == jnp.inf
+    return _math.if_any(posinf, lambda: jnp.where(posinf, jnp.where(x == jnp.inf, 0.0, -jnp.inf), x), lambda: x)
 
 
 def categorical(key: KeyLike, logits: ArrayLike, *, candidates: int = _candidates.DEFAULT_CANDIDATES) -> Array:
@@ -50,7 +62,7 @@ def categorical(key: KeyLike, logits: ArrayLike, *, candidates: int = _candidate
     1
     """
     x, _ = _math.prepare(logits)
-    x = _certain(x)
+    x = certain(x)
     batch, vocab = x.shape[:-1], x.shape[-1]
     keys = _noise.row_keys(key, batch)
     k = min(candidates, vocab)
@@ -59,12 +71,10 @@ def categorical(key: KeyLike, logits: ArrayLike, *, candidates: int = _candidate
     vals, ids = vals[..., :k], ids[..., :k]
 
     def fast():
-        y = jnp.where(vals > -jnp.inf, vals + _noise.gumbel_at(keys, ids), -jnp.inf)
-        j = jnp.argmax(y, axis=-1)
-        return jnp.take_along_axis(ids, j[..., None], axis=-1)[..., 0]
+        return gumbel_max(keys, vals, ids)
 
     def full():
         y = jnp.where(x > -jnp.inf, x + _noise.gumbel_all(keys, vocab), -jnp.inf)
-        return jnp.argmax(y, axis=-1).astype(jnp.int32)
+        return _math.argmax(y)
 
     return _candidates.choose(covered, fast, full)

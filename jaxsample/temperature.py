@@ -10,8 +10,12 @@ from jaxsample._types import Array, ArrayLike
 
 def _scale(x: Array, t: Array) -> Array:
     """``x / t`` per row; rows with ``t <= 0`` keep only their first maximal logit."""
-    greedy = _math.keep(x, _math.first_max_mask(x))
-    return jnp.where(t > 0, x / jnp.where(t > 0, t, 1.0), greedy)
+    scaled = _math.clean(x / jnp.where(t > 0, t, 1.0))  # inf / inf (an infinite temperature) is NaN
+
+    def with_greedy_rows():
+        return jnp.where(t > 0, scaled, _math.keep(x, _math.first_max_mask(x)))
+
+    return _math.if_any(t <= 0, with_greedy_rows, lambda: scaled)
 
 
 def temperature(logits: ArrayLike, temp: ArrayLike) -> Array:
@@ -68,13 +72,16 @@ def dynamic_temperature(
     d = _validate.param(delta, batch, "delta")[..., None]
     e = jnp.maximum(_validate.param(exponent, batch, "exponent", lo=0.0)[..., None], 0.0)
 
-    n = jnp.sum(x > -jnp.inf, axis=-1, keepdims=True).astype(jnp.float32)
-    logp = _math.log_softmax(x)
-    p = jnp.exp(logp)
-    entropy = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1, keepdims=True)
-    h = entropy / jnp.log(jnp.maximum(n, 2.0))
-    lo_t = jnp.maximum(0.0, t - d)
-    dyn_t = lo_t + (t + d - lo_t) * jnp.power(h, e)
 
-    dynamic = jnp.where(n > 1, _scale(x, dyn_t), x)
-    return _math.restore(jnp.where(d > 0, dynamic, _scale(x, t)), dtype)
+    def dynamic():
+        n = jnp.sum(x > -jnp.inf, axis=-1, keepdims=True, dtype=jnp.float32)
+        logp = _math.log_softmax(x)
+        p = jnp.exp(logp)
+        entropy = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1, keepdims=True)
+        h = entropy / jnp.log(jnp.maximum(n, 2.0))
+        lo_t = jnp.maximum(0.0, t - d)
+        dyn_t = lo_t + (t + d - lo_t) * jnp.power(h, e)
+        scaled = _scale(x, jnp.where(d > 0, dyn_t, t))
+        return jnp.where((d > 0) & (n <= 1), x, scaled)
+
+    return _math.restore(_math.if_any(d > 0, dynamic, lambda: _scale(x, t)), dtype)

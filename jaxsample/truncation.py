@@ -39,9 +39,44 @@ def _candidate_probs(vals: Array, lse: Array) -> Array:
     return jnp.where(certain, (vals == jnp.inf).astype(jnp.float32), probs)
 
 
-def _keep_top(x: Array, min_count: Array, candidates: int = _K) -> Array:
+def _log_normaliser(x: Array, top: tuple[Array, Array]) -> Array:
+    """``float32[..., 1]`` logsumexp of each row, over its candidates when they hold every finite logit.
+
+    Summing the same candidate array in both places is what makes the candidate forms of the
+    stages (:mod:`jaxsample._forms`) bit-identical to these functions.
+    """
+    complete = _candidates.complete(top[0], x.shape[-1])[..., None]
+    dense = _math.if_any(~complete, lambda: _math.logsumexp(x), lambda: jnp.zeros(complete.shape))
+    return jnp.where(complete, _math.logsumexp(top[0]), dense)
+
+
+def _keep_top(x: Array, min_count: Array, candidates: int = _K, top=None) -> Array:
     """``bool[..., V]``: the ``min_count`` largest logits of each row, ties kept."""
-    return x >= _threshold.kth_largest(x, min_count, candidates)[..., None]
+    return x >= _threshold.kth_largest(x, min_count, candidates, top)[..., None]
+
+
+def _top_k_keep(x: Array, k: Array, exact: bool, candidates: int, top) -> Array:
+    """``bool[..., V]`` kept by :func:`top_k` (``k int32[...]``, ``top`` the row's candidates)."""
+    off = (k <= 0) | (k >= x.shape[-1])
+    kk = jnp.where(off, 1, k)
+    keep = _threshold.first_k(x, kk, candidates, top) if exact else _keep_top(x, kk, candidates, top)
+    return off[..., None] | keep
+
+
+def _top_p_cut(x: Array, p: Array, min_count: Array, candidates: int, top) -> Array:
+    """``float32[...]`` cut-off of :func:`top_p` (keep ``x >= t``; ``p`` clamped to ``>= 0``)."""
+    lse = _log_normaliser(x, top)
+    off = p >= 1
+    t = _threshold.cutoff(
+        x,
+        weights=lambda: _math.softmax(x),
+        weights_at=lambda vals, ids: _candidate_probs(vals, lse),
+        target=jnp.where(off, 0.0, p),
+        min_count=min_count,
+        candidates=candidates,
+        top=top,
+    )
+    return jnp.where(off, -jnp.inf, t)
 
 
 def top_k(logits: ArrayLike, k: ArrayLike, *, exact: bool = False, candidates: int = _K) -> Array:
@@ -70,13 +105,11 @@ def top_k(logits: ArrayLike, k: ArrayLike, *, exact: bool = False, candidates: i
     x, dtype = _math.prepare(logits)
     batch, vocab = x.shape[:-1], x.shape[-1]
     k = _validate.param(k, batch, "k (top_k)", dtype=jnp.int32)
-    off = (k <= 0) | (k >= vocab)
-    kk = jnp.where(off, 1, k)
-    if exact:
-        keep = _threshold.first_k(x, kk, candidates)
-    else:
-        keep = _keep_top(x, kk, candidates)
-    return _math.restore(_math.keep(x, off[..., None] | keep), dtype)
+
+    def apply():
+        return _math.keep(x, _top_k_keep(x, k, exact, candidates, _candidates.top(x, candidates)))
+
+    return _math.restore(_math.if_any((k > 0) & (k < vocab), apply, lambda: x), dtype)
 
 
 def top_p(logits: ArrayLike, p: ArrayLike, min_keep: ArrayLike = 1, *, candidates: int = _K) -> Array:
@@ -107,17 +140,12 @@ def top_p(logits: ArrayLike, p: ArrayLike, min_keep: ArrayLike = 1, *, candidate
     x, dtype = _math.prepare(logits)
     batch = x.shape[:-1]
     p = _probability(p, batch, "p (top_p)")
-    off = p >= 1
-    lse = _math.logsumexp(x)
-    t = _threshold.cutoff(
-        x,
-        weights=lambda: _math.softmax(x),
-        weights_at=lambda vals, ids: _candidate_probs(vals, lse),
-        target=jnp.where(off, 0.0, p),
-        min_count=_min_count(min_keep, batch, "top_p"),
-        candidates=candidates,
-    )
-    return _math.restore(_math.keep(x, off[..., None] | (x >= t[..., None])), dtype)
+    min_count = _min_count(min_keep, batch, "top_p")
+
+    def apply():
+        return _math.keep(x, x >= _top_p_cut(x, p, min_count, candidates, _candidates.top(x, candidates))[..., None])
+
+    return _math.restore(_math.if_any(p < 1, apply, lambda: x), dtype)
 
 
 def min_p(logits: ArrayLike, p: ArrayLike, min_keep: ArrayLike = 1) -> Array:
@@ -144,9 +172,13 @@ def min_p(logits: ArrayLike, p: ArrayLike, min_keep: ArrayLike = 1) -> Array:
     batch = x.shape[:-1]
     p = _probability(p, batch, "p (min_p)")
     off = (p <= 0)[..., None]
-    above = x >= _math.row_max(x) + jnp.log(jnp.where(off, 1.0, p[..., None]))
-    keep = off | above | _keep_top(x, _min_count(min_keep, batch, "min_p"))
-    return _math.restore(_math.keep(x, keep), dtype)
+    min_count = _min_count(min_keep, batch, "min_p")
+
+    def apply():
+        above = x >= _math.row_max(x) + jnp.log(jnp.where(off, 1.0, p[..., None]))
+        return _math.keep(x, off | above | _keep_top(x, min_count))
+
+    return _math.restore(_math.if_any(~off, apply, lambda: x), dtype)
 
 
 def typical(logits: ArrayLike, p: ArrayLike, min_keep: ArrayLike = 1, *, candidates: int = _K) -> Array:
@@ -177,19 +209,24 @@ def typical(logits: ArrayLike, p: ArrayLike, min_keep: ArrayLike = 1, *, candida
     batch = x.shape[:-1]
     p = _probability(p, batch, "p (typical)")
     off = p >= 1
-    logp = _math.log_softmax(x)
-    probs = jnp.exp(logp)
-    entropy = -jnp.sum(jnp.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
-    keys = -jnp.abs(logp + entropy)
-    t = _threshold.cutoff(
-        keys,
-        weights=probs,
-        target=jnp.where(off, 0.0, p),
-        min_count=_min_count(min_keep, batch, "typical"),
-        strict=True,
-        candidates=candidates,
-    )
-    return _math.restore(_math.keep(x, off[..., None] | (keys >= t[..., None])), dtype)
+    min_count = _min_count(min_keep, batch, "typical")
+
+    def apply():
+        logp = _math.log_softmax(x)
+        probs = jnp.exp(logp)
+        entropy = -jnp.sum(jnp.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
+        keys = -jnp.abs(logp + entropy)
+        t = _threshold.cutoff(
+            keys,
+            weights=probs,
+            target=jnp.where(off, 0.0, p),
+            min_count=min_count,
+            strict=True,
+            candidates=candidates,
+        )
+        return _math.keep(x, off[..., None] | (keys >= t[..., None]))
+
+    return _math.restore(_math.if_any(~off, apply, lambda: x), dtype)
 
 
 def top_n_sigma(logits: ArrayLike, n: ArrayLike) -> Array:
@@ -212,12 +249,16 @@ def top_n_sigma(logits: ArrayLike, n: ArrayLike) -> Array:
     """
     x, dtype = _math.prepare(logits)
     n = _validate.param(n, x.shape[:-1], "n (top_n_sigma)")[..., None]
-    finite = jnp.isfinite(x)
-    count = jnp.maximum(jnp.sum(finite, axis=-1, keepdims=True), 1).astype(jnp.float32)
-    mean = jnp.sum(jnp.where(finite, x, 0.0), axis=-1, keepdims=True) / count
-    std = jnp.sqrt(jnp.sum(jnp.where(finite, jnp.square(x - mean), 0.0), axis=-1, keepdims=True) / count)
-    keep = (n <= 0) | (x >= _math.row_max(x) - jnp.where(n > 0, n, 0.0) * std)
-    return _math.restore(_math.keep(x, keep), dtype)
+
+    def apply():
+        finite = jnp.isfinite(x)
+        count = jnp.maximum(jnp.sum(finite, axis=-1, keepdims=True, dtype=jnp.float32), 1.0)
+        mean = jnp.sum(jnp.where(finite, x, 0.0), axis=-1, keepdims=True) / count
+        std = jnp.sqrt(jnp.sum(jnp.where(finite, jnp.square(x - mean), 0.0), axis=-1, keepdims=True) / count)
+        keep = (n <= 0) | (x >= _math.row_max(x) - jnp.where(n > 0, n, 0.0) * std)
+        return _math.keep(x, keep)
+
+    return _math.restore(_math.if_any(n > 0, apply, lambda: x), dtype)
 
 
 def top_h(logits: ArrayLike, top_h: ArrayLike, *, top_n: int = 100) -> Array:

@@ -76,7 +76,7 @@ def penalties(
         def update_hf(x, s, p, info):
             return _penalties_fn(x, _with_prompt(info), repeat=p["repetition_penalty"]), s
 
-        return Stage(name, update_hf, params=(rep,), history=-1)
+        return Stage(name, update_hf, params=(rep,), history=-1, nan_free=True)
     if scope == "vllm":
 
         def update_vllm(x, s, p, info):
@@ -84,7 +84,7 @@ def penalties(
             out = _generated(info.history, info.position)
             return _penalties_fn(x, out, frequency=p["frequency_penalty"], presence=p["presence_penalty"]), s
 
-        return Stage(name, update_vllm, params=(rep, freq, pres), history=-1)
+        return Stage(name, update_vllm, params=(rep, freq, pres), history=-1, nan_free=True)
     w = _validate.static_int(last_n, "last_n", lo=-1)
 
     def update_llama(x, s, p, info):
@@ -98,7 +98,8 @@ def penalties(
             s,
         )
 
-    return Stage(name, update_llama, params=(rep, freq, pres, _window_param("penalty_last_n", w, w)), history=w)
+    params = (rep, freq, pres, _window_param("penalty_last_n", w, w))
+    return Stage(name, update_llama, params=params, history=w, nan_free=True)
 
 
 @cached
@@ -231,4 +232,4 @@ def dry(
         )
         return out, s
 
-    return Stage(name, update, params=params, history=w)
+    return Stage(name, update, params=params, history=w, nan_free=True)

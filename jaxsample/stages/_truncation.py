@@ -6,6 +6,7 @@ import functools as _functools
 
 import jax.numpy as _jnp
 
+from jaxsample import _forms
 from jaxsample import cutoffs as _cutoffs
 from jaxsample.mirostat import adaptive_p as _adaptive_p
 from jaxsample.mirostat import adaptive_p_init as _adaptive_p_init
@@ -13,10 +14,15 @@ from jaxsample.mirostat import mirostat as _mirostat_v1
 from jaxsample.mirostat import mirostat_v2 as _mirostat_v2
 from jaxsample import truncation as _truncation
 from jaxsample._candidates import DEFAULT_CANDIDATES
-from jaxsample.chain import Param, Selector, Stage, cached, stateless
+from jaxsample.chain import Form, Param, Selector, Stage, cached, stateless
 
 #: Shared by every filter that keeps a minimum number of tokens (llama.cpp ``min_keep``).
 MIN_KEEP = Param("min_keep", 1, _jnp.int32, lo=0)
+
+
+def _idle_form(off) -> Form:
+    """Candidate form of a filter for rows where it is off (``off: params -> bool[B]``): the identity."""
+    return Form(lambda c, s, p, info: (c, s), handles=off)
 
 
 @cached
@@ -25,65 +31,81 @@ def top_k(
 ) -> Stage:
     """:func:`jaxsample.top_k` reading ``top_k`` (``<= 0`` off); ``exact=True`` is llama.cpp's exactly-k."""
     fn = _functools.partial(_truncation.top_k, exact=exact, candidates=candidates)
-    return stateless(name, fn, (Param("top_k", default, _jnp.int32),))
+    form = Form(
+        update=lambda c, s, p, info: (_forms.top_k(c, p["top_k"], exact), s),
+        enter=lambda x, s, p, info: _forms.top_k_entry(x, p["top_k"], exact, candidates),
+        k=candidates,
+    )
+    return stateless(name, fn, (Param("top_k", default, _jnp.int32),), form=form, nan_free=True)
 
 
 @cached
 def top_p(default: float = 1.0, *, candidates: int = DEFAULT_CANDIDATES, name: str = "top_p") -> Stage:
     """:func:`jaxsample.top_p` reading ``top_p`` (``>= 1`` off) and ``min_keep``."""
     fn = _functools.partial(_truncation.top_p, candidates=candidates)
-    return stateless(name, fn, (Param("top_p", default, lo=0.0), MIN_KEEP))
+    form = Form(
+        update=lambda c, s, p, info: (_forms.top_p(c, _jnp.maximum(p["top_p"], 0.0), p["min_keep"]), s),
+        enter=lambda x, s, p, info: _forms.top_p_entry(x, _jnp.maximum(p["top_p"], 0.0), p["min_keep"], candidates),
+        k=candidates,
+    )
+    return stateless(name, fn, (Param("top_p", default, lo=0.0), MIN_KEEP), form=form, nan_free=True)
 
 
 @cached
 def min_p(default: float = 0.0, *, name: str = "min_p") -> Stage:
     """:func:`jaxsample.min_p` reading ``min_p`` (``<= 0`` off) and ``min_keep``."""
-    return stateless(name, _truncation.min_p, (Param("min_p", default, lo=0.0), MIN_KEEP))
+    form = Form(lambda c, s, p, info: (_forms.min_p(c, _jnp.maximum(p["min_p"], 0.0), p["min_keep"]), s))
+    return stateless(name, _truncation.min_p, (Param("min_p", default, lo=0.0), MIN_KEEP), form=form, nan_free=True)
 
 
 @cached
 def typical(default: float = 1.0, *, candidates: int = DEFAULT_CANDIDATES, name: str = "typical") -> Stage:
     """:func:`jaxsample.typical` reading ``typical_p`` (``>= 1`` off) and ``min_keep``."""
     fn = _functools.partial(_truncation.typical, candidates=candidates)
-    return stateless(name, fn, (Param("typical_p", default, lo=0.0), MIN_KEEP))
+    form = _idle_form(lambda p: p["typical_p"] >= 1)
+    return stateless(name, fn, (Param("typical_p", default, lo=0.0), MIN_KEEP), form=form, nan_free=True)
 
 
 @cached
 def top_n_sigma(default: float = -1.0, *, name: str = "top_n_sigma") -> Stage:
     """:func:`jaxsample.top_n_sigma` reading ``top_n_sigma`` (``<= 0`` off)."""
-    return stateless(name, _truncation.top_n_sigma, (Param("top_n_sigma", default),))
+    form = _idle_form(lambda p: p["top_n_sigma"] <= 0)
+    return stateless(name, _truncation.top_n_sigma, (Param("top_n_sigma", default),), form=form, nan_free=True)
 
 
 @cached
 def top_h(default: float = 0.0, *, top_n: int = 100, name: str = "top_h") -> Stage:
     """:func:`jaxsample.top_h` reading ``top_h`` (``0`` off, at most 1)."""
     fn = _functools.partial(_truncation.top_h, top_n=top_n)
-    return stateless(name, fn, (Param("top_h", default, lo=0.0, hi=1.0),))
+    return stateless(name, fn, (Param("top_h", default, lo=0.0, hi=1.0),), nan_free=True)
 
 
 @cached
 def epsilon_cutoff(default: float = 0.0, *, name: str = "epsilon_cutoff") -> Stage:
     """:func:`jaxsample.epsilon_cutoff` reading ``epsilon_cutoff`` (``0`` off) and ``min_keep``."""
-    return stateless(name, _cutoffs.epsilon_cutoff, (Param("epsilon_cutoff", default, lo=0.0), MIN_KEEP))
+    form = _idle_form(lambda p: p["epsilon_cutoff"] <= 0)
+    return stateless(name, _cutoffs.epsilon_cutoff, (Param("epsilon_cutoff", default, lo=0.0), MIN_KEEP), form=form, nan_free=True)
 
 
 @cached
 def eta_cutoff(default: float = 0.0, *, name: str = "eta_cutoff") -> Stage:
     """:func:`jaxsample.eta_cutoff` reading ``eta_cutoff`` (``0`` off) and ``min_keep``."""
-    return stateless(name, _cutoffs.eta_cutoff, (Param("eta_cutoff", default, lo=0.0), MIN_KEEP))
+    form = _idle_form(lambda p: p["eta_cutoff"] <= 0)
+    return stateless(name, _cutoffs.eta_cutoff, (Param("eta_cutoff", default, lo=0.0), MIN_KEEP), form=form, nan_free=True)
 
 
 @cached
 def p_less(*, name: str = "p_less") -> Stage:
     """:func:`jaxsample.p_less` (no off value: include the stage only when wanted) reading ``min_keep``."""
-    return stateless(name, _cutoffs.p_less, (MIN_KEEP,))
+    return stateless(name, _cutoffs.p_less, (MIN_KEEP,), nan_free=True)
 
 
 @cached
 def xtc(probability: float = 0.0, threshold: float = 0.1, *, name: str = "xtc") -> Stage:
     """:func:`jaxsample.xtc` reading ``xtc_probability`` (``<= 0`` off), ``xtc_threshold``, ``min_keep``."""
     params = (Param("xtc_probability", probability, lo=0.0), Param("xtc_threshold", threshold), MIN_KEEP)
-    return stateless(name, _cutoffs.xtc, params, keyed=True)
+    form = _idle_form(lambda p: (p["xtc_probability"] <= 0) | (p["xtc_threshold"] > 0.5))
+    return stateless(name, _cutoffs.xtc, params, keyed=True, form=form, nan_free=True)
 
 
 @cached
