@@ -38,7 +38,10 @@ def top(x: Array, k: int) -> tuple[Array, Array]:
     """
     k = min(int(k), x.shape[-1])
     vals, ids = lax.top_k(x, k)
-    return lax.optimization_barrier((vals, ids.astype(jnp.int32)))
+    # One barrier per output: a barrier over the (vals, ids) pair is simplified into a barrier over the
+    # TopK tuple itself in multi-device (SPMD) programs, which crashes XLA:CPU's TopkDecomposer
+    # (shard_map / pmap over more than one CPU device). Same speed, same fast kernel.
+    return lax.optimization_barrier(vals), lax.optimization_barrier(ids.astype(jnp.int32))
 
 
 def choose(covered: Array, fast: Callable[[], Array], full: Callable[[], Array]) -> Array:

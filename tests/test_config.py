@@ -79,7 +79,15 @@ def _loaders():
     from jaxsample import models
     from wakong import config as wakong_config
 
-    return {"wakong.build": wakong_config.load_config, "model": models.load_config}
+    loaders = {"wakong.build": wakong_config.load_config, "model": models.load_config}
+    # --- evaluation / jobs (branch evaldemo) ---
+    from jaxsample.evaluation.configs import LOADERS
+    from jaxsample.jobs import demo, showcase, train
+
+    loaders.update(LOADERS)
+    loaders.update({"train": train.load, "demo": demo.load, "showcase": showcase.load})
+    # --- end evaluation / jobs ---
+    return loaders
 
 
 @pytest.mark.parametrize(
