@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
                           "sentences and prints the comparison table.")
     _common(demo, "demo", "configs/demo/demo.yaml")
     demo.add_argument("--out", help="run directory (default: runs/demo)")
-    demo.add_argument("--steps", type=int, help="training steps (train.num_steps)")
+    demo.add_argument("--steps", type=int, help="training steps (train.num_steps; warmup <= steps / 10)")
     demo.add_argument("--seed", type=int, help="seed of data order, init and sampling")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
                            description="Trains a BART (config kind 'train'), with checkpoints, history and loss.png.")
     _common(train, "train", "configs/train/pydoc_bart.yaml")
     train.add_argument("--out", help="run directory")
-    train.add_argument("--steps", type=int, help="training steps (train.num_steps)")
+    train.add_argument("--steps", type=int, help="training steps (train.num_steps; warmup <= steps / 10)")
     train.add_argument("--seed", type=int, help="seed of data order and init")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -87,12 +87,22 @@ def _flags(args, **keys) -> list[str]:
     return out + list(args.set)
 
 
+def _with_steps(cfg, steps: int | None):
+    """``--steps``: the training length; a longer warmup shrinks to a tenth of it."""
+    if steps is None:
+        return cfg
+    import dataclasses
+
+    train = dataclasses.replace(cfg.train, num_steps=steps, warmup_steps=min(cfg.train.warmup_steps, steps // 10))
+    return dataclasses.replace(cfg, train=train)
+
+
 def _demo(args) -> int:
     from jaxsample.evaluation.runner import format_table
     from jaxsample.jobs import demo
 
     path = args.config or _default("demo/demo.yaml")
-    cfg = demo.load(path, _flags(args, out="out", steps="train.num_steps", seed="seed"))
+    cfg = _with_steps(demo.load(path, _flags(args, out="out", seed="seed")), args.steps)
     results = demo.run(cfg, relative_to=path, progress=not args.no_progress)
     print()
     print(format_table(results))
@@ -118,7 +128,7 @@ def _train(args) -> int:
     from jaxsample.jobs import train
 
     path = args.config or _default("train/pydoc_bart.yaml")
-    cfg = train.load(path, _flags(args, out="out", steps="train.num_steps", seed="seed"))
+    cfg = _with_steps(train.load(path, _flags(args, out="out", seed="seed")), args.steps)
     done = train.run(cfg, relative_to=path, progress=not args.no_progress)
     state = "reused" if done.reused else f"trained in {done.seconds:.0f} s"
     print(f"checkpoint step {done.step} ({state}): {os.path.abspath(done.checkpoint)}")
@@ -152,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"demo": _demo, "showcase": _showcase, "train": _train, "eval": _eval}[args.command](args)
     except (ValueError, FileNotFoundError, yaml.YAMLError) as err:  # DatasetError/TokenizerError are ValueErrors
-        print(f"jaxsample {args.command}: error: {err}", file=sys.stderr)
+        kind = "invalid YAML: " if isinstance(err, yaml.YAMLError) else ""
+        print(f"jaxsample {args.command}: error: {kind}{' '.join(str(err).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"jaxsample {args.command}: interrupted", file=sys.stderr)
