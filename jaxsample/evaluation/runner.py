@@ -312,9 +312,9 @@ def format_examples(results: dict, tok, arrays: dict, count: int) -> str:
     """Source (with masks), reference and each config's first output for the first ``count`` rows."""
     lines = []
     for r in range(min(count, len(arrays["index"]))):
-        src = arrays["input_ids"][r][arrays["attention_mask"][r]]
+        src = arrays["input_ids"][r][arrays["attention_mask"][r].astype(bool)]
         lines.append(f"* source:    {_text(tok, src)}")
-        lines.append(f"  reference: {_text(tok, arrays['labels'][r][arrays['loss_mask'][r]])}")
+        lines.append(f"  reference: {_text(tok, arrays['labels'][r][arrays['loss_mask'][r].astype(bool)])}")
         for name, out in results["outputs"].items():
             lines.append(f"  {name + ':':<10} {_text(tok, out['tokens'][r, 0, :out['lengths'][r, 0]])}")
     return "\n".join(lines)

@@ -45,8 +45,8 @@ class DemoConfig:
     seed: int = 0
     build: str = "demo"
     holdout_every: int = 10
-    model: ModelSection = ModelSection()
-    train: TrainConfig = TrainConfig(num_steps=600, learning_rate=3e-3, warmup_steps=60, log_every=10)
+    model: ModelSection = ModelSection(overrides={"max_len": 64})
+    train: TrainConfig = TrainConfig(num_steps=1000, learning_rate=3e-3, warmup_steps=60, log_every=10)
     batch_size: int = 32
     eval: str = "demo"
     eval_set: tuple[str, ...] = ()
