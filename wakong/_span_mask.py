@@ -1,30 +1,36 @@
 """The fixed-shape JAX form of the Wakong algorithm: :func:`span_mask`.
 
 The reference draws its spans with ``random.Random`` one at a time. Here every row of a batch gets
-spans with *the same joint distribution*, drawn in a different order that suits vector hardware,
-with ``O(#spans)`` random words per row and no sort, scatter or loop over positions:
+spans with *the same joint distribution*, drawn in an order that suits vector hardware: ``O(#spans)``
+random words per row, no sort, scatter or loop over positions. Arrays are ``[entries, B]``, batch
+last, so that every step is elementwise over the batch.
 
 1. **Budget** ``M = floor(0.188 L) + Bernoulli(frac(0.188 L))``, read from a table built in float64
    (float32 would change ``M`` at e.g. ``L = 1250``). ``L < 2`` gets ``M = 0`` (the ``Wakong`` guard).
-2. **Span lengths.** While the remaining budget is ``>= 10`` the reference draws from the one full
-   table, so these draws are i.i.d.: they are computed all at once from ``capacity`` words and a
-   prefix sum finds how many are used. The remaining budget is then ``<= 9`` and at most 9 more
-   draws follow, each from the reference's truncated table for what is left.
-3. **Placement.** ``shuffle`` then ``sorted(sample(range(P), n))`` is the same as one uniformly random
+2. **Span lengths.** While at least 10 budget units remain, the reference draws from the one full
+   table, so those draws are i.i.d.: all ``capacity`` of them are drawn at once and a scan over the
+   budget finds how many are used. Then fewer than 10 units remain and at most 9 more draws follow,
+   each from the reference's table truncated at what is left.
+3. **Placement.** ``shuffle`` followed by ``sorted(sample(range(P), n))`` is one uniformly random
    injection ``f`` of the ``n`` spans (in draw order) into the ``P = L - S - n + 1`` slots. We draw
    its Lehmer code ``r_q ~ U[0, P - q)`` (``f(q)`` is the ``r_q``-th slot not taken by ``f(0..q-1)``)
-   and decode it without a sort: ``y = r`` and, for ``j = n-2 .. 0``, ``y_q += [y_q >= r_j]`` for all
-   ``q > j``. Span ``q`` then starts at ``f(q) + sum_{f(j) < f(q)} (s_j + 1)`` (plus the shift).
+   and decode it without a sort: ``y = r``, then for ``j = n-2 .. 0``: ``y_q += [y_q >= r_j]`` for
+   all ``q > j``. Span ``q`` starts at ``f(q) + sum_{f(j) < f(q)} (s_j + 1)``, as in the reference.
 4. **Shift** every start by one with probability 1/2.
-5. **Masks** are built as 32-bit words: each span toggles the bits at its start and end (one-hot
-   over words), a prefix parity turns the boundaries into runs, and the words are unpacked to bools.
+5. **Masks** are built as 32-bit words (a span, shorter than 32, sets bits in at most two words,
+   chosen by a one-hot over the words) and unpacked to booleans at the end.
 
-Exactness: every probability is the reference's exact one quantised to 32 bits (span-length CDFs and
-the budget fraction; ``|error| <= 2**-33``, far below anything measurable); the shift and the
-placement are exact (uniform integers use Lemire's multiply-shift with its rejection step, so they are
-unbiased). A row whose spans do not fit the fast ``capacity`` (probability below ``1e-9`` per row) makes
-the batch take an exact slow branch with room for every possible span, under ``lax.cond``; each row's
-result depends only on its key and length, never on the branch or on other rows.
+Exactness: each probability is the reference's exact one (counted over the 2**53 values of
+``random()``) rounded to a multiple of ``2**-32``; that touches only the span-length CDFs and the
+budget fraction, by at most ``2**-33``, far below anything measurable. The shuffle, the slots and the
+shift are exact: uniform integers use Lemire's multiply-shift *with* its rejection step.
+
+Every loop runs over span entries (at most the batch's largest span count), never over positions.
+Loops also keep XLA:CPU from fusing long elementwise producers (threefry, the decode chain) into
+each consumer, where they would be recomputed per pair. A row whose spans do not fit the fast
+``capacity`` (probability below ``1e-9`` per row) sends the batch through an exact branch with room
+for every possible span, under ``lax.cond``; a row's result never depends on the branch or on other
+rows, only on its key and its length.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ _U32 = jnp.uint32
 # Random streams: threefry(row key, (stream, i // 2)) gives words 2i and 2i + 1 of a stream.
 _MISC, _PREFIX, _TAIL, _SLOTS = 0, 1, 2, 3  # slot redraw number a uses stream _SLOTS + a
 _TAIL_DRAWS = MAX_SPAN_LEN - 1  # once fewer than 10 budget units remain, at most 9 draws follow
-_NOWHERE = 1 << 24  # position of a boundary that does not exist: beyond every word
+_NOWHERE = 1 << 24  # start of an entry that is not a span: beyond every word
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
@@ -122,11 +128,12 @@ def _threefry2x32(k1: Array, k2: Array, x0: Array, x1: Array) -> tuple[Array, Ar
     return x0, x1
 
 
-def _words(k1: Array, k2: Array, stream, n: int) -> Array:
+def _words(k1: Array, k2: Array, stream, n: int, used=None) -> Array:
     """``uint32[n, B]``: words ``0..n-1`` of ``stream`` (word ``i`` never depends on ``n``).
 
-    Generated block by block in a loop, so the words are computed once and stored: XLA:CPU would
-    otherwise fuse threefry into every consumer of the words and recompute it there.
+    Generated block by block in a loop, so the words are computed once and stored (XLA:CPU would
+    otherwise fuse threefry into every consumer and recompute it there). With ``used`` (a traced
+    count), only the first ``used`` words are generated; the others are zero.
     """
     blocks = (n + 1) // 2
     stream = jnp.asarray(stream, _U32)
@@ -135,7 +142,8 @@ def _words(k1: Array, k2: Array, stream, n: int) -> Array:
         lo, hi = _threefry2x32(k1, k2, stream, i.astype(_U32))
         return lax.dynamic_update_slice_in_dim(out, jnp.stack([lo, hi]), 2 * i, axis=0)
 
-    out = lax.fori_loop(0, blocks, block, jnp.zeros((2 * blocks, k1.shape[0]), _U32))
+    stop = blocks if used is None else (used + 1) // 2
+    out = lax.fori_loop(0, stop, block, jnp.zeros((2 * blocks, k1.shape[0]), _U32))
     return out[:n]
 
 
@@ -195,7 +203,7 @@ def _span_lengths(k1: Array, k2: Array, budget: Array, capacity: int) -> tuple[A
     return lengths, count, left, fits & (count <= capacity)
 
 
-def _uniform_below(k1: Array, k2: Array, bound: Array, small: bool) -> Array:
+def _uniform_below(k1: Array, k2: Array, bound: Array, used: Array, small: bool) -> Array:
     """``int32[n, B]``: independent uniform integers in ``[0, bound)`` (``bound >= 1``), exactly.
 
     Lemire's method: ``hi, lo = u * bound``; ``hi`` is uniform unless ``lo < 2**32 mod bound``. That test
@@ -203,17 +211,18 @@ def _uniform_below(k1: Array, k2: Array, bound: Array, small: bool) -> Array:
     are redrawn from the next stream, so every entry's value depends only on its own words.
     """
     n = bound.shape[0]
-    hi, lo = _mul_wide(_words(k1, k2, _SLOTS, n), bound, small)
+    hi, lo = _mul_wide(_words(k1, k2, _SLOTS, n, used), bound, small)
 
     def body(state):
         hi, lo, suspect, redraw = state
         reject = suspect & (lo < (_U32(0) - bound) % bound)
         redraw = redraw + 1
-        hi2, lo2 = _mul_wide(_words(k1, k2, _SLOTS + redraw, n), bound, small)
+        hi2, lo2 = _mul_wide(_words(k1, k2, _SLOTS + redraw, n, used), bound, small)
         hi, lo = jnp.where(reject, hi2, hi), jnp.where(reject, lo2, lo)
         return hi, lo, reject & (lo2 < bound), redraw
 
-    hi, *_ = lax.while_loop(lambda s: jnp.any(s[2]), body, (hi, lo, lo < bound, jnp.uint32(0)))
+    suspect = (lo < bound) & (bound > 1)  # 2**32 mod 1 == 0: a bound of 1 never rejects
+    hi, *_ = lax.while_loop(lambda s: jnp.any(s[2]), body, (hi, lo, suspect, jnp.uint32(0)))
     return hi.astype(jnp.int32)
 
 
@@ -287,7 +296,7 @@ def _draw(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int):
     bound = jnp.where(real, slots - q, 1).astype(_U32)
     # Slots and offsets are < max_len + 2: int16 when that fits (twice the SIMD lanes of int32).
     narrow = jnp.int16 if max_len < (1 << 15) - 2 else jnp.int32
-    code = _uniform_below(k1, k2, bound, small=max_len < (1 << 16) - 1)
+    code = _uniform_below(k1, k2, bound, most, small=max_len < (1 << 16) - 1)
     code = jnp.where(real, code, jnp.iinfo(narrow).max).astype(narrow)
     slot = _decode(code, most)
     before = _offsets(slot, jnp.where(real, span + 1, 0).astype(narrow), most)
@@ -318,7 +327,7 @@ def _check_lengths(lengths: ArrayLike, max_len: int) -> Array:
     return jnp.clip(arr, 0, max_len).astype(jnp.int32)
 
 
-def span_mask(key: KeyLike, lengths: ArrayLike, max_len: int, *, _capacity: int | None = None) -> tuple[Array, Array]:
+def span_mask(key: KeyLike, lengths: ArrayLike, max_len: int) -> tuple[Array, Array]:
     """Wakong span masks for a batch of sequences, as fixed-shape boolean arrays.
 
     The spans of each row have exactly the joint distribution of
@@ -338,28 +347,31 @@ def span_mask(key: KeyLike, lengths: ArrayLike, max_len: int, *, _capacity: int 
       ``i == length`` appends one). Nothing at or beyond ``length`` is masked.
 
     >>> import jax
-    >>> masked, inserted = span_mask(jax.random.key(0), jnp.array([40, 2000, 0]), 2000)
+    >>> masked, inserted = span_mask(jax.random.key(0), jnp.array([40, 512, 0]), 512)
     >>> masked.shape, inserted.shape
-    ((3, 2000), (3, 2001))
-    >>> bool(masked[2].any() or inserted[2].any()), bool(masked[0, 40:].any())
+    ((3, 512), (3, 513))
+    >>> bool(masked[2].any() or inserted[2].any()), bool(masked[0, 40:].any() or inserted[0, 41:].any())
     (False, False)
-    >>> 0.13 < float(masked[1].sum()) / 2000 < 0.17
+    >>> 0.13 < float(masked[1].sum()) / 512 < 0.17
     True
     """
     max_len = _validate.static_int(max_len, "max_len", lo=0)
     lens = _check_lengths(lengths, max_len)
-    batch_shape = lens.shape
-    flat = lens.reshape(-1)
-    batch = flat.shape[0]
-    if batch == 0:
+    return _sample(key, lens, max_len, _capacities(max_len)[0])
+
+
+def _sample(key: KeyLike, lengths: Array, max_len: int, capacity: int) -> tuple[Array, Array]:
+    """:func:`span_mask` on checked ``int32`` lengths, with ``capacity`` span entries in the fast branch."""
+    batch_shape = lengths.shape
+    flat = lengths.reshape(-1)
+    if flat.shape[0] == 0:
         return jnp.zeros(batch_shape + (max_len,), bool), jnp.zeros(batch_shape + (max_len + 1,), bool)
     k1, k2 = _key_words(key, batch_shape)
-    fast, full = _capacities(max_len)
-    fast = fast if _capacity is None else _capacity
-    masked, inserted, fits = _draw(k1, k2, flat, max_len, fast)
-    if fast < full:
+    full = _capacities(max_len)[1]
+    masked, inserted, fits = _draw(k1, k2, flat, max_len, min(capacity, full))
+    if capacity < full:
         masked, inserted = lax.cond(
             jnp.all(fits), lambda: (masked, inserted), lambda: _draw(k1, k2, flat, max_len, full)[:2]
         )
-    out_shape = batch_shape + (-1,)
-    return _unpack(masked, max_len).reshape(out_shape), _unpack(inserted, max_len + 1).reshape(out_shape)
+    shape = batch_shape + (-1,)
+    return _unpack(masked, max_len).reshape(shape), _unpack(inserted, max_len + 1).reshape(shape)
