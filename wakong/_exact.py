@@ -191,3 +191,19 @@ def position_rates(seq_len: int) -> tuple[np.ndarray, np.ndarray]:
             else:
                 inserted[pos] += p
     return masked, inserted
+
+
+def markdown_table(seq_lens) -> str:
+    """The exact statistics of ``docs/wakong.md`` as a markdown table, one row per length."""
+    lines = [
+        "| L | E[rate] | sd(rate) | E[#spans] | P(no span) | pooled span-length pmf, s = 0..10 | mode |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for seq_len in seq_lens:
+        st = statistics(seq_len)
+        pmf = " ".join(f"{p:.4f}".lstrip("0") if p else "0" for p in st.span_pmf)
+        lines.append(
+            f"| {seq_len} | {st.mean_rate:.5f} | {st.sd_rate:.5f} | {st.mean_spans:.3f} | {st.p_no_spans:.3f} "
+            f"| {pmf} | {int(np.argmax(st.span_pmf))} |"
+        )
+    return "\n".join(lines)
