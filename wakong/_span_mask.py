@@ -184,21 +184,18 @@ def _span_lengths(k1: Array, k2: Array, budget: Array, capacity: int) -> tuple[A
     tail_words = _words(k1, k2, _TAIL, _TAIL_DRAWS)
 
     def tail_step(state):  # at most 9 draws, each from the table truncated at what is left
-        i, left, n_tail, tail = state
+        i, left, n_tail, lengths = state
         u = lax.dynamic_index_in_dim(tail_words, i, keepdims=False)
         thr = truncated[:, jnp.clip(left - 1, 0, _TAIL_DRAWS - 1)]  # [t, B]: this row's cap
         length = jnp.sum((u >= thr) & (t < left), axis=0, dtype=jnp.int32)
         active = left > 0
-        tail = lax.dynamic_update_index_in_dim(tail, length, i, axis=0)
-        return i + 1, left - jnp.where(active, length + 1, 0), n_tail + active, tail
+        lengths = jnp.where(active & (entry == n_iid + n_tail), length, lengths)  # draw goes after the others
+        return i + 1, left - jnp.where(active, length + 1, 0), n_tail + active, lengths
 
     fits = left < MAX_SPAN_LEN
-    init = (jnp.int32(0), jnp.where(fits, left, 0), jnp.zeros_like(left), jnp.zeros((_TAIL_DRAWS,) + left.shape, jnp.int32))
-    _, left, n_tail, tail = lax.while_loop(lambda s: jnp.any(s[1] > 0), tail_step, init)
-    pos = jnp.arange(capacity)[:, None] - n_iid  # tail draw t goes to entry n_iid + t
-    lengths = full
-    for i in range(_TAIL_DRAWS):
-        lengths = jnp.where(pos == i, tail[i], lengths)
+    entry = jnp.arange(capacity)[:, None]
+    init = (jnp.int32(0), jnp.where(fits, left, 0), jnp.zeros_like(left), full)
+    _, left, n_tail, lengths = lax.while_loop(lambda s: jnp.any(s[1] > 0), tail_step, init)
     count = n_iid + n_tail
     return lengths, count, left, fits & (count <= capacity)
 
