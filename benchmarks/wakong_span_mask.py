@@ -44,9 +44,8 @@ print(best / n)
 def reference_seconds(python: str, seq_len: int, n: int) -> float:
     """Seconds per scheme of the real package, measured in its own interpreter (best of 3)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run(
-        [python, "-c", REFERENCE_SNIPPET, str(seq_len), str(n)], capture_output=True, text=True, check=True, env=env, cwd="/"
-    )
+    cmd = [python, "-c", REFERENCE_SNIPPET, str(seq_len), str(n)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd="/")
     return float(out.stdout.strip())
 
 
@@ -101,7 +100,8 @@ def main() -> None:
     parser.add_argument("--schemes", type=int, default=5000, help="schemes per reference timing")
     parser.add_argument("--reference-python", default=os.environ.get("WAKONG_REFERENCE_PYTHON"))
     args = parser.parse_args()
-    print(f"load average {tuple(round(x, 2) for x in os.getloadavg())}, {os.cpu_count()} CPUs, seq_len {args.seq_len}")
+    load = tuple(round(x, 2) for x in os.getloadavg())
+    print(f"load average {load}, {os.cpu_count()} CPUs, seq_len {args.seq_len}")
     port = port_seconds(args.seq_len, args.schemes)
     print(f"bit-exact port (this process): {port * 1e6:.1f} us/scheme")
     timers = {}
@@ -118,12 +118,16 @@ def main() -> None:
         for batch, run in timers.items():
             wall, cpu = run()
             ratios[batch].append(base / wall)
-            line.append(f"B={batch}: {wall * 1e9:5.0f} ns/row ({cpu * 1e9:4.0f} CPU), {1 / wall:10,.0f} seq/s, {base / wall:5.1f}x")
+            rate = f"{1 / wall:10,.0f} seq/s, {base / wall:5.1f}x"
+            line.append(f"B={batch}: {wall * 1e9:5.0f} ns/row ({cpu * 1e9:4.0f} CPU), {rate}")
         print(" | ".join(line), flush=True)
     for batch, values in ratios.items():
         values = sorted(values)
-        print(f"B={batch}: span_mask / {label} sequences per second (one core each): median {values[len(values) // 2]:.1f}x "
-              f"(min {values[0]:.1f}x, max {values[-1]:.1f}x over {len(values)} rounds)")
+        print(
+            f"B={batch}: span_mask / {label} sequences per second (one core each): "
+            f"median {values[len(values) // 2]:.1f}x (min {values[0]:.1f}x, max {values[-1]:.1f}x, "
+            f"{len(values)} rounds)"
+        )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ _LENGTHS = np.arange(MAX_SPAN_LEN + 1)
 
 
 def budget_distribution(seq_len: int) -> dict[int, float]:
-    """``{M: P(M)}``: ``floor(0.188 L)``, plus one with probability ``frac(0.188 L)`` (float64, as the reference)."""
+    """``{M: P(M)}``: ``floor(0.188 L)``, plus one with probability ``frac(0.188 L)`` (float64 arithmetic)."""
     x = seq_len * PROPOSED_MASK_RATE
     whole = int(x)
     frac = x - float(whole)

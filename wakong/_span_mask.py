@@ -89,7 +89,7 @@ def _length_thresholds() -> np.ndarray:
 
 @functools.cache
 def _budget_table(max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(whole, thr)`` for ``L = 0..max_len``: ``M = whole[L] + (u32 < thr[L])``, in float64 like the reference."""
+    """``(whole, thr)`` for ``L = 0..max_len``: ``M = whole[L] + (u32 < thr[L])``, float64 as the reference."""
     x = np.arange(max_len + 1, dtype=np.float64) * PROPOSED_MASK_RATE
     whole = np.floor(x)
     # random() < frac happens for ceil(frac * 2**53) of the 2**53 values of random(); round to 32 bits.
