@@ -333,15 +333,20 @@ def span_mask(key: KeyLike, lengths: ArrayLike, max_len: int) -> tuple[Array, Ar
     spans, as ``Wakong`` returns such word lists unchanged.
 
     Args:
-      key: one PRNG key (row ``b`` then uses ``fold_in(key, b)``) or one key per row (shape ``[*B]``).
-        A row's masks depend only on its key and its length.
-      lengths: ``int[*B]`` numbers of words, ``0 <= length <= max_len``; may be traced (never recompiles).
-      max_len: static padded length.
+      key: one PRNG key (row ``b`` then uses ``fold_in(key, b)``) or one key per row (shape ``[*B]``),
+        typed or raw ``uint32[..., 2]``. A row's masks depend only on its key and its length.
+      lengths: ``int[*B]`` numbers of words, ``0 <= length <= max_len``; may be traced (new values
+        never recompile; traced values outside the range are clamped to it).
+      max_len: static padded length (a non-negative Python int).
 
     Returns:
       ``(masked, inserted)``: ``masked: bool[*B, max_len]`` marks the words covered by spans;
       ``inserted: bool[*B, max_len + 1]`` marks zero-length spans (a mask inserted before word ``i``;
       ``i == length`` appends one). Nothing at or beyond ``length`` is masked.
+
+    Raises:
+      ValueError: for concrete ``lengths`` that are not integers or lie outside ``[0, max_len]``, or a
+        ``max_len`` that is not a non-negative int.
 
     >>> import jax
     >>> masked, inserted = span_mask(jax.random.key(0), jnp.array([40, 512, 0]), 512)
