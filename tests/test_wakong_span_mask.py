@@ -467,6 +467,31 @@ def test_uniform_below_rejection_is_exact():
     assert (got[:4] >= 2**30).mean() > 0.3 and (got[4] == 0).all()
 
 
+def test_exact_statistics_match_the_research_tables():
+    # wakong.md §1.4-1.5 (computed there independently, by the same DP and by enumeration).
+    table = {  # L: (E[rate], sd(rate), E[#spans], pooled p[0..4])
+        16: (0.15185, 0.0365, 1.20, [0.060, 0.251, 0.298, 0.389, 0.002]),
+        64: (0.15176, 0.01235, 2.93, [0.038, 0.161, 0.184, 0.190, 0.166]),
+        256: (0.15167, 0.00513, 9.91, [0.022, 0.092, 0.148, 0.1872, 0.1863]),
+        1024: (0.15165, 0.00239, 37.8, [0.017, 0.071, 0.137, 0.1863, 0.1929]),
+        4096: (0.15164, 0.00116, 149.5, [0.0155, 0.065, 0.134, 0.1860, 0.1946]),
+    }
+    for seq_len, (rate, sd, spans, pmf) in table.items():
+        st = _exact.statistics(seq_len)
+        assert round(st.mean_rate, 5) == rate and abs(st.sd_rate - sd) < 6e-5
+        assert abs(st.mean_spans - spans) < 0.06 and np.allclose(st.span_pmf[:5], pmf, atol=6e-4)
+    assert [round(_exact.statistics(n).p_no_spans, 3) for n in (2, 3, 4, 5, 6)] == [0.624, 0.436, 0.248, 0.06, 0]
+    assert {k: round(p, 5) for k, p in _exact.outcomes(3).items()} == {
+        (): 0.436, ((1, 1),): 0.22777, ((0, 1),): 0.11388, ((2, 1),): 0.11388,
+        ((1, 0),): 0.03615, ((2, 0),): 0.03615, ((0, 0),): 0.01808, ((3, 0),): 0.01808,
+    }  # fmt: skip
+    modes = [int(np.argmax(_exact.statistics(n).span_pmf)) for n in range(2, 400)]
+    runs = [(2 + i, m) for i, m in enumerate(modes) if i == 0 or modes[i - 1] != m]
+    assert runs == [(2, 1), (10, 2), (16, 3), (22, 1), (39, 2), (53, 3), (283, 4)]
+    rate, pmf = _exact.pooled(range(2, 256))
+    assert round(rate, 5) == 0.15170 and round(pmf[0], 4) == 0.0283 and int(np.argmax(pmf)) == 3
+
+
 def test_capacities_cover_the_span_count():
     for max_len in [64, 512, 2048]:
         fast, full = sm._capacities(max_len)
