@@ -127,6 +127,13 @@ def test_span_length_cdfs_bit_exact():
     assert ours == GOLDEN["probs_list_hex"]
 
 
+def test_shipped_table_is_the_numpyro_derivation():
+    """The build step (python -m wakong._distribution) and the shipped table agree bit for bit."""
+    from wakong._distribution import derive_span_length_cdfs
+
+    assert derive_span_length_cdfs() == span_length_cdfs()
+
+
 def test_value_error_rate_at_one_word():
     # generate_mask_scheme(rng, 1) raises when a one-word span is drawn: exactly 0.188 * (1 - 0.19230762).
     p = _exact.outcomes(1)["ValueError"]

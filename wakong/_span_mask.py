@@ -55,12 +55,6 @@ _NOWHERE = 1 << 24  # start of an entry that is not a span: beyond every word
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
-def _concrete(table_fn):
-    """Calls a cached table builder of ``_distribution`` (which uses jnp) eagerly, even under ``jit``."""
-    with jax.ensure_compile_time_eval():
-        return table_fn()
-
-
 def _count_below(total: float, c: float) -> int:
     """``#{k < 2**53 : (k / 2**53) * total < c}``: the reference's ``random() * total < c`` events."""
     lo, hi = 0, 1 << 53
@@ -81,7 +75,7 @@ def _length_thresholds() -> np.ndarray:
     i.e. ``s <= t`` exactly when ``random() * cdf[-1] < cdf[t]``; we count those 53-bit events and round.
     """
     out = np.zeros((MAX_SPAN_LEN, MAX_SPAN_LEN), np.uint32)
-    for m, cdf in enumerate(_concrete(span_length_cdfs), start=1):
+    for m, cdf in enumerate(span_length_cdfs(), start=1):
         for t in range(m):
             out[m - 1, t] = (_count_below(cdf[-1] + 0.0, cdf[t]) + (1 << 20)) >> 21
     return out
@@ -104,7 +98,7 @@ def _capacities(max_len: int) -> tuple[int, int]:
     """``(fast, full)`` numbers of span entries: ``full`` fits every outcome, ``fast`` all but ~1e-9."""
     whole, thr = _budget_table(max_len)
     full = max(int((whole + (thr > 0)).max()), 1)
-    pmf = _concrete(span_length_pmfs)[MAX_SPAN_LEN - 1]
+    pmf = span_length_pmfs()[MAX_SPAN_LEN - 1]
     mean = float(pmf @ np.arange(1, MAX_SPAN_LEN + 2))
     var = float(pmf @ np.arange(1, MAX_SPAN_LEN + 2) ** 2) - mean**2
     # n = #spans is about M / mean + 1/2 with sd sqrt(M var / mean^3); its upper tail is lighter than normal.
