@@ -14,10 +14,11 @@ coordinator + process count + process id   ``jax.distributed.initialize(...)`` w
 =========================================  ==========================================================
 
 ``JAXSAMPLE_LOCAL_DEVICE_IDS`` / ``--local-device-ids`` (``0,1``) restrict the devices of a process in
-either distributed mode. Partial explicit settings (say a coordinator without a process id), settings
-with ``JAXSAMPLE_DISTRIBUTED=0``, or a second call that contradicts the first raise ``ValueError`` /
-``RuntimeError`` naming what is wrong. A second call with compatible settings returns the same
-:class:`ProcessInfo`.
+either distributed mode. Partial explicit settings (say a coordinator without a process id) or settings
+with ``JAXSAMPLE_DISTRIBUTED=0`` raise ``ValueError``; a second call that contradicts the first, or a
+runtime that cannot start, :class:`DistributedError`, naming what is wrong. A second call with
+compatible settings returns the same :class:`ProcessInfo`. (JAX must not have computed anything
+before: importing ``jaxsample`` or ``wakong`` never starts a JAX backend.)
 
 The collectives move small host data (manifests, statuses, a tokenizer) between processes through
 ``jax.experimental.multihost_utils`` and are no-ops for one process: :func:`barrier`,
@@ -100,11 +101,17 @@ def _device_ids(value, name: str) -> list[int]:
     return ids
 
 
-_EXPLICIT = {"coordinator": ENV_COORDINATOR, "num_processes": ENV_NUM_PROCESSES, "process_id": ENV_PROCESS_ID}
+_ENV = {  # setting -> its variable
+    "coordinator": ENV_COORDINATOR,
+    "num_processes": ENV_NUM_PROCESSES,
+    "process_id": ENV_PROCESS_ID,
+    "local_device_ids": ENV_LOCAL_DEVICE_IDS,
+}
+_EXPLICIT = ("coordinator", "num_processes", "process_id")
 _PARSE = {
     "coordinator": _coordinator,
-    "num_processes": lambda v, name: _int(v, name, 1),
-    "process_id": lambda v, name: _int(v, name, 0),
+    "num_processes": lambda value, name: _int(value, name, 1),
+    "process_id": lambda value, name: _int(value, name, 0),
     "local_device_ids": _device_ids,
 }
 
@@ -118,41 +125,38 @@ def _resolve(
     distributed: bool | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> tuple[bool, dict]:
-    """``(initialise?, jax.distributed.initialize kwargs)`` for these settings (arguments, then ``environ``)."""
+    """``(initialise?, jax.distributed.initialize kwargs)``: arguments first, then ``environ``."""
     flag = distributed if distributed is not None else _flag(environ)
-    args = dict(coordinator=coordinator, num_processes=num_processes, process_id=process_id)
-    args["local_device_ids"] = local_device_ids
-    envs = {**_EXPLICIT, "local_device_ids": ENV_LOCAL_DEVICE_IDS}
-    given = {}  # key -> (parsed value, where it came from)
-    for key, value in args.items():
+    values = dict(coordinator=coordinator, num_processes=num_processes, process_id=process_id)
+    values["local_device_ids"] = local_device_ids
+    given, where = {}, {}  # setting -> parsed value, and the argument or variable it came from
+    for key, value in values.items():
         name = key
         if value is None:
-            value, name = environ.get(envs[key]), envs[key]
+            value, name = environ.get(_ENV[key]), _ENV[key]
         if value is not None and not (isinstance(value, str) and not value.strip()):
-            given[key] = (_PARSE[key](value, name), name)
+            given[key], where[key] = _PARSE[key](value, name), name
     if flag is False and given:
-        names = ", ".join(name for _, name in given.values())
-        raise ValueError(f"distributed settings ({names}) given while {ENV_DISTRIBUTED}=0 / distributed=False")
+        names = ", ".join(where.values())
+        raise ValueError(f"distributed settings ({names}) given with {ENV_DISTRIBUTED}=0 or distributed=False")
     explicit = [key for key in _EXPLICIT if key in given]
     if 0 < len(explicit) < len(_EXPLICIT):
-        missing = ", ".join(f"{key} ({env})" for key, env in _EXPLICIT.items() if key not in given)
+        missing = ", ".join(f"{key} ({_ENV[key]})" for key in _EXPLICIT if key not in given)
         raise ValueError(
             f"incomplete distributed settings: missing {missing}; give coordinator, num_processes and "
             f"process_id together, or none of them with {ENV_DISTRIBUTED}=1 to let JAX detect the cluster "
             "(Cloud TPU, Slurm, Open MPI)"
         )
-    kwargs = {key: value for key, (value, _) in given.items()}
-    if explicit and kwargs["process_id"] >= kwargs["num_processes"]:
-        raise ValueError(
-            f"process_id must be in [0, num_processes={kwargs['num_processes']}), got {kwargs['process_id']}"
-        )
+    if explicit and given["process_id"] >= given["num_processes"]:
+        count, index = given["num_processes"], given["process_id"]
+        raise ValueError(f"process_id must be in [0, num_processes={count}), got {index}")
     if "local_device_ids" in given and not explicit and not flag:
         raise ValueError(
             f"local_device_ids only apply to a distributed run (set {ENV_DISTRIBUTED}=1 or a coordinator)"
         )
     if explicit:
-        kwargs["coordinator_address"] = kwargs.pop("coordinator")
-    return bool(explicit or flag), kwargs
+        given = {"coordinator_address": given.pop("coordinator"), **given}
+    return bool(explicit or flag), given
 
 
 def _jax_distributed() -> bool:
@@ -186,7 +190,8 @@ def initialize(
 
     Raises:
       ValueError: partial, malformed or contradictory settings.
-      RuntimeError: JAX already runs with other settings, or computed something before this call.
+      DistributedError: JAX's runtime could not start (e.g. the coordinator is unreachable, or JAX
+        computed something before this call), or already runs with other settings.
     """
     enabled, want = _resolve(
         coordinator,
@@ -201,10 +206,14 @@ def initialize(
     import jax
 
     if not jax.distributed.is_initialized():
-        jax.distributed.initialize(**want)
+        try:
+            jax.distributed.initialize(**want)
+        except Exception as err:  # unreachable coordinator, timeout, JAX already computing, ...
+            how = ", ".join(f"{k}={v}" for k, v in want.items()) or "auto-detected settings"
+            raise DistributedError(f"jax.distributed.initialize({how}) failed: {err}") from err
     info = ProcessInfo(jax.process_index(), jax.process_count(), True)
     if "num_processes" in want and (want["num_processes"], want["process_id"]) != (info.count, info.index):
-        raise RuntimeError(
+        raise DistributedError(
             f"JAX's distributed runtime already runs as process {info.index} of {info.count}; "
             f"cannot initialise as process {want['process_id']} of {want['num_processes']}"
         )
@@ -212,30 +221,33 @@ def initialize(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """Adds ``--distributed``, ``--coordinator``, ``--num-processes``, ``--process-id``, ``--local-device-ids``."""
+    """Adds the start-up flags (``--distributed``, ``--coordinator``, ``--num-processes``, ...) to a CLI."""
     group = parser.add_argument_group(
         "multi-host",
-        f"JAX distributed start-up (default: single process). Each flag falls back to its JAXSAMPLE_* "
+        f"JAX distributed start-up (default: one process). Each flag falls back to its JAXSAMPLE_* "
         f"variable; tpu_scripts/launch.sh sets {ENV_DISTRIBUTED}=1.",
     )
     group.add_argument(
         "--distributed",
         action="store_true",
         default=None,
-        help=f"call jax.distributed.initialize(), detecting the cluster (TPU pod, Slurm, Open MPI; {ENV_DISTRIBUTED}=1)",
+        help=f"start JAX's runtime, detecting the cluster: TPU pod, Slurm, Open MPI ({ENV_DISTRIBUTED})",
     )
-    group.add_argument("--coordinator", metavar="HOST:PORT", help=f"process 0's address ({ENV_COORDINATOR})")
-    group.add_argument("--num-processes", type=int, metavar="N", help=f"processes in the job ({ENV_NUM_PROCESSES})")
-    group.add_argument("--process-id", type=int, metavar="I", help=f"this process, 0..N-1 ({ENV_PROCESS_ID})")
-    group.add_argument("--local-device-ids", metavar="IDS", help=f"devices of this process, e.g. 0,1 ({ENV_LOCAL_DEVICE_IDS})")
+    for flag, metavar, kind, what in (
+        ("--coordinator", "HOST:PORT", str, "process 0's address"),
+        ("--num-processes", "N", int, "processes in the job"),
+        ("--process-id", "I", int, "this process, 0..N-1"),
+        ("--local-device-ids", "IDS", str, "this process's devices, e.g. 0,1"),
+    ):
+        env = _ENV[flag[2:].replace("-", "_")]
+        group.add_argument(flag, type=kind, metavar=metavar, help=f"{what} ({env})")
     return group
 
 
 def from_args(args: argparse.Namespace) -> ProcessInfo:
     """:func:`initialize` with the flags of :func:`add_arguments`."""
-    return initialize(
-        args.coordinator, args.num_processes, args.process_id, args.local_device_ids, distributed=args.distributed
-    )
+    settings = (args.coordinator, args.num_processes, args.process_id, args.local_device_ids)
+    return initialize(*settings, distributed=args.distributed)
 
 
 def current() -> ProcessInfo:
@@ -278,7 +290,8 @@ def _words(data: bytes, size: int) -> np.ndarray:
 
 
 def _padded(n: int) -> int:
-    return max(4, -(-n // 4) * 4)
+    """Buffer size for ``n`` bytes: a power of two (>= 64), so that few shapes are ever compiled."""
+    return 1 << max(6, (n - 1).bit_length())
 
 
 def allgather_bytes(data: bytes) -> list[bytes]:

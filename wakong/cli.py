@@ -143,7 +143,8 @@ def _report_lines(manifest: dict, summary: dict | None) -> list[str]:
         lines.append(f"  {key.replace('_', ' '):<30} {value:>10,}")
     if manifest["process_count"] > 1:
         per_part = ", ".join(f"{p['counts']['records_in']:,}" for p in manifest["parts"])
-        lines.append(f"processes         {manifest['process_count']:>12,}  (records in per process: {per_part})")
+        count = manifest["process_count"]
+        lines.append(f"processes         {count:>12,}  (records in per process: {per_part})")
     loop_rate = c["tokens"] / max(timing["loop_seconds"], 1e-9)
     lines.append(
         f"time              {timing['seconds']:>12.2f} s  -> {timing['tokens_per_second']:,.0f} tokens/s"
@@ -201,9 +202,9 @@ def _build(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     if not processes.is_main:
-        c = manifest["parts"][processes.index]["counts"]
-        print(f"process {processes.index} of {processes.count}: built part {processes.index} "
-              f"({c['records_in']:,} records, {c['examples']:,} examples); process 0 reports", file=sys.stderr)
+        c, i = manifest["parts"][processes.index]["counts"], processes.index
+        print(f"process {i} of {processes.count}: built part {i} ({c['records_in']:,} records, "
+              f"{c['examples']:,} examples); process 0 reports", file=sys.stderr)
         return 0
     summary = None
     if config.noise.infill:

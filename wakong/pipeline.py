@@ -321,7 +321,7 @@ def resolve_tokenizer(
 _PART_FILE = re.compile(r"(?:part|manifest)-(\d+)-of-(\d+)\b")
 
 
-def prepare_dir(out_dir: str, process_index: int = 0, process_count: int = 1, overwrite: bool = False) -> None:
+def prepare_dir(out_dir: str, process_index: int = 0, process_count: int = 1, overwrite: bool = False):
     """Makes ``out_dir`` ready for one part: refuses to mix with an earlier build unless ``overwrite``.
 
     What the part replaces -- its own manifest and shards, the dataset manifest, and every file of a
@@ -375,7 +375,9 @@ def build(
     overwrite: bool = False,
     progress: Callable[[Outcome], Any] | None = None,
 ) -> dict:
-    """Builds this host's part of a dataset in ``out_dir`` and returns its manifest.
+    """Builds this process's part of a dataset in ``out_dir`` and returns the part's manifest.
+
+    :func:`wakong.multihost.build` runs this on every process of a job and merges the parts.
 
     Args:
       source: raw records (:mod:`wakong.sources`).

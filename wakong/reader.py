@@ -160,7 +160,7 @@ def batches(
         raise ValueError(f"num_epochs must be >= 1 or None, got {num_epochs}")
     if part is not None:
         if process_index is not None or process_count is not None:
-            raise ValueError("give part (read one part whole) or process_index/process_count (share all parts)")
+            raise ValueError("give part (read one part whole) or process_index/process_count, not both")
         process_index, process_count = 0, 1
     if process_index is None or process_count is None:
         import jax

@@ -1,11 +1,13 @@
 """On-disk format of a built dataset: example records in ArrayRecord shards, plus JSON manifests.
 
-Layout of a dataset directory (one part per host that built it)::
+Layout of a dataset directory (one part per process that built it)::
 
     tokenizer.json
-    part-00000-of-00001-shard-00000-of-00004.array_record
+    part-00000-of-00002-shard-00000-of-00004.array_record
     ...
-    manifest-00000-of-00001.json
+    manifest-00000-of-00002.json     a part's manifest: its settings, input, shards, counts
+    manifest-00001-of-00002.json
+    manifest.json                    the dataset manifest (wakong build): every part, checked and summed
 
 A record is ``encode_record``'s compact binary form of one example: its global record index, its part
 number within the record, ``input_ids`` and ``labels`` with BOS/EOS (uint16 when the vocabulary fits,
@@ -14,7 +16,8 @@ else int32), and bitmaps of word and sentence starts over ``labels`` (for dynami
 Writes are atomic: shards are written under temporary names and renamed only after every shard closed
 without error, and the manifest is written last (also atomically). Any write error -- a full disk, a
 read-only directory -- raises :class:`DatasetWriteError` and removes the temporary files, so a manifest
-never claims records that are not on disk.
+never claims records that are not on disk. Temporary names are unique across hosts, so processes on
+several hosts may share the directory.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def decode_record(data: bytes) -> dict[str, Any]:
 
 
 def temp_suffix() -> str:
-    """A temporary-file suffix unique across processes and hosts (hosts sharing a directory may share pids)."""
+    """A temporary-file suffix unique across processes and hosts (hosts sharing a directory share pids)."""
     return f".tmp-{os.getpid()}-{secrets.token_hex(4)}"
 
 
@@ -223,20 +226,22 @@ def _source_identity(source: dict) -> dict:
 def _check_parts(parts: list[dict]) -> None:
     """Same version, settings, tokenizer and input in every part; each accounts for its own records."""
     first = parts[0]
+    other = f"part {first.get('process_index')}"
     for part in parts:
         name = f"part {part.get('process_index')}"
         if part.get("version") != MANIFEST_VERSION:
             raise DatasetError(f"{name} has manifest version {part.get('version')}, expected {MANIFEST_VERSION}")
         for key in ("config_fingerprint", "seed", "process_count"):
             if part[key] != first[key]:
-                raise DatasetError(f"{name} differs from part {first['process_index']} in {key}: built with different settings")
+                raise DatasetError(f"{name} differs from {other} in {key}: built with different settings")
         if part["tokenizer"]["sha256"] != first["tokenizer"]["sha256"]:
-            raise DatasetError(f"{name} was built with a different tokenizer than part {first['process_index']}")
+            raise DatasetError(f"{name} was built with a different tokenizer than {other}")
         if _source_identity(part["source"]) != _source_identity(first["source"]):
-            raise DatasetError(f"{name} read other input than part {first['process_index']} (file contents differ)")
+            raise DatasetError(f"{name} read other input than {other} (file contents differ)")
         c, i, n = part["counts"], part["process_index"], part["source"]["records"]
         expected = len(range(i, n, part["process_count"]))
-        if c["records_in"] != expected or expected != c["records_written"] + sum(c["records_dropped"].values()):
+        out = c["records_written"] + sum(c["records_dropped"].values())
+        if c["records_in"] != expected or out != expected:
             raise DatasetError(
                 f"{name} accounts for {c['records_in']:,} records ({c['records_written']:,} written, "
                 f"{sum(c['records_dropped'].values()):,} dropped), expected {expected:,} of {n:,}"
@@ -264,7 +269,8 @@ def combine_parts(parts: list[dict]) -> dict:
     count = parts[0]["process_count"]
     indices = sorted(p["process_index"] for p in parts)
     if len(set(indices)) != len(indices):
-        raise DatasetError(f"parts {sorted({i for i in indices if indices.count(i) > 1})} appear more than once")
+        twice = sorted({i for i in indices if indices.count(i) > 1})
+        raise DatasetError(f"parts {twice} appear more than once")
     if indices != list(range(count)):
         missing = sorted(set(range(count)) - set(indices))
         raise DatasetError(f"parts {missing} of {count} are missing (their builds did not finish)")
@@ -316,7 +322,7 @@ def read_manifests(path: str, part: int | None = None) -> dict:
         listed = {p["process_index"]: p for p in dataset["parts"]}
         for name, p in zip(names, parts):
             if listed.get(p["process_index"]) != p or p["process_count"] != dataset["process_count"]:
-                raise DatasetError(f"{name} is not the part listed in {dataset_file} (left from another build?)")
+                raise DatasetError(f"{name} is not the part listed in {dataset_file} (left by another build?)")
     if part is None:
         count = parts[0]["process_count"]
         missing = sorted(set(range(count)) - {p["process_index"] for p in parts})
@@ -328,7 +334,8 @@ def read_manifests(path: str, part: int | None = None) -> dict:
         info = combine_parts(parts)
     else:
         if len(parts) > 1:
-            raise DatasetError(f"{path} holds part {part} of several builds: {', '.join(map(os.path.basename, names))}")
+            found = ", ".join(map(os.path.basename, names))
+            raise DatasetError(f"{path} holds part {part} of several builds: {found}")
         _check_parts(parts)
         info = {**_summary(parts[0]), "counts": parts[0]["counts"], "parts": parts}
     files = []
