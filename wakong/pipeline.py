@@ -338,6 +338,7 @@ def prepare_dir(out_dir: str, process_index: int = 0, process_count: int = 1, ov
     if existing and not overwrite:
         first = os.path.basename(existing[0])
         raise FileExistsError(f"{out_dir} already holds a dataset ({first} ...); use overwrite")
+
     def order(path: str) -> tuple[bool, bool]:  # the dataset manifest, part manifests, then shards
         name = os.path.basename(path)
         return name != records.DATASET_MANIFEST, not name.startswith("manifest")
