@@ -178,6 +178,27 @@ def test_two_processes_build_exactly_the_one_process_dataset(tmp_path, corpus, s
     assert sorted(_rows(out, part=0) + _rows(out, part=1)) == sorted(whole)
 
 
+def test_two_processes_without_a_shared_directory(tmp_path, corpus, single):
+    """Each process writes into its own directory (hosts with local disks only)."""
+    port = _free_port()
+    flags = lambda i: ["build", corpus, "--out", str(tmp_path / f"host{i}"), *SMALL]  # noqa: E731
+    (code0, out0, err0), (code1, _, err1) = _run_processes(tmp_path, flags, _settings(port), "local")
+    assert code0 == 0 and code1 == 0, err0 + err1
+    host0, host1 = str(tmp_path / "host0"), str(tmp_path / "host1")
+    assert "records in                  17" in out0
+    copies = []
+    for host in (host0, host1):
+        with open(os.path.join(host, records.DATASET_MANIFEST)) as f:
+            copies.append(json.load(f))
+    assert copies[0] == copies[1] and copies[0]["process_count"] == 2  # process 1 wrote its own copy
+    with pytest.raises(records.DatasetError, match=r"parts \[1\] of 2 are not here"):
+        records.read_manifests(host0)
+    own = [_raw_records(host, part=k) for k, host in enumerate((host0, host1))]
+    assert _by_index(own[0] + own[1]) == _by_index(_raw_records(single))
+    whole = _rows(single, process_index=0, process_count=1)
+    assert sorted(_rows(host0, part=0) + _rows(host1, part=1)) == sorted(whole)
+
+
 def test_a_failing_process_stops_every_process_with_its_error(tmp_path, corpus):
     out, port = tmp_path / "data", _free_port()
     out.mkdir()
