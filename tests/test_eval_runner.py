@@ -79,7 +79,11 @@ def test_results_files_and_metrics(paths, mesh_results):
     o = results["outputs"]["sample"]
     assert first["ids"][1] == o["tokens"][4, 1, : o["lengths"][4, 1]].tolist()
     table = open(os.path.join(out, "summary.md")).read()
-    assert table.startswith(format_table(results)) and "| sample | sample |" in table and "reference:" in table
+    assert table.startswith(format_table(results)) and "| sample | sample |" in table
+    rows = eval_data.load_rows(paths["data"], max_rows=1)
+    src, ref = rows.arrays["input_ids"][0], rows.arrays["labels"][0]
+    text = lambda ids: rows.tokenizer.decode([t for t in ids if t > 2]).strip()  # noqa: E731  (no <s> <pad> </s>)
+    assert f"* source:    {text(src)}\n  reference: {text(ref)}\n" in table
 
 
 def test_reference_likelihood_equals_the_training_loss(paths, mesh_results):
