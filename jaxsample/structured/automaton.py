@@ -19,6 +19,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from jaxsample.structured.minimise import minimise, trim
+
 MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = (0xD800, 0xDFFF)
 
@@ -358,105 +360,6 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
     return ByteDFA(delta, byte_class, accept, 1)
 
 
-def trim(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Keeps states reachable from ``start`` that can reach acceptance; renumbers (0 = dead, 1 = start).
-
-    Raises:
-      EmptyLanguageError: when ``start`` cannot reach an accepting state.
-    """
-    s_count = delta.shape[0]
-    fwd = np.zeros(s_count, bool)
-    fwd[start] = True
-    frontier = np.array([start])
-    while frontier.size:
-        nxt = np.unique(delta[frontier].ravel())
-        nxt = nxt[~fwd[nxt]]
-        fwd[nxt] = True
-        frontier = nxt
-    live = accept & fwd
-    src = np.repeat(np.arange(s_count), delta.shape[1])
-    dst = delta.ravel()
-    order = np.argsort(dst, kind="stable")
-    src_sorted, dst_sorted = src[order], dst[order]
-    starts = np.searchsorted(dst_sorted, np.arange(s_count + 1))
-    frontier = np.flatnonzero(live)
-    while frontier.size:
-        preds = np.concatenate([src_sorted[starts[t] : starts[t + 1]] for t in frontier])
-        preds = np.unique(preds)
-        preds = preds[~live[preds] & fwd[preds]]
-        live[preds] = True
-        frontier = preds
-    live[0] = False
-    if not live[start]:
-        raise EmptyLanguageError("the constraint matches no string at all")
-    keep = np.concatenate([[0, start], np.flatnonzero(live & (np.arange(s_count) != start))])
-    new_id = np.zeros(s_count, np.int32)
-    new_id[keep] = np.arange(keep.size)
-    new_id[~live] = 0
-    new_delta = new_id[delta[keep]]
-    new_delta[0] = 0
-    return new_delta.astype(np.int32), accept[keep] & (np.arange(keep.size) > 0), 1
-
-
-def minimise(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Moore partition refinement (hashed signatures, verified exact); state 0 stays dead.
-
-    Args:
-      delta: ``int[S, K]`` trimmed transition table with 0 absorbing.
-      accept: ``bool[S]``.
-      start: initial state.
-
-    Returns:
-      ``(delta, accept, start)`` of the minimal DFA, numbered 0 = dead, 1 = start.
-    """
-    s_count, k = delta.shape
-    rng = np.random.default_rng(0x5EED)
-    mult = rng.integers(1, 2**63, size=k + 1, dtype=np.uint64) | np.uint64(1)
-    block = accept.astype(np.int64) + 1
-    block[0] = 0
-    _, block = np.unique(block, return_inverse=True)  # contiguous labels; the dead state stays 0
-    block = block.reshape(-1)
-    n_blocks = int(block.max()) + 1
-    while True:
-        with np.errstate(over="ignore"):
-            sig = block.astype(np.uint64) * mult[0]
-            sig = sig + (block[delta].astype(np.uint64) * mult[1:]).sum(axis=1, dtype=np.uint64)
-        _, new_block = np.unique(np.stack([block, sig.view(np.int64)], 1), axis=0, return_inverse=True)
-        new_block = new_block.reshape(-1)
-        n_new = int(new_block.max()) + 1
-        if n_new == n_blocks:
-            break
-        block, n_blocks = new_block, n_new
-    # Exactness check: states in one block agree on the blocks of their successors.
-    rep = np.zeros(n_blocks, np.int64)
-    rep[block] = np.arange(s_count)
-    if not np.array_equal(block[delta], block[delta[rep[block]]]):  # pragma: no cover - hash collision
-        return _exact_minimise(delta, accept, start)
-    order = np.concatenate([[block[0], block[start]], np.setdiff1d(np.arange(n_blocks), [block[0], block[start]])])
-    renum = np.zeros(n_blocks, np.int32)
-    renum[order] = np.arange(n_blocks)
-    new_delta = renum[block[delta[rep[order]]]]
-    return new_delta.astype(np.int32), accept[rep[order]], 1
-
-
-def _exact_minimise(delta, accept, start):  # pragma: no cover - only after a 64-bit hash collision
-    block = accept.astype(np.int64) + 1
-    block[0] = 0
-    while True:
-        _, nb = np.unique(np.concatenate([block[:, None], block[delta]], 1), axis=0, return_inverse=True)
-        nb = nb.reshape(-1)
-        if nb.max() == block.max() and len(np.unique(nb)) == len(np.unique(block)):
-            break
-        block = nb
-    n = int(block.max()) + 1
-    rep = np.zeros(n, np.int64)
-    rep[block] = np.arange(delta.shape[0])
-    order = np.concatenate([[block[0], block[start]], np.setdiff1d(np.arange(n), [block[0], block[start]])])
-    renum = np.zeros(n, np.int32)
-    renum[order] = np.arange(n)
-    return renum[block[delta[rep[order]]]].astype(np.int32), accept[rep[order]], 1
-
-
 def compile_expr(expr, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: int = MAX_DFA_STATES) -> ByteDFA:
     """Minimal byte DFA accepting exactly the UTF-8 encodings of ``expr``'s strings.
 
@@ -468,8 +371,10 @@ def compile_expr(expr, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: 
     final = nfa.new()
     start = nfa.build(expr, final)
     dfa = _determinise(nfa, start, final, max_dfa_states)
-    delta, accept, start = trim(dfa.delta, dfa.accept, dfa.start)
-    delta, accept, start = minimise(delta, accept, start)
+    trimmed = trim(dfa.delta, dfa.accept, dfa.start)
+    if trimmed is None:
+        raise EmptyLanguageError("the constraint matches no string at all")
+    delta, accept, start = minimise(*trimmed)
     return ByteDFA(delta, dfa.byte_class, accept, start)
 
 
