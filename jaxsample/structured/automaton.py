@@ -14,6 +14,7 @@ properties" linear), determinises it over byte equivalence classes and minimises
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -201,6 +202,12 @@ def _mask(lo: int, hi: int) -> int:
     return ((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1)
 
 
+@functools.lru_cache(maxsize=4096)
+def _byte_paths(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, ...], ...]:
+    """UTF-8 byte-mask paths (256-bit masks, one per byte) spelling exactly the code points ``ranges``."""
+    return tuple(tuple(_mask(a, b) for a, b in seq) for lo, hi in ranges for seq in utf8_sequences(lo, hi))
+
+
 # --------------------------------------------------------------------------------------------- NFA
 class _NFA:
     def __init__(self, max_states: int):
@@ -232,15 +239,13 @@ class _NFA:
     def _build(self, node, cont: int) -> int:
         if isinstance(node, Chars):
             entry = self.new()
-            for lo, hi in node.ranges:
-                for byte_ranges in utf8_sequences(lo, hi):
-                    cur = entry
-                    for a, b in byte_ranges[:-1]:
-                        nxt = self.new()
-                        self.edges[cur].append((_mask(a, b), nxt))
-                        cur = nxt
-                    a, b = byte_ranges[-1]
-                    self.edges[cur].append((_mask(a, b), cont))
+            for path in _byte_paths(node.ranges):
+                cur = entry
+                for m in path[:-1]:
+                    nxt = self.new()
+                    self.edges[cur].append((m, nxt))
+                    cur = nxt
+                self.edges[cur].append((path[-1], cont))
             return entry
         if isinstance(node, Seq):
             for item in reversed(node.items):
@@ -297,22 +302,26 @@ class ByteDFA(NamedTuple):
         return bool(self.accept[self.run(data)])
 
 
-def _byte_classes(masks: list[int]) -> tuple[np.ndarray, dict[int, list[int]]]:
-    """Coarsest partition of the 256 bytes respecting every mask; mask -> its class ids."""
+def _byte_classes(masks: list[int]) -> tuple[np.ndarray, dict[int, int]]:
+    """Coarsest partition of the 256 bytes respecting every mask; mask -> bitset of its class ids."""
     distinct = sorted(set(masks))
     bits = np.zeros((len(distinct), 256), bool)
     for i, m in enumerate(distinct):
         bits[i] = [(m >> b) & 1 for b in range(256)]
     _, byte_class = np.unique(bits.T, axis=0, return_inverse=True) if distinct else (None, np.zeros(256, int))
     byte_class = np.asarray(byte_class, np.int32).reshape(256)
-    classes = {m: sorted(set(byte_class[bits[i]].tolist())) for i, m in enumerate(distinct)}
+    classes = {m: sum(1 << int(c) for c in set(byte_class[bits[i]].tolist())) for i, m in enumerate(distinct)}
     return byte_class, classes
 
 
 def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
+    """Subset construction over byte classes.
+
+    Per DFA state, the classes are split into groups reached by the same member edges (bitsets of
+    classes, refined edge by edge): one target set per group instead of one per class.
+    """
     byte_class, cls_of_mask = _byte_classes([m for es in nfa.edges for m, _ in es])
     k = int(byte_class.max()) + 1
-    edges = [[(cls_of_mask[m], t) for m, t in es] for es in nfa.edges]
     closure_memo: dict[int, frozenset] = {}
 
     def closure(n: int) -> frozenset:
@@ -324,9 +333,22 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
                     if t not in seen:
                         seen.add(t)
                         todo.append(t)
-            got = closure_memo[n] = frozenset(x for x in seen if edges[x] or x == final)
+            got = closure_memo[n] = frozenset(x for x in seen if nfa.edges[x] or x == final)
         return got
 
+    out_edges: dict[int, list] = {}  # NFA state -> [(class bitset, target closure)], merged per bitset
+
+    def edges_of(n: int) -> list:
+        got = out_edges.get(n)
+        if got is None:
+            merged: dict[int, frozenset] = {}
+            for m, t in nfa.edges[n]:
+                c = cls_of_mask[m]
+                merged[c] = merged.get(c, frozenset()) | closure(t)
+            got = out_edges[n] = list(merged.items())
+        return got
+
+    class_lists: dict[int, list[int]] = {}
     ids: dict[frozenset, int] = {frozenset(): 0}
     sets = [frozenset()]
     rows = [[0] * k]
@@ -334,17 +356,26 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
     ids[first] = 1
     sets.append(first)
     rows.append(None)
+    everything = (1 << k) - 1
     i = 1
     while i < len(sets):
-        trans: dict[int, set] = {}
+        groups = [(everything, frozenset())]
         for n in sets[i]:
-            for cl, t in edges[n]:
-                c = closure(t)
-                for c_id in cl:
-                    trans.setdefault(c_id, set()).update(c)
+            for mask, targets in edges_of(n):
+                refined = []
+                for g, acc in groups:
+                    inside = g & mask
+                    if inside:
+                        refined.append((inside, acc | targets))
+                        if inside != g:
+                            refined.append((g & ~mask, acc))
+                    else:
+                        refined.append((g, acc))
+                groups = refined
         row = [0] * k
-        for c_id, targets in trans.items():
-            key = frozenset(targets)
+        for g, key in groups:
+            if not key:
+                continue
             j = ids.get(key)
             if j is None:
                 if len(sets) >= max_states:
@@ -352,7 +383,11 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
                 j = ids[key] = len(sets)
                 sets.append(key)
                 rows.append(None)
-            row[c_id] = j
+            idx = class_lists.get(g)
+            if idx is None:
+                idx = class_lists[g] = [c for c in range(k) if g >> c & 1]
+            for c in idx:
+                row[c] = j
         rows[i] = row
         i += 1
     delta = np.array(rows, np.int32)

@@ -106,6 +106,7 @@ class VocabIndex:
       strings: the distinct byte strings of the text tokens, sorted (``U`` of them).
       token_ids: ``int64[T]`` ids of the text tokens (tokens with bytes).
       string_of_token: ``int32[T]`` string index of each text token.
+      lengths: ``int64[U]`` byte length of each string.
       trie: the byte trie of ``strings``.
       end: ``int32[U]`` node where each string ends.
       single_byte: ``bool[256]`` bytes that are a token on their own.
@@ -120,6 +121,7 @@ class VocabIndex:
         self.strings = tuple(strings)
         self.token_ids = np.asarray(ids, np.int64)
         self.string_of_token = np.asarray([where[b] for b in blobs], np.int32)
+        self.lengths = np.fromiter((len(s) for s in strings), np.int64, len(strings))
         self.trie, self.end = _byte_trie(strings)
         self.single_byte = np.zeros(256, bool)
         self.single_byte[[s[0] for s in strings if len(s) == 1]] = True

@@ -23,9 +23,8 @@ all tokens with the same block string) or for its own string, never both.
 >>> v = Vocabulary.from_pieces(["<eos>", "ab", "a", "b"], kind="raw", special_ids=[0], eos_ids=[0])
 >>> index = vocab_index(v)  # strings sorted: "a", "ab", "b"
 >>> dfa = compile_expr(alt(lit("ab"), lit("b")))  # states: 1 start, 2 after "a", 3 accepting
->>> p = plan(dfa.delta, dfa.byte_class, index)
->>> w = walk(dfa.delta, dfa.byte_class, index, p)
->>> sorted(zip(*(x.tolist() for x in w.fine)))  # (state, string, next state)
+>>> w = walk(dfa.delta, dfa.byte_class, index, plan(dfa.delta, dfa.byte_class, index))
+>>> sorted(zip(*(x.tolist() for x in w.fine)))  # (origin, string, state)
 [(1, 0, 2), (1, 1, 3), (1, 2, 3), (2, 2, 3)]
 """
 
@@ -63,10 +62,16 @@ class Plan(NamedTuple):
 
     mode: np.ndarray  # int32[S]
     modes: tuple[Mode, ...]
+    expected: np.ndarray  # float[S]: expected (origin, node) pairs of a byte-trie walk from each state
 
 
 class Walk(NamedTuple):
-    """Sparse results: ``fine = (state, string, next)`` per string; ``coarse[p] = (state, terminal, next)``."""
+    """Where tokens end: ``fine = (origin, string, state)``; ``coarse[p] = (origin, terminal, state)``.
+
+    A token of a quotient terminal ends in ``state`` from ``origin`` for every token string ending
+    at the terminal; a string is either covered by a terminal entry or by its own entries, never
+    both, for a given origin.
+    """
 
     fine: tuple[np.ndarray, np.ndarray, np.ndarray]
     coarse: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
@@ -92,7 +97,7 @@ def _compatible(delta: np.ndarray, byte_class: np.ndarray, blocks: np.ndarray) -
     """``bool[S]``: states whose transition is constant on every block (``blocks``: first byte of the block)."""
     pairs = np.unique(np.stack([byte_class, byte_class[blocks]], 1), axis=0)
     pairs = pairs[pairs[:, 0] != pairs[:, 1]]
-    return (delta[:, pairs[:, 0]] == delta[:, pairs[:, 1]]).all(axis=1)
+    return (np.take(delta, pairs[:, 0], axis=1) == np.take(delta, pairs[:, 1], axis=1)).all(axis=1)
 
 
 def _survival(delta: np.ndarray, class_weight: np.ndarray) -> np.ndarray:
@@ -135,7 +140,7 @@ def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> Plan:
     seeds = np.flatnonzero(expected >= max(t.size * HEAVY_SHARE, HEAVY_NODES))
     seeds = seeds[seeds != 0]
     if seeds.size == 0:
-        return Plan(mode, ())
+        return Plan(mode, (), expected)
     targets = delta[seeds]  # [R, K]
     share = class_weight * surv[-2][targets]
     heavy = (share >= EDGE_SHARE * surv[-1][seeds][:, None]) & (targets != 0)
@@ -149,8 +154,8 @@ def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> Plan:
         np.add.at(sig, src, weight[dst][:, None] * delta[dst].astype(np.uint64))
     lonely = ~heavy.any(axis=1)
     sig[lonely] = delta[seeds[lonely]]
-    blocks = _blocks(sig[:, byte_class])
-    own = targets[:, byte_class]
+    blocks = _blocks(np.take(sig, byte_class, axis=1))
+    own = np.take(targets, byte_class, axis=1)
     exact = ~(own == np.take_along_axis(own, blocks, axis=1)).all(axis=1)  # the seed splits a block
     first, inv = unique_rows(np.concatenate([blocks, exact[:, None]], 1))
     modes: list[Mode] = []
@@ -165,7 +170,7 @@ def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> Plan:
         if members.size:
             modes.append(Mode(quotient, compatible))
             mode[members] = len(modes)
-    return Plan(mode, tuple(modes))
+    return Plan(mode, tuple(modes), expected)
 
 
 class _Forest(NamedTuple):
@@ -193,7 +198,7 @@ def _forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Pla
     t = index.trie
     labels, firsts, counts, terms, modes = [t.label], [t.first], [t.count], [t.term], [np.zeros(t.size, np.int32)]
     mstart, members, base = [np.zeros(t.size, np.int64)], [], [0, t.size]
-    columns = [delta[:, byte_class]]
+    columns = [np.take(delta, byte_class, axis=1)]
     width = 256
     m_off = 0
     for k, m in enumerate(p.modes, start=1):
@@ -210,7 +215,7 @@ def _forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Pla
         mstart.append(q.members_start[:-1] + m_off)
         members.append(q.members)
         m_off += q.members.size
-        columns.append(delta[:, byte_class[q.representative]])
+        columns.append(np.take(delta, byte_class[q.representative], axis=1))
         width += q.representative.size
         base.append(b + qt.size)
     mstart.append(np.array([m_off]))
@@ -224,63 +229,87 @@ def _forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Pla
     )  # fmt: skip
 
 
-def _estimate(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan) -> np.ndarray:
-    """Upper bound on the pairs each origin walks: sizes of the subtries its live first letters open."""
-    live = delta[:, byte_class] != 0
-    est = live.astype(np.int64) @ index.trie.root_weight
+def _estimate(delta: np.ndarray, byte_class: np.ndarray, p: Plan) -> np.ndarray:
+    """Pairs each origin is expected to walk: the survival estimate on the byte trie, and on a
+    quotient the sizes of the subtries its live first letters open (small tries: a safe bound)."""
+    est = p.expected.copy()
     for k, m in enumerate(p.modes, start=1):
-        rows = p.mode == k
-        qt = m.quotient.trie
-        first = live[rows] if m.quotient.exact_depth else live[rows][:, m.quotient.representative]
-        est[rows] = first.astype(np.int64) @ qt.root_weight[: first.shape[1]]
+        rows = np.flatnonzero(p.mode == k)
+        live = np.take(delta[rows], byte_class, axis=1) != 0
+        first = live if m.quotient.exact_depth else np.take(live, m.quotient.representative, axis=1)
+        est[rows] = first.astype(np.int64) @ m.quotient.trie.root_weight[: first.shape[1]]
     return est
 
 
 def walk(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan) -> Walk:
-    """Token results of every state (see :class:`Walk`); origins are batched to bound memory."""
+    """Where the tokens end from every state (see :class:`Walk`); origins are batched to bound memory."""
     forest = _forest(delta, byte_class, index, p)
-    origins = np.arange(1, delta.shape[0], dtype=np.int32)
-    batch = np.cumsum(_estimate(delta, byte_class, index, p)[origins]) // PAIR_BUDGET
+    origins = np.arange(1, delta.shape[0], dtype=np.int64)
+    batch = (np.cumsum(_estimate(delta, byte_class, p)[origins]) // PAIR_BUDGET).astype(np.int64)
     hits = [_walk(forest, p, origins[batch == b]) for b in np.unique(batch)]
     o, n, q = (np.concatenate([h[i] for h in hits]) for i in range(3))
-    fine = n < forest.base[1]
-    coarse = []
-    for k in range(1, len(p.modes) + 1):
+    parts = []
+    for k in range(len(p.modes) + 1):
         sel = (n >= forest.base[k]) & (n < forest.base[k + 1])
-        coarse.append((o[sel], forest.term[n[sel]], q[sel]))
-    return Walk((o[fine], forest.term[n[fine]], q[fine]), tuple(coarse))
+        parts.append((o[sel], forest.term[n[sel]], q[sel]))
+    return Walk(parts[0], tuple(parts[1:]))
+
+
+def _spans(ptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated CSR slices ``ptr[r]:ptr[r + 1]`` of ``rows``: ``(positions, lengths)``."""
+    lo = ptr[rows]
+    length = ptr[rows + 1] - lo
+    offsets = np.cumsum(length) - length
+    return np.repeat(lo - offsets, length) + np.arange(int(length.sum())), length
+
+
+def _regroup(parent, q, n, ptr, origin, n_nodes: int):
+    """Walkers from ``(parent walker, state, node)`` items: one per distinct (state, node) pair.
+
+    A walker's origins (CSR ``ptr``/``origin``) are the concatenated origins of its items' parents.
+    """
+    key = q * n_nodes + n
+    order = np.argsort(key, kind="stable")
+    parent, key = parent[order], key[order]
+    start = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if key.size else key
+    pos, length = _spans(ptr, parent)
+    size = np.add.reduceat(length, start) if start.size else start
+    return q[order][start], n[order][start], np.concatenate([[0], np.cumsum(size)]), origin[pos]
 
 
 def _walk(f: _Forest, p: Plan, origins: np.ndarray):
-    """Breadth-first walk of the forest from ``origins``; returns the ``(origin, node, state)`` of every token end."""
-    o = origins
+    """Breadth-first walk of the forest from ``origins``; ``(origin, node, state)`` of every token end.
+
+    Walkers that reach the same state at the same node continue as one (whitespace variants before
+    a string, say, share everything after their first byte); each keeps the list of its origins.
+    """
     n = f.base[p.mode[origins]].astype(np.int64)  # the root of each origin's trie
     q = origins.astype(np.int64)
+    ptr, origin = np.arange(origins.size + 1), origins.astype(np.int64)
+    n_nodes = f.label.size
     out = []
     depth = 0
-    while o.size:
+    while q.size:
         count = f.count[n]
         total = int(count.sum())
         if total == 0:
             break
         offsets = np.cumsum(count) - count
-        n = np.repeat(f.first[n] - offsets, count) + np.arange(total)
-        o = np.repeat(o, count)
-        q = f.delta[np.repeat(q * f.width, count) + f.label[n]]
-        alive = q != 0
-        o, q, n = o[alive], q[alive], n[alive]
-        hit = f.term[n] >= 0
-        out.append((o[hit], n[hit], q[hit]))
+        child = np.repeat(f.first[n] - offsets, count) + np.arange(total)
+        parent = np.repeat(np.arange(q.size), count)
+        nxt = f.delta[np.repeat(q * f.width, count) + f.label[child]]
+        alive = np.flatnonzero(nxt != 0)
+        q, n, ptr, origin = _regroup(parent[alive], nxt[alive], child[alive], ptr, origin, n_nodes)
+        hit = np.flatnonzero(f.term[n] >= 0)
+        pos, length = _spans(ptr, hit)
+        out.append((origin[pos], np.repeat(n[hit], length), np.repeat(q[hit], length)))
         mode = f.mode[n]
         ok = f.compatible[mode, q] | (depth + 1 < f.exact_depth[mode])
         if not ok.all():  # leave the quotient: continue on the byte-trie nodes this node stands for
-            bad = ~ok
-            lo = f.members_start[n[bad]]
-            cnt = f.members_start[n[bad] + 1] - lo
-            offs = np.cumsum(cnt) - cnt
-            idx = np.repeat(lo - offs, cnt) + np.arange(int(cnt.sum()))
-            o = np.concatenate([o[ok], np.repeat(o[bad], cnt)])
-            q = np.concatenate([q[ok], np.repeat(q[bad], cnt)])
-            n = np.concatenate([n[ok], f.members[idx].astype(np.int64)])
+            bad = np.flatnonzero(~ok)
+            members, length = _spans(f.members_start, n[bad])
+            parent = np.concatenate([np.flatnonzero(ok), np.repeat(bad, length)])
+            nodes = np.concatenate([n[ok], f.members[members]])
+            q, n, ptr, origin = _regroup(parent, q[parent], nodes, ptr, origin, n_nodes)
         depth += 1
     return tuple(np.concatenate([h[i] for h in out]) if out else np.zeros(0, np.int64) for i in range(3))
