@@ -33,7 +33,7 @@ import numpy as np
 
 from jaxsample.structured import trie, walk
 from jaxsample.structured.automaton import ByteDFA, EmptyLanguageError
-from jaxsample.structured.minimise import minimise, trim, unique_rows
+from jaxsample.structured.minimise import mix64, minimise, trim, unique_rows
 from jaxsample.structured.vocab import Vocabulary
 
 
@@ -83,14 +83,6 @@ class TokenGrammar(NamedTuple):
         return s
 
 
-def _splitmix(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
-
-
 def _group_columns(s, u, t, n_columns: int, n_states: int):
     """Classes of identical sparse columns: ``(class per column or -1 if empty, dense int32[S, C])``; exact.
 
@@ -101,7 +93,7 @@ def _group_columns(s, u, t, n_columns: int, n_states: int):
     has = count > 0
     for salt in range(8):
         with np.errstate(over="ignore"):
-            h = _splitmix((s.astype(np.uint64) << np.uint64(32)) + t.astype(np.uint64) + np.uint64(salt * 0x9E37))
+            h = mix64((s.astype(np.uint64) << np.uint64(32)) + t.astype(np.uint64) + np.uint64(salt * 0x9E37))
         lo = (h & np.uint64((1 << 26) - 1)).astype(np.float64)
         hi = (h >> np.uint64(38)).astype(np.float64)
         key = np.stack([np.bincount(u, lo, n_columns), np.bincount(u, hi, n_columns), count], 1)
@@ -199,6 +191,6 @@ def _forced(nxt: np.ndarray, class_of: np.ndarray) -> np.ndarray:
     first = np.full(c, -1, np.int64)
     first[class_of[::-1]] = np.arange(class_of.size)[::-1]
     allowed = nxt != 0
-    count = allowed.astype(np.int64) @ size
+    count = allowed.astype(np.float64) @ size.astype(np.float64)  # BLAS; exact (counts < 2**53)
     only = np.argmax(allowed, axis=1)
     return np.where(count == 1, first[only], -1).astype(np.int32)

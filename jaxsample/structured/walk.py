@@ -263,15 +263,22 @@ def _spans(ptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.repeat(lo - offsets, length) + np.arange(int(length.sum())), length
 
 
-def _regroup(parent, q, n, ptr, origin, n_nodes: int):
+def _regroup(parent, q, n, ptr, origin, n_fine: int):
     """Walkers from ``(parent walker, state, node)`` items: one per distinct (state, node) pair.
 
     A walker's origins (CSR ``ptr``/``origin``) are the concatenated origins of its items' parents.
+    Only byte-trie items are merged: quotient walkers (string bodies, counters) hardly ever meet,
+    and sorting them would cost more than it saves.
     """
-    key = q * n_nodes + n
-    order = np.argsort(key, kind="stable")
-    parent, key = parent[order], key[order]
-    start = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if key.size else key
+    fine = np.flatnonzero(n < n_fine)
+    key = q[fine] * n_fine + n[fine]
+    by_key = np.argsort(key, kind="stable")
+    key = key[by_key]
+    order = np.concatenate([fine[by_key], np.flatnonzero(n >= n_fine)])
+    new = np.ones(order.size, bool)
+    new[1 : key.size] = key[1:] != key[:-1]
+    start = np.flatnonzero(new)
+    parent = parent[order]
     pos, length = _spans(ptr, parent)
     size = np.add.reduceat(length, start) if start.size else start
     return q[order][start], n[order][start], np.concatenate([[0], np.cumsum(size)]), origin[pos]
@@ -286,7 +293,7 @@ def _walk(f: _Forest, p: Plan, origins: np.ndarray):
     n = f.base[p.mode[origins]].astype(np.int64)  # the root of each origin's trie
     q = origins.astype(np.int64)
     ptr, origin = np.arange(origins.size + 1), origins.astype(np.int64)
-    n_nodes = f.label.size
+    n_fine = int(f.base[1])
     out = []
     depth = 0
     while q.size:
@@ -299,7 +306,7 @@ def _walk(f: _Forest, p: Plan, origins: np.ndarray):
         parent = np.repeat(np.arange(q.size), count)
         nxt = f.delta[np.repeat(q * f.width, count) + f.label[child]]
         alive = np.flatnonzero(nxt != 0)
-        q, n, ptr, origin = _regroup(parent[alive], nxt[alive], child[alive], ptr, origin, n_nodes)
+        q, n, ptr, origin = _regroup(parent[alive], nxt[alive], child[alive], ptr, origin, n_fine)
         hit = np.flatnonzero(f.term[n] >= 0)
         pos, length = _spans(ptr, hit)
         out.append((origin[pos], np.repeat(n[hit], length), np.repeat(q[hit], length)))
@@ -310,6 +317,6 @@ def _walk(f: _Forest, p: Plan, origins: np.ndarray):
             members, length = _spans(f.members_start, n[bad])
             parent = np.concatenate([np.flatnonzero(ok), np.repeat(bad, length)])
             nodes = np.concatenate([n[ok], f.members[members]])
-            q, n, ptr, origin = _regroup(parent, q[parent], nodes, ptr, origin, n_nodes)
+            q, n, ptr, origin = _regroup(parent, q[parent], nodes, ptr, origin, n_fine)
         depth += 1
     return tuple(np.concatenate([h[i] for h in out]) if out else np.zeros(0, np.int64) for i in range(3))
