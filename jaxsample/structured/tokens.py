@@ -157,40 +157,41 @@ def build(dfa: ByteDFA, vocab: Vocabulary) -> TokenGrammar:
         if trimmed is None:
             raise EmptyLanguageError("no token sequence of this vocabulary spells a string the constraint accepts")
         table, accept, start = minimise(*trimmed)
-    first, col_class = unique_rows(table.T)  # column 0 (dead) comes first: class 0
+    # classes reached through different parts (a quotient terminal for one string, byte-trie entries
+    # for another) can still have equal columns: merge them; column 0 (dead) comes first: class 0
+    first, col_class = unique_rows(table.T)
     nxt = np.take(table, first, axis=1).astype(np.int32)
     class_of = np.zeros(vocab.size, np.int32)
     token_class = string_class[index.string_of_token]
     class_of[index.token_ids] = col_class[np.where(token_class >= 0, token_class + 2, 0)]  # column 0: never allowed
     class_of[list(vocab.eos_ids)] = col_class[1]
-    forced = _forced(nxt, class_of)
-    mask_id, masks = _bitmasks(nxt, class_of)
-    return TokenGrammar(nxt, class_of, accept, forced, start, mask_id, masks)
+    mask_id, patterns = _patterns(nxt)
+    forced = _forced(patterns, class_of)[mask_id]
+    return TokenGrammar(nxt, class_of, accept, forced, start, mask_id, _pack(patterns, class_of))
 
 
-def _bitmasks(nxt: np.ndarray, class_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct allowed-token bitmasks: ``(mask_id int32[S], masks uint32[U, ceil(V/32)])``.
-
-    Mask 0 is the empty mask (the dead state's), so zero-padded ``mask_id`` entries are safe.
-    """
+def _patterns(nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct allowed-class sets: ``(mask_id int32[S], patterns bool[U, C])``; pattern 0 is empty (dead state)."""
     allowed = nxt != 0
-    first, mask_id = unique_rows(allowed)  # the dead state (row 0) comes first: mask 0 is empty
-    patterns = allowed[first]
+    first, mask_id = unique_rows(allowed)  # the dead state (row 0) comes first
+    return mask_id.astype(np.int32), allowed[first]
+
+
+def _pack(patterns: np.ndarray, class_of: np.ndarray) -> np.ndarray:
+    """``uint32[U, ceil(V/32)]`` token bitmasks of class patterns (bit ``j`` of word ``i``: token ``32i+j``)."""
     v = class_of.size
     padded = np.zeros(-(-v // 32) * 32, class_of.dtype)  # padding bits: class 0, never allowed
     padded[:v] = class_of
     masks = np.take(patterns, padded, axis=1)  # (np.take: ~10x faster than fancy indexing here)
-    packed = np.ascontiguousarray(np.packbits(masks, axis=1, bitorder="little")).view("<u4").astype(np.uint32)
-    return mask_id.reshape(-1).astype(np.int32), packed
+    return np.ascontiguousarray(np.packbits(masks, axis=1, bitorder="little")).view("<u4").astype(np.uint32)
 
 
-def _forced(nxt: np.ndarray, class_of: np.ndarray) -> np.ndarray:
-    """``int32[S]``: the single allowed token id of each state, ``-1`` when zero or several."""
-    c = nxt.shape[1]
+def _forced(patterns: np.ndarray, class_of: np.ndarray) -> np.ndarray:
+    """``int32[U]``: the single token a pattern allows, ``-1`` when it allows none or several."""
+    c = patterns.shape[1]
     size = np.bincount(class_of, minlength=c)
     first = np.full(c, -1, np.int64)
     first[class_of[::-1]] = np.arange(class_of.size)[::-1]
-    allowed = nxt != 0
-    count = allowed.astype(np.float64) @ size.astype(np.float64)  # BLAS; exact (counts < 2**53)
-    only = np.argmax(allowed, axis=1)
+    count = patterns.astype(np.float64) @ size.astype(np.float64)  # BLAS; exact (counts < 2**53)
+    only = np.argmax(patterns, axis=1)
     return np.where(count == 1, first[only], -1).astype(np.int32)

@@ -270,7 +270,10 @@ def _regroup(parent, q, n, ptr, origin, n_fine: int):
     Only byte-trie items are merged: quotient walkers (string bodies, counters) hardly ever meet,
     and sorting them would cost more than it saves.
     """
+    single = ptr.size - 1 == origin.size  # every walker stands for one origin
     fine = np.flatnonzero(n < n_fine)
+    if fine.size == 0 and single:  # quotient walkers only: nothing merges, origins follow their parents
+        return q, n, np.arange(q.size + 1), origin[parent]
     key = q[fine] * n_fine + n[fine]
     by_key = np.argsort(key, kind="stable")
     key = key[by_key]
@@ -279,6 +282,8 @@ def _regroup(parent, q, n, ptr, origin, n_fine: int):
     new[1 : key.size] = key[1:] != key[:-1]
     start = np.flatnonzero(new)
     parent = parent[order]
+    if single and start.size == order.size:  # no walkers met
+        return q[order], n[order], np.arange(order.size + 1), origin[parent]
     pos, length = _spans(ptr, parent)
     size = np.add.reduceat(length, start) if start.size else start
     return q[order][start], n[order][start], np.concatenate([[0], np.cumsum(size)]), origin[pos]
