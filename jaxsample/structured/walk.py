@@ -1,20 +1,23 @@
 """Walking a byte DFA over a vocabulary's token trie from every state at once (host side, numpy).
 
 The result of a token from a state is the DFA state after its bytes. All states are walked
-together, breadth first over the trie: the frontier holds ``(origin, state, node)`` triples, each
-step expands the nodes' children with two gathers, drops dead pairs at once (a structural state
+together, breadth first over the trie: the frontier holds walkers at ``(state, node)`` pairs, each
+level expands the nodes' children with two gathers, drops dead pairs at once (a structural state
 such as "after ``{``" stays alive on a handful of nodes) and records the tokens ending there.
+Walkers reaching the same state at the same node continue as one, with the list of the origins
+they stand for (whitespace variants before a value share everything after their first byte).
 
 States that accept most bytes (inside strings, free-text patterns) would keep most of the ~170k
-nodes of a 32k vocabulary alive. They walk a *quotient* trie instead (:mod:`~jaxsample.structured.trie`):
-dense states connected to each other form a region; the coarsest byte partition on which every
-state of the region is constant (printable ASCII, ``"``, ``\\``, control bytes and UTF-8 lead and
-continuation ranges, for a JSON string) makes bytes of a block interchangeable there, and the
-quotient trie has a few thousand nodes. A quotient walk stays exact as long as the current state is
-constant on the partition's blocks; at the first state that is not (typically after the closing
-``"``), the pair is expanded into the byte-trie nodes the quotient node stands for, and the walk
-goes on byte by byte. A token's result is then recorded either for its quotient terminal (shared by
-all tokens with the same block string) or for its own string, never both.
+nodes of a 32k vocabulary alive, and counted strings (``maxLength``) have hundreds of them. They
+walk a *quotient* trie instead (:mod:`~jaxsample.structured.trie`): under the coarsest byte
+partition on which the states they lead to are constant (printable ASCII, ``"``, ``\\``, control
+bytes and UTF-8 ranges, for a JSON string), bytes of a block are interchangeable and the quotient
+trie has a few thousand nodes (:func:`plan` picks the states and partitions). A quotient walk
+stays exact as long as the current state is constant on the blocks; at the first state that is
+not (typically after the closing ``"``), the walker is expanded into the byte-trie nodes its
+quotient node stands for and goes on byte by byte. A token's result is then recorded either for
+its quotient terminal (shared by all tokens with the same block string) or for its own string,
+never both.
 
 >>> import numpy as np
 >>> from jaxsample.structured.automaton import compile_expr, lit, alt
