@@ -215,6 +215,10 @@ def test_tables_are_shared_parameters_and_the_state_is_one_int_per_row(grammars)
         st.forced_tokens(js.chain(select=stages.greedy()), state, params)
     with pytest.raises(ValueError, match="batch shape"):
         st.grammar_params([None, None], (3,))
+    with pytest.raises(ValueError, match="missing from grammar_tables"):
+        sampler.init(sampler.params((3,), grammar_grammar=jnp.array([0, -1, -1])), vocab_size=V)
+    with pytest.raises(ValueError, match=r"\[1\] refer to grammars missing"):
+        sampler.init(sampler.params((3,), **dict(bound, grammar_grammar=jnp.array([0, 1, -1]))), vocab_size=V)
     with pytest.raises(ValueError, match="V=100 columns"):
         sampler.process(jnp.zeros((3, 100)), sampler.init(params, vocab_size=100), params)
 

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxsample import _validate
 from jaxsample._types import Array
 from jaxsample.chain import InitInfo, Param, Params, Sampler, SamplerState, Stage
 from jaxsample.structured import tables as _tables
@@ -51,6 +52,14 @@ def grammar_stage(*, name: str = "grammar") -> Stage:
 
     def init(info: InitInfo) -> Array:
         t, ids = bound(info.params)
+        if _validate.is_concrete(ids):  # eager use: ids must point into the tables (under jit: clamped)
+            n = 0 if t is None else int(t.start.shape[0])
+            bad = np.asarray(ids)[np.asarray(ids) >= n]
+            if bad.size:
+                raise ValueError(
+                    f"{ids_key} {sorted(set(bad.tolist()))} refer to grammars missing from {tables_key} "
+                    f"({n} grammars); build both with structured.grammar_params"
+                )
         if t is None:
             return jnp.zeros(info.batch_shape, jnp.int32)
         return _tables.initial_state(t, ids).reshape(info.batch_shape)
