@@ -99,3 +99,19 @@ def test_generate_per_row_grammars_free_row_and_no_recompile(grammars):
         np.testing.assert_array_equal(np.asarray(out.tokens)[1], np.asarray(plain.tokens)[1])
     # and the constraint changed the other rows (the unconstrained model does not emit valid JSON)
     assert not np.array_equal(np.asarray(outs[0].tokens)[0], np.asarray(plain.tokens)[0])
+
+
+def test_sample_and_rank_keeps_each_rows_grammar(grammars):
+    """Strategies that expand rows repeat per-row parameters but not the shared tables."""
+    from jaxsample.decoding import sample_and_rank
+
+    rows = ["person", "answer", "code", "flags"]
+    sparams = {"seed": SEEDS, **st.grammar_params([grammars[k] for k in rows], **BUCKETS)}
+    out = sample_and_rank(BIGRAM, MODEL_PARAMS, PROMPT, n=2, best_of=3, max_new_tokens=40, eos_ids=list(EOS),
+                          pad_id=-1, sampler=SAMPLER, sampler_params=sparams)  # fmt: skip
+    v = bpe_vocab(size=V)
+    toks, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    for r, kind in enumerate(rows):
+        for j in range(2):
+            text = b"".join(v.token_bytes[t] or b"" for t in toks[r, j, : lengths[r, j] - 1]).decode()
+            assert _valid(kind, text), (kind, text)
