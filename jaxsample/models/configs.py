@@ -97,11 +97,16 @@ class DecoderConfig(_Common):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BartConfig(_Common):
-    """BART encoder-decoder: post-LayerNorm, learned positions, embedding LayerNorm, GELU, tied embeddings."""
+    """BART encoder-decoder: post-LayerNorm, learned positions, embedding LayerNorm, GELU, tied embeddings.
+
+    ``norm_first=True`` gives mBART's variant: pre-LayerNorm sublayers and a final LayerNorm after
+    each stack, which trains from scratch more stably at high learning rates (the demo uses it).
+    """
 
     encoder_layers: int
     decoder_layers: int
     scale_embedding: bool = False  # multiply token embeddings by sqrt(d_model) (False in bart-base)
+    norm_first: bool = False  # pre-LN + final stack norms (mBART) instead of post-LN (BART)
 
     arch: ClassVar[str] = "bart"
 
