@@ -10,8 +10,11 @@ Examples::
 
 Every command takes ``--config FILE`` (a versioned YAML file of its kind) and ``--set key=value``
 overrides (values parsed as YAML, nested keys dotted). Invalid input prints one line and exits
-with code 2. ``JAXSAMPLE_DISTRIBUTED=1`` (set by ``tpu_scripts/launch.sh``) is reserved for
-multi-host runs; it is accepted and has no effect yet (each process runs single-host).
+with code 2. ``eval`` runs on several hosts with JAX's distributed runtime: ``--distributed`` (or
+``JAXSAMPLE_DISTRIBUTED=1``, which ``tpu_scripts/launch.sh`` sets; the cluster is detected) or an
+explicit ``--coordinator HOST:PORT --num-processes N --process-id I``. Each host decodes its rows
+on its own devices, rows are gathered and process 0 writes the results (identical to one process).
+``demo``, ``showcase`` and ``train`` run on one host.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import argparse
 import json
 import os
 import sys
+
+from jaxsample import distributed
 
 COMMANDS = ("demo", "showcase", "train", "eval")
 
@@ -71,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", help="output directory (output_dir)")
     ev.add_argument("--parallel", choices=["mesh", "pmap"], help="data-parallel path")
     ev.add_argument("--json", action="store_true", help="print results.json to stdout instead of the table")
+    distributed.add_arguments(ev)
     return parser
 
 
@@ -136,11 +142,14 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
+    process = distributed.from_args(args)  # before anything touches JAX
     from jaxsample.evaluation import configs, runner
 
     path = args.config or _default("eval/infill.yaml")
     cfg = configs.load_eval(path, _flags(args, out="output_dir", parallel="parallel"))
-    results = runner.evaluate(cfg, config_path=path, log=None if args.json else print)
+    results = runner.evaluate(cfg, config_path=path, log=None if args.json or process.index else print)
+    if process.index:  # process 0 reports
+        return 0
     if args.json:
         print(json.dumps({k: v for k, v in results.items() if k != "outputs"}, indent=1))
     else:

@@ -68,14 +68,14 @@ def _free_port() -> int:
 
 
 # The driver imports every package first (none may start a JAX backend, or initialize() could not
-# run), initialises from the JAXSAMPLE_* variables, then runs the CLI, which initialises again.
+# run), initialises from the JAXSAMPLE_* variables, then runs the CLI named by its first argument
+# (wakong.cli or jaxsample.__main__), which initialises again.
 DRIVER = """
-import sys
+import importlib, sys
 import jaxsample, jaxsample.decoding, jaxsample.models, jaxsample.presets, jaxsample.structured
 from jaxsample import distributed
-from wakong.cli import main
 first = distributed.initialize()
-code = main(sys.argv[1:])
+code = importlib.import_module(sys.argv[1]).main(sys.argv[2:])
 assert distributed.initialize() == first and first.count == 2, first
 sys.exit(code)
 """
@@ -89,7 +89,7 @@ def _run_processes(tmp_path, argv_of, env_of, name: str) -> list[tuple[int, str,
             out, err = (open(tmp_path / f"{name}-{i}.{s}", "w+") for s in ("out", "err"))
             files += [out, err]
             env = {**os.environ, "JAX_PLATFORMS": "cpu", **env_of(i)}
-            command = [sys.executable, "-c", DRIVER, *argv_of(i)]
+            command = [sys.executable, "-c", DRIVER, *argv_of(i)]  # argv_of(i)[0]: the CLI module
             procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err))
         deadline = time.monotonic() + TIMEOUT
         for proc in procs:
@@ -144,7 +144,7 @@ def _rows(path, **kwargs) -> list[tuple[int, int]]:
 
 def test_two_processes_build_exactly_the_one_process_dataset(tmp_path, corpus, single):
     out, port = str(tmp_path / "data"), _free_port()
-    flags = lambda i: ["build", corpus, "--out", out, *SMALL,  # noqa: E731
+    flags = lambda i: ["wakong.cli", "build", corpus, "--out", out, *SMALL,  # noqa: E731
                        "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)]
     (code0, out0, err0), (code1, out1, err1) = _run_processes(tmp_path, flags, _settings(port), "build")
     assert code0 == 0 and code1 == 0, err0 + err1
@@ -181,7 +181,7 @@ def test_two_processes_build_exactly_the_one_process_dataset(tmp_path, corpus, s
 def test_two_processes_without_a_shared_directory(tmp_path, corpus, single):
     """Each process writes into its own directory (hosts with local disks only)."""
     port = _free_port()
-    flags = lambda i: ["build", corpus, "--out", str(tmp_path / f"host{i}"), *SMALL]  # noqa: E731
+    flags = lambda i: ["wakong.cli", "build", corpus, "--out", str(tmp_path / f"host{i}"), *SMALL]  # noqa: E731
     (code0, out0, err0), (code1, _, err1) = _run_processes(tmp_path, flags, _settings(port), "local")
     assert code0 == 0 and code1 == 0, err0 + err1
     host0, host1 = str(tmp_path / "host0"), str(tmp_path / "host1")
@@ -203,7 +203,7 @@ def test_a_failing_process_stops_every_process_with_its_error(tmp_path, corpus):
     out, port = tmp_path / "data", _free_port()
     out.mkdir()
     (out / records.manifest_name(1, 2)).write_text("{}")  # only process 1 finds a part it would replace
-    argv = ["build", corpus, "--out", str(out), *SMALL]
+    argv = ["wakong.cli", "build", corpus, "--out", str(out), *SMALL]
     (code0, _, err0), (code1, _, err1) = _run_processes(tmp_path, lambda i: argv, _settings(port), "fail")
     assert code0 == code1 == 1
     assert err1.startswith("wakong: error:") and "already holds a dataset" in err1
@@ -461,3 +461,32 @@ def test_prepare_dir_replaces_only_what_the_part_owns(tmp_path):
     prepare_dir(str(tmp_path), 1, 2, overwrite=True)
     assert sorted(os.listdir(tmp_path)) == sorted(other)  # the other host's part of this build stays
     prepare_dir(str(tmp_path), 1, 2)  # nothing of its own left: no complaint
+
+
+def test_two_processes_evaluate_exactly_like_one(tmp_path):
+    """``python -m jaxsample eval`` on 2 processes (1 CPU device each): process 0 writes what 1 process writes."""
+    from tests.test_eval_runner import SAMPLE, _write_fixture
+
+    paths = _write_fixture(str(tmp_path / "fixture"))
+    config = tmp_path / "eval.yaml"
+    config.write_text(json.dumps({
+        "version": 1, "kind": "eval", "checkpoint": paths["checkpoint"], "dataset": {"path": paths["data"], "max_rows": 6},
+        "decoding": ["greedy", SAMPLE], "per_device_batch_size": 2, "seed": 3}))
+    flags = lambda out: ["eval", "--config", str(config), "--out", str(tmp_path / out)]  # noqa: E731
+    one = subprocess.run([sys.executable, "-m", "jaxsample", *flags("one")], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=TIMEOUT)
+    assert one.returncode == 0, one.stderr
+    port = _free_port()
+    (code0, out0, err0), (code1, out1, err1) = _run_processes(
+        tmp_path, lambda i: ["jaxsample.__main__", *flags("two")], _settings(port), "eval")
+    assert code0 == 0 and code1 == 0, err0 + err1
+    assert "| sample | sample |" in out0 and "sample" not in out1  # process 0 reports
+    assert sorted(os.listdir(tmp_path / "two")) == ["outputs.jsonl", "results.json", "summary.md"]
+    results = {k: json.load(open(tmp_path / k / "results.json")) for k in ("one", "two")}
+    assert results["two"]["settings"]["processes"] == 2 and results["one"]["settings"]["processes"] == 1
+    for name in ("greedy", "sample"):  # same metrics; only timings differ
+        a, b = (results[k]["configs"][name] for k in ("one", "two"))
+        assert {k: v for k, v in a.items() if k != "timing"} == {k: v for k, v in b.items() if k != "timing"}
+    assert results["one"]["reference"]["nll_per_token"] == pytest.approx(results["two"]["reference"]["nll_per_token"])
+    read = lambda k: open(tmp_path / k / "outputs.jsonl").read()  # noqa: E731
+    assert read("one") == read("two")  # every row's tokens and text

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsample import decoding
+from jaxsample import decoding, distributed
 from jaxsample.decoding.model import repeat_rows
 from jaxsample.evaluation import data as _data
 from jaxsample.evaluation import metrics as M
@@ -169,6 +169,10 @@ def evaluate(config: EvalConfig, *, config_path: str | None = None, devices: lis
     say = log or (lambda _: None)
     started = time.perf_counter()
     decodings = load_decodings(config, relative_to=config_path)
+    if jax.process_count() > 1:  # process 0 builds a missing dataset; the others then find it
+        with distributed.together("evaluate: prepare the dataset"):
+            if jax.process_index() == 0:
+                _data.prepare(config.dataset, relative_to=config_path, log=say)
     path = _data.prepare(config.dataset, relative_to=config_path, log=say)
     rows = _data.load_rows(path, max_rows=config.dataset.max_rows, max_source_len=config.max_source_len,
                            max_target_len=config.max_target_len)
