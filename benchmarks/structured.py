@@ -1,13 +1,19 @@
 """Structured generation benchmark: compile time, per-step overhead in a jitted loop, device memory.
 
-Run: ``python benchmarks/structured.py [--vocab 32000] [--batch 32] [--steps 6]``
+Run: ``python -m benchmarks.structured [--vocab 32000] [--batch 32] [--steps 6] [--schemas DIR]``
 
 * **Compile time** (host: schema -> byte DFA -> token tables) over a set of realistic schemas,
   p50/p90, side by side with llguidance when it is installed (``LLMatcher`` construction plus its
   first mask: llguidance compiles lazily, so its first mask is part of its time-to-first-mask).
+  Best of 3 per schema, after one warm-up compile: the per-vocabulary preprocessing (token trie,
+  reported separately, like llguidance's ``LLTokenizer``) is built once per vocabulary.
+* ``--schemas DIR``: the same over every ``*.json`` schema below ``DIR`` (e.g. a sample of
+  JSONSchemaBench), with coverage: schemas our compiler rejects (unsupported keywords, budgets)
+  are counted, and timings compare the schemas both engines compile.
 * **Per-step overhead** inside ``jax.jit`` + ``lax.scan`` at ``B x V``: the same chain with and
   without the grammar stage, with greedy and with categorical selection, and the stage alone.
-* **Device memory** per compiled schema (bucketed tables of one grammar).
+* **Device memory** per compiled schema (bucketed tables of one grammar); a batch adds one
+  ``int32`` state per row (rows share their grammar's tables).
 
 Vocabulary: a byte-level BPE trained on the Python docs (``pydoc_data``) plus JSON snippets; when
 ``--vocab`` exceeds what the corpus supports, it is extended with concatenations of two trained
@@ -226,34 +232,69 @@ class _GreedyTokenizer:
         return out
 
 
-def bench_compile(vocab, repeats: int = 3):
-    rows = []
-    llg = None
+def _llguidance(vocab):
     try:
-        import llguidance as llg  # noqa: F811
+        import llguidance as llg
         from llguidance import TokenizerWrapper
-
-        lt = llg.LLTokenizer(TokenizerWrapper(_GreedyTokenizer(vocab)), n_vocab=vocab.size)
     except ImportError:
-        pass
+        return None, None
+    return llg, llg.LLTokenizer(TokenizerWrapper(_GreedyTokenizer(vocab)), n_vocab=vocab.size)
+
+
+def _best(fn, repeats: int):
+    times, out = [], None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return min(times), out
+
+
+def _llg_time(llg, lt, schema, repeats: int) -> float:
+    if llg is None:
+        return float("nan")
+    text = llg.LLMatcher.grammar_from_json_schema(schema if schema is not True else {})
+
+    def run():
+        m = llg.LLMatcher(lt, text, log_level=0)
+        m.compute_bitmask()
+        if m.is_error():
+            raise ValueError(m.get_error())
+
+    return _best(run, repeats)[0]
+
+
+def bench_compile(vocab, repeats: int = 3):
+    """Per schema: ``(name, ours s, llguidance s, S, C, U, device bytes, (S, C) buckets, U bucket)``."""
+    llg, lt = _llguidance(vocab)
+    rows, g = [], None
     for name, schema in SCHEMAS.items():
-        ours = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            g = st.compile_json_schema(schema, vocab, whitespace="bounded") if name != "json_mode" else st.compile_json(vocab)
-            ours.append(time.perf_counter() - t)
-        theirs = []
-        if llg is not None:
-            text = llg.LLMatcher.grammar_from_json_schema(schema if schema is not True else {})
-            for _ in range(repeats):
-                t = time.perf_counter()
-                m = llg.LLMatcher(lt, text, log_level=0)
-                m.compute_bitmask()
-                theirs.append(time.perf_counter() - t)
+        compile_ = (lambda: st.compile_json(vocab)) if schema is True else (lambda: st.compile_json_schema(schema, vocab))
+        ours, g = _best(compile_, repeats)
         tables = st.stack([g])
-        rows.append((name, min(ours), min(theirs) if theirs else float("nan"), g.num_states, g.num_classes,
+        rows.append((name, ours, _llg_time(llg, lt, schema, repeats), g.num_states, g.num_classes,
                      g.masks.shape[0], st.nbytes(tables), tables.next.shape[1:], tables.masks.shape[1]))  # fmt: skip
     return rows, g
+
+
+def bench_directory(vocab, root: str, repeats: int = 1):
+    """Compile every schema under ``root``: ``(rows, failures)``; a row is ``(file, ours s, llg s, S, bytes)``."""
+    llg, lt = _llguidance(vocab)
+    rows, failures = [], {}
+    for path in sorted(Path(root).rglob("*.json")):
+        schema = json.loads(path.read_text())
+        try:
+            ours, g = _best(lambda: st.compile_json_schema(schema, vocab), repeats)
+        except (st.GrammarError, RecursionError) as e:
+            kind = str(e).split(":")[-1].strip()[:60] if isinstance(e, st.GrammarError) else "recursion"
+            failures[kind] = failures.get(kind, 0) + 1
+            continue
+        try:
+            theirs = _llg_time(llg, lt, schema, repeats)
+        except Exception:  # llguidance rejects some schemas we accept
+            theirs = float("nan")
+        rows.append((str(path.relative_to(root)), ours, theirs, g.num_states, st.nbytes(st.stack([g]))))
+    return rows, failures
 
 
 def bench_step(vocab, grammar, batch: int, steps: int, repeats: int = 5):
@@ -277,24 +318,15 @@ def bench_step(vocab, grammar, batch: int, steps: int, repeats: int = 5):
 
         return jax.jit(run)
 
+    bound = st.grammar_params([grammar] * batch)
     results = {}
-    for sel_name, sel in (("greedy", stages.greedy()), ("categorical", stages.categorical())):
+    for sel_name, sel in (("process", stages.greedy()), ("greedy", stages.greedy()), ("categorical", stages.categorical())):
         for constrained in (False, True):
             parts = [stages.temperature(1.0)] + ([stages.grammar()] if constrained else [])
             sampler = js.chain(*parts, select=sel)
-            params = sampler.params((batch,), seed=jnp.arange(batch))
+            params = sampler.params((batch,), seed=jnp.arange(batch), **(bound if constrained else {}))
             state = sampler.init(params, vocab_size=v)
-            if constrained:
-                state = st.constrain(sampler, state, [grammar] * batch)
-            results[(sel_name, constrained)] = (runner(sampler), state, params)
-    for constrained in (False, True):
-        parts = [stages.temperature(1.0)] + ([stages.grammar()] if constrained else [])
-        sampler = js.chain(*parts, select=stages.greedy())
-        params = sampler.params((batch,), seed=jnp.arange(batch))
-        state = sampler.init(params, vocab_size=v)
-        if constrained:
-            state = st.constrain(sampler, state, [grammar] * batch)
-        results[("process", constrained)] = (runner(sampler, True), state, params)
+            results[(sel_name, constrained)] = (runner(sampler, sel_name == "process"), state, params)
     for f, state, params in results.values():
         jax.block_until_ready(f(state, params))
     times = {k: [] for k in results}
@@ -306,23 +338,41 @@ def bench_step(vocab, grammar, batch: int, steps: int, repeats: int = 5):
     return {k: float(np.min(ts)) for k, ts in times.items()}  # min: least disturbed by other load
 
 
+def _percentiles(xs) -> str:
+    xs = np.asarray(xs, np.float64) * 1e3
+    xs = xs[np.isfinite(xs)]
+    return f"{np.percentile(xs, 50):.1f}/{np.percentile(xs, 90):.1f} ms" if xs.size else "n/a"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--schemas", help="directory of JSON schemas (e.g. a JSONSchemaBench sample)")
     args = ap.parse_args()
     t = time.perf_counter()
     _, vocab, trained = make_vocab(args.vocab)
     print(f"vocabulary: {vocab.size} tokens ({trained} trained BPE, rest synthetic); built in {time.perf_counter() - t:.1f}s")
+    t = time.perf_counter()
+    st.compile_regex("a", vocab)  # builds the per-vocabulary token trie (once per vocabulary)
+    print(f"per-vocabulary preprocessing (token trie, cached): {1e3 * (time.perf_counter() - t):.0f} ms")
     rows, _ = bench_compile(vocab)
     print(f"\n{'schema':16} {'ours ms':>9} {'llg ms':>8} {'S':>5} {'C':>5} {'U':>4} {'device MiB':>10}  buckets (S,C) U")
     for name, ours, theirs, s, c, u, nb, sc, ub in rows:
         print(f"{name:16} {ours * 1e3:9.1f} {theirs * 1e3:8.2f} {s:5d} {c:5d} {u:4d} {nb / 2**20:10.2f}  {sc} {ub}")
-    ours = np.array([r[1] for r in rows]) * 1e3
-    theirs = np.array([r[2] for r in rows]) * 1e3
-    print(f"compile p50/p90: ours {np.percentile(ours, 50):.1f}/{np.percentile(ours, 90):.1f} ms;"
-          f" llguidance {np.nanpercentile(theirs, 50):.2f}/{np.nanpercentile(theirs, 90):.2f} ms")  # fmt: skip
+    print(f"compile p50/p90: ours {_percentiles([r[1] for r in rows])}; llguidance {_percentiles([r[2] for r in rows])}")
+    if args.schemas:
+        found, failures = bench_directory(vocab, args.schemas)
+        total = len(found) + sum(failures.values())
+        both = [r for r in found if np.isfinite(r[2])]
+        print(f"\n{args.schemas}: {len(found)}/{total} schemas compiled; rejected: {sorted(failures.items(), key=lambda x: -x[1])[:8]}")
+        print(f"  compiled: ours p50/p90 {_percentiles([r[1] for r in found])}; on the {len(both)} llguidance also compiles: "
+              f"ours {_percentiles([r[1] for r in both])}, llguidance {_percentiles([r[2] for r in both])}")  # fmt: skip
+        mib = np.array([r[4] for r in found]) / 2**20
+        print(f"  device MiB per grammar p50/p90/max {np.percentile(mib, 50):.1f}/{np.percentile(mib, 90):.1f}/{mib.max():.1f}")
+        for r in sorted(found, key=lambda r: -r[1])[:5]:
+            print(f"  slowest: {r[0]} {r[1] * 1e3:.0f} ms, S={r[3]}, {r[4] / 2**20:.1f} MiB")
     g = st.compile_json_schema(SCHEMAS["order"], vocab)
     res = bench_step(vocab, g, args.batch, args.steps)
     print(f"\nper-step time, jitted lax.scan, B={args.batch}, V={vocab.size}, CPU ({jax.devices()[0].platform}):")
@@ -330,6 +380,9 @@ def main():
         a, b = res[(sel, False)], res[(sel, True)]
         label = "temperature stage only" if sel == "process" else f"temperature + {sel}"
         print(f"  {label:28} unconstrained {a * 1e3:8.2f} ms  constrained {b * 1e3:8.2f} ms  overhead {100 * (b / a - 1):+6.1f}%")
+    one = st.nbytes(st.stack([g]))
+    print(f"device memory: one grammar {one / 2**20:.2f} MiB; a batch of {args.batch} rows on it "
+          f"{one / 2**20:.2f} MiB of tables + {4 * args.batch} B of row states (was {args.batch} table copies)")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ def _top_k(x: Array, k: int) -> tuple[Array, Array]:
     # the kernel only when the slice starts at 0, so indexing the result would otherwise fuse into
     # the slice and keep a full sort (~35x slower).
     vals, ids = lax.top_k(jnp.where(x == 0, jnp.float32(0.0), x), k)  # -0.0 ties with 0.0
-    return lax.optimization_barrier((vals, ids.astype(jnp.int32)))
+    # One barrier per output: a barrier over the (vals, ids) pair is simplified into one over the TopK
+    # tuple itself in multi-device (SPMD) programs, which crashes XLA:CPU's TopkDecomposer.
+    return lax.optimization_barrier(vals), lax.optimization_barrier(ids.astype(jnp.int32))
 
 
 def _top(x: Array, k: int, chunk: int, leaf: int) -> tuple[Array, Array]:

@@ -45,6 +45,7 @@ from __future__ import annotations
 from typing import Callable
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxsample import _candidates
@@ -53,7 +54,7 @@ from jaxsample._types import Array
 #: Relative tolerance under which a float32 mass equals its target (4 ulps of float32).
 MASS_RTOL = 2.0**-21
 
-_SIGN = jnp.uint32(0x80000000)
+_SIGN = np.uint32(0x80000000)  # numpy: importing jaxsample must not start a JAX backend
 
 
 def mass_reached(mass: Array, target: Array, strict: bool = False) -> Array:

@@ -2,6 +2,8 @@
 
 import os
 
+collect_ignore = ["data"]  # scripts run against the reference package, not tests
+
 import jax
 from hypothesis import HealthCheck, settings
 

@@ -172,15 +172,34 @@ def test_decoder_prefill_and_steps_equal_full_forward(prompt_lengths, chunk):
     np.testing.assert_array_equal(cache.written, np.arange(L) < np.array(lengths)[:, None])
 
 
-def test_bart_prefill_and_steps_equal_full_forward_with_ragged_encoder_and_decoder():
+def _bart_prefill_and_steps_equal_full_forward(model, params, full_fn, encode_fn, step_fn):
     src, src_mask = _rows(3, B, S), np.arange(S) < np.array([[5], [8], [2]])
     lengths = [6, 10, 3]
     dec = _rows(4, B, N)
-    dec[:, 0] = BART.config.decoder_start_id
-    full = np.asarray(bart_full(BART_PARAMS, src, src_mask, dec, _full_positions(lengths)).logits)
-    cache = bart_encode(BART_PARAMS, src, src_mask, L)
-    got, _ = _decode_by_steps(bart_step, BART_PARAMS, cache, dec, lengths, [1, 4, 2])
+    dec[:, 0] = model.config.decoder_start_id
+    full = np.asarray(full_fn(params, src, src_mask, dec, _full_positions(lengths)).logits)
+    cache = encode_fn(params, src, src_mask, L)
+    got, _ = _decode_by_steps(step_fn, params, cache, dec, lengths, [1, 4, 2])
     _assert_rows_close(got, full, lengths)
+    return full
+
+
+def test_bart_prefill_and_steps_equal_full_forward_with_ragged_encoder_and_decoder():
+    _bart_prefill_and_steps_equal_full_forward(BART, BART_PARAMS, bart_full, bart_encode, bart_step)
+
+
+def test_pre_layer_norm_bart_mbart_variant():
+    model = Bart(dataclasses.replace(BART.config, norm_first=True))
+    params = model.init(jax.random.key(1))
+    assert {"encoder_final_norm", "decoder_final_norm"} <= set(params) and not {"encoder_final_norm"} & set(BART_PARAMS)
+    full = _bart_prefill_and_steps_equal_full_forward(
+        model, params, jax.jit(model.__call__), jax.jit(model.encode, static_argnums=3), jax.jit(model.apply_step))
+    shared = {k: v for k, v in params.items() if not k.endswith("final_norm")}  # same weights, post-LN order
+    src, src_mask = _rows(3, B, S), np.arange(S) < np.array([[5], [8], [2]])
+    dec = _rows(4, B, N)
+    dec[:, 0] = model.config.decoder_start_id
+    post = np.asarray(bart_full(shared, src, src_mask, dec, _full_positions([N] * B)).logits)
+    assert np.isfinite(full).all() and not np.allclose(post, full, rtol=1e-2, atol=0)
 
 
 def test_padding_never_changes_a_row():

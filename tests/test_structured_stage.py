@@ -1,4 +1,4 @@
-"""Device side: tables vs host, bucketing without recompiles, the chain stage, end-to-end decoding."""
+"""Device side: tables vs host, bucketing without recompiles, the chain stage (shared tables), decoding loops."""
 
 import json
 import re
@@ -101,12 +101,16 @@ def test_stack_validation(grammars):
         st.stack([])
     with pytest.raises(ValueError, match="smaller than needed"):
         st.stack([grammars["a"]], num_states=2)
+    with pytest.raises(ValueError, match="smaller than needed"):
+        st.stack([grammars["a"], grammars["c"]], num_grammars=1)
     other = st.compile_regex("a", bpe_vocab())
     with pytest.raises(ValueError, match="vocabulary sizes"):
         st.stack([grammars["a"], other])
     with pytest.raises(ValueError, match="V=10 columns"):
         st.mask(jnp.zeros((1, 10)), st.stack([grammars["a"]]), jnp.array([0]), jnp.array([1]))
-    assert st.nbytes(st.stack([grammars["a"]])) > 0
+    t = st.stack([grammars["a"], grammars["c"], grammars["d"]])
+    assert t.start.shape == (4,) and int(t.start[3]) == 0  # G bucketed; the padding grammar is dead
+    assert st.nbytes(t) > 0
 
 
 def _toy_logits(seed=0):
@@ -132,23 +136,36 @@ def _decode(sampler, steps):
     return CountingJit(run)
 
 
+def _check_output(kind, text):
+    if kind == "a":
+        doc = json.loads(text)
+        assert set(doc) >= {"name", "age"} and len(doc["name"]) <= 6 and 0 <= doc["age"] <= 99
+    elif kind == "b":
+        doc = json.loads(text)
+        assert 1 <= len(doc) <= 3 and set(doc) <= {"red", "green", "blue"}
+    elif kind == "c":
+        assert re.fullmatch(REGEX_C, text)
+    else:
+        assert text in ("alpha", "beta", "gamma")
+
+
 def test_end_to_end_decode_with_per_row_grammars(grammars):
     v = bpe_vocab(size=V)
     sampler = js.chain(stages.temperature(1.0), stages.grammar(), select=stages.categorical())
     b = 5
-    params = sampler.params((b,), seed=jnp.arange(10, 10 + b), temperature=jnp.array([1.0, 0.7, 1.3, 1.0, 1.0]))
     run = _decode(sampler, 60)
     rows = ["a", "b", None, "c", "d"]
+    buckets = dict(num_grammars=4, num_states=256, num_classes=128, num_masks=64)
     results = []
     for trial in range(2):  # second call with rows permuted: same compiled loop
         order = rows if trial == 0 else rows[::-1]
+        bound = st.grammar_params([None if k is None else grammars[k] for k in order], **buckets)
+        params = sampler.params((b,), seed=jnp.arange(10, 10 + b), temperature=jnp.array([1.0, 0.7, 1.3, 1.0, 1.0]),
+                                **bound)  # fmt: skip
         state = sampler.init(params, vocab_size=V)
-        state = st.constrain(sampler, state, [None if k is None else grammars[k] for k in order],
-                             num_states=256, num_classes=128, num_masks=64)  # fmt: skip
         toks, done, final = run(state, params)
         results.append((order, np.asarray(toks), np.asarray(done)))
-        gstate = final.stages[1]
-        assert not np.asarray(st.is_dead(gstate)).any()
+        assert not np.asarray(st.is_dead(sampler, final, params)).any()
     assert run.traces == 1
     checked = 0
     for order, toks, done in results:
@@ -158,17 +175,7 @@ def test_end_to_end_decode_with_per_row_grammars(grammars):
             assert done[r], (k, toks[r])
             ids = [t for t in toks[r] if t >= 0]
             assert ids[-1] in (0, 2) and all(t not in (0, 1, 2) and t < 1200 for t in ids[:-1])
-            text = b"".join(v.token_bytes[t] for t in ids[:-1]).decode("utf-8")
-            if k == "a":
-                doc = json.loads(text)
-                assert set(doc) >= {"name", "age"} and len(doc["name"]) <= 6 and 0 <= doc["age"] <= 99
-            elif k == "b":
-                doc = json.loads(text)
-                assert 1 <= len(doc) <= 3 and set(doc) <= {"red", "green", "blue"}
-            elif k == "c":
-                assert re.fullmatch(REGEX_C, text)
-            else:
-                assert text in ("alpha", "beta", "gamma")
+            _check_output(k, b"".join(v.token_bytes[t] for t in ids[:-1]).decode("utf-8"))
             checked += 1
     assert checked == 8
 
@@ -176,46 +183,71 @@ def test_end_to_end_decode_with_per_row_grammars(grammars):
 def test_unconstrained_row_equals_a_plain_sampler(grammars):
     plain = js.chain(stages.temperature(1.0), select=stages.categorical())
     constrained = js.chain(stages.temperature(1.0), stages.grammar(), select=stages.categorical())
-    b = 3
-    params = plain.params((b,), seed=jnp.array([5, 6, 7]))
-    s0 = plain.init(params, vocab_size=V)
-    s1 = st.constrain(constrained, constrained.init(params, vocab_size=V), [grammars["a"], None, grammars["c"]])
-    t0, _, _ = _decode(plain, 8)(s0, params)
-    t1, _, _ = _decode(constrained, 8)(s1, params)
+    seeds = jnp.array([5, 6, 7])
+    p0 = plain.params((3,), seed=seeds)
+    p1 = constrained.params((3,), seed=seeds, **st.grammar_params([grammars["a"], None, grammars["c"]]))
+    t0, _, _ = _decode(plain, 8)(plain.init(p0, vocab_size=V), p0)
+    t1, _, _ = _decode(constrained, 8)(constrained.init(p1, vocab_size=V), p1)
     np.testing.assert_array_equal(np.asarray(t0)[1], np.asarray(t1)[1])
     assert not np.array_equal(np.asarray(t0)[0], np.asarray(t1)[0])
 
 
-def test_stage_state_follows_chain_conventions(grammars):
+def test_tables_are_shared_parameters_and_the_state_is_one_int_per_row(grammars):
     sampler = js.chain(stages.grammar(), select=stages.greedy())
-    params = sampler.params((3,))
+    bound = st.grammar_params([grammars["d"], grammars["d"], None])
+    assert bound["grammar_tables"].start.shape == (1,)  # one copy of a grammar shared by two rows
+    assert bound["grammar_grammar"].tolist() == [0, 0, -1]
+    params = sampler.params((3,), **bound)
     state = sampler.init(params, vocab_size=V)
+    (gstate,) = jax.tree.leaves(state.stages[0])
+    assert gstate.shape == (3,) and gstate.dtype == jnp.int32
+    assert gstate.tolist() == [grammars["d"].start, grammars["d"].start, 0]
     x = jax.random.normal(jax.random.key(0), (3, V)).astype(jnp.bfloat16)
-    out, _ = sampler.process(x, state, params)  # unconstrained placeholder: identity
-    np.testing.assert_array_equal(np.asarray(out), np.asarray(x.astype(jnp.float32)))
-    state = st.constrain(sampler, state, [grammars["d"], grammars["d"], None])
-    for leaf in jax.tree.leaves(state.stages[0]):
-        assert leaf.shape[0] == 3
     # inactive rows keep their grammar state; forced tokens reported per row
-    tok, _, new = sampler.sample(x, state, params, active=jnp.array([True, False, True]))
-    assert int(new.stages[0].state[1]) == int(state.stages[0].state[1])
-    assert int(new.stages[0].state[0]) == grammars["d"].advance(grammars["d"].start, int(tok[0]))
-    assert st.forced_tokens(new.stages[0]).shape == (3,)
+    tok, out, new = sampler.sample(x, state, params, active=jnp.array([True, False, True]))
+    np.testing.assert_array_equal(np.asarray(out[2]), np.asarray(x[2].astype(jnp.float32)))  # free row untouched
+    assert int(new.stages[0][1]) == int(state.stages[0][1])
+    assert int(new.stages[0][0]) == grammars["d"].advance(grammars["d"].start, int(tok[0]))
+    forced = np.asarray(st.forced_tokens(sampler, new, params))
+    assert forced.shape == (3,) and forced[2] == -1
+    assert forced[0] == grammars["d"].forced[int(new.stages[0][0])]
     with pytest.raises(ValueError, match="no stage named"):
-        st.constrain(js.chain(select=stages.greedy()), state, [None, None, None])
-    with pytest.raises(ValueError, match="unconstrained"):
-        st.grammar_state([None, None])
-    with pytest.raises(ValueError, match="vocab_size"):
-        small = sampler.init(params, vocab_size=100)
-        st.constrain(sampler, small, [grammars["d"]] * 3)
+        st.forced_tokens(js.chain(select=stages.greedy()), state, params)
+    with pytest.raises(ValueError, match="batch shape"):
+        st.grammar_params([None, None], (3,))
+    with pytest.raises(ValueError, match="missing from grammar_tables"):
+        sampler.init(sampler.params((3,), grammar_grammar=jnp.array([0, -1, -1])), vocab_size=V)
+    with pytest.raises(ValueError, match=r"\[1\] refer to grammars missing"):
+        sampler.init(sampler.params((3,), **dict(bound, grammar_grammar=jnp.array([0, 1, -1]))), vocab_size=V)
+    with pytest.raises(ValueError, match="V=100 columns"):
+        sampler.process(jnp.zeros((3, 100)), sampler.init(params, vocab_size=100), params)
+
+
+def test_unconstrained_batches_cost_nothing(grammars):
+    stage = stages.grammar()
+    sampler = js.chain(stage, select=stages.greedy())
+    x = jax.random.normal(jax.random.key(1), (2, V))
+    free = sampler.params((2,))  # default: no tables
+    assert free["grammar_tables"] is None
+    state = sampler.init(free, vocab_size=V)
+    jaxpr = jax.make_jaxpr(lambda x, s: stage.update(x, s, free, None))(x, state.stages[0])
+    assert not jaxpr.eqns  # the stage is the identity: nothing is traced
+    assert jax.make_jaxpr(lambda t, s: stage.accept(t, s, free, None))(jnp.zeros(2, jnp.int32), state.stages[0]).eqns == []
+    # with tables but every row free: logits untouched (the mask is skipped at run time)
+    params = sampler.params((2,), **st.grammar_params([None, None]))
+    assert params["grammar_tables"] is None
+    bound = st.grammar_params([grammars["d"], None])
+    params = sampler.params((2,), grammar_tables=bound["grammar_tables"], grammar_grammar=jnp.array([-1, -1]))
+    out, _ = jax.jit(sampler.process)(x, sampler.init(params, vocab_size=V), params)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
 
 
 def test_accepting_a_disallowed_token_kills_the_row(grammars):
     sampler = js.chain(stages.grammar(), select=stages.greedy())
-    params = sampler.params((1,))
-    state = st.constrain(sampler, sampler.init(params, vocab_size=V), [grammars["d"]])
+    params = sampler.params((1,), **st.grammar_params([grammars["d"]]))
+    state = sampler.init(params, vocab_size=V)
     state = sampler.accept(jnp.array([1]), state, params)  # a special token: never allowed
-    assert bool(st.is_dead(state.stages[0])[0])
+    assert bool(st.is_dead(sampler, state, params)[0])
     out, _ = sampler.process(jnp.zeros((1, V)), state, params)
     assert not np.isfinite(np.asarray(out)).any()
 

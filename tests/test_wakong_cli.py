@@ -57,8 +57,8 @@ def test_build_reports_accounting_rates_and_plots(tmp_path, corpus, capsys):
         assert needle in report
     assert len(manifest["files"]) == 2 and manifest["seed"] == 3
     for name in ("span_lengths", "mask_positions"):
-        assert (out / "report" / f"{name}-00000-of-00001.png").read_bytes()[:8] == PNG
-    saved = json.loads((out / "report" / "report-00000-of-00001.json").read_text())
+        assert (out / "report" / f"{name}.png").read_bytes()[:8] == PNG
+    saved = json.loads((out / "report" / "report.json").read_text())
     assert saved["counts"] == counts and 0.13 < saved["mask"]["mask_rate"] < 0.17
 
 
@@ -70,7 +70,7 @@ def test_build_pydoc_with_the_article_config(tmp_path, capsys):
     assert "training a byte-level BPE" in captured.err and "rec" in captured.err  # progress bar on stderr
     manifest = records.read_manifests(str(out))
     assert manifest["counts"]["records_in"] == 79 and manifest["parts"][0]["source"]["type"] == "pydoc"
-    assert not (out / "report" / "span_lengths-00000-of-00001.png").exists()
+    assert not (out / "report" / "span_lengths.png").exists()
     assert main(["inspect", str(out), "--examples", "2"]) == 0
     shown = capsys.readouterr().out
     assert shown.count("source: <s>") == 2 and shown.count("target: <s>") == 2

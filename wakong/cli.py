@@ -4,13 +4,18 @@ Examples::
 
     wakong build --corpus pydoc --out data/                       # Python's docs, article defaults
     wakong build corpus/*.txt --config configs/wakong/bart.yaml --out data/ --workers 2
+    JAXSAMPLE_DISTRIBUTED=1 wakong build corpus/*.txt --out /shared/data/ # on every host of a TPU pod
+    wakong build corpus/*.txt --out /shared/data/ --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
     wakong build docs.jsonl --format jsonl --set input.field=body --tokenizer tokenizer.json --out data/
     wakong train-tokenizer corpus/*.txt --vocab-size 32000 --out tokenizer.json
     wakong inspect data/
     wakong mask "the quick brown fox jumps over the lazy dog" --seed 1
 
 Settings come from ``--config`` (YAML), then the dedicated flags, then ``--set section.key=value``.
-Errors (missing files, corrupt tokenizer, invalid settings, full disk) print one line and exit 1.
+Errors (missing files, corrupt tokenizer, invalid settings, full disk, a failed host) print one line
+and exit 1. ``build`` on several processes (``--distributed``/``--coordinator ...``, see
+:mod:`jaxsample.distributed`) builds a part per process and merges them (:mod:`wakong.multihost`);
+process 0 prints the report.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import json
 import os
 import sys
 import time
+
+from jaxsample import distributed
 
 _FLAGS = {  # flag attribute -> config key
     "format": "input.format",
@@ -59,11 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--seed", type=int, help="mask seed")
     build.add_argument("--num-shards", type=int, help="ArrayRecord shards per host")
     build.add_argument("--workers", type=int, default=0, help="grain worker processes (0: in process)")
-    build.add_argument("--process-index", type=int, default=0, help="this host's index (multi-host builds)")
-    build.add_argument("--process-count", type=int, default=1, help="number of hosts (multi-host builds)")
     build.add_argument("--overwrite", action="store_true", help="replace an earlier build in --out")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
     build.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    distributed.add_arguments(build)
 
     train = sub.add_parser("train-tokenizer", help="train a byte-level BPE with BART's special tokens")
     inputs(train)
@@ -135,6 +141,10 @@ def _report_lines(manifest: dict, summary: dict | None) -> list[str]:
     ]
     for key, value in c["events"].items():
         lines.append(f"  {key.replace('_', ' '):<30} {value:>10,}")
+    if manifest["process_count"] > 1:
+        per_part = ", ".join(f"{p['counts']['records_in']:,}" for p in manifest["parts"])
+        count = manifest["process_count"]
+        lines.append(f"processes         {count:>12,}  (records in per process: {per_part})")
     loop_rate = c["tokens"] / max(timing["loop_seconds"], 1e-9)
     lines.append(
         f"time              {timing['seconds']:>12.2f} s  -> {timing['tokens_per_second']:,.0f} tokens/s"
@@ -167,44 +177,46 @@ def _report_lines(manifest: dict, summary: dict | None) -> list[str]:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from wakong import pipeline
+    from wakong import multihost
     from wakong.report import MaskStats, plot_positions, plot_span_lengths
 
+    processes = distributed.from_args(args)
     config = _config(args)
     source = _source(args, config)
-    if config.tokenizer.path is None:
+    if config.tokenizer.path is None and processes.is_main:
         size = config.tokenizer.vocab_size
         print(f"training a byte-level BPE tokenizer ({size:,} tokens) on {len(source):,} records",
               file=sys.stderr)
-    tokenizer = pipeline.resolve_tokenizer(config, source)
-    total = len(range(args.process_index, len(source), max(args.process_count, 1)))
+    total = len(range(processes.index, len(source), processes.count))
     bar, update = _progress(total, not args.no_progress)
     try:
-        manifest = pipeline.build(
+        manifest = multihost.build(
             source,
             args.out,
             config,
-            tokenizer=tokenizer,
             workers=args.workers,
-            process_index=args.process_index,
-            process_count=args.process_count,
             overwrite=args.overwrite,
             progress=update,
+            processes=processes,
         )
     finally:
         bar.close()
+    if not processes.is_main:
+        c, i = manifest["parts"][processes.index]["counts"], processes.index
+        print(f"process {i} of {processes.count}: built part {i} ({c['records_in']:,} records, "
+              f"{c['examples']:,} examples); process 0 reports", file=sys.stderr)
+        return 0
     summary = None
     if config.noise.infill:
         summary = MaskStats(config.noise.spans).merge(manifest["mask_stats"]).summary()
     report_dir = os.path.join(args.out, "report")
     os.makedirs(report_dir, exist_ok=True)
-    name = f"{args.process_index:05d}-of-{args.process_count:05d}"
-    with open(os.path.join(report_dir, f"report-{name}.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(report_dir, "report.json"), "w", encoding="utf-8") as f:
         json.dump({"counts": manifest["counts"], "timing": manifest["timing"], "mask": summary}, f, indent=1)
     lines = _report_lines(manifest, summary)
     if summary and summary["spans"] and not args.no_plots:
-        spans_png = os.path.join(report_dir, f"span_lengths-{name}.png")
-        positions_png = os.path.join(report_dir, f"mask_positions-{name}.png")
+        spans_png = os.path.join(report_dir, "span_lengths.png")
+        positions_png = os.path.join(report_dir, "mask_positions.png")
         plot_span_lengths(summary, spans_png)
         lines.append(f"plots             {spans_png}")
         if summary["edge"]["records"]:
@@ -284,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return commands[args.command](args)
-    except (OSError, TokenizerError, DatasetError, ValueError) as err:  # OSError: missing, existing, disk
+    except (OSError, TokenizerError, DatasetError, ValueError, distributed.DistributedError) as err:
         print(f"wakong: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -11,10 +11,9 @@ import dataclasses
 import hashlib
 import json
 import os
-import types
-import typing
 from typing import Any, Mapping, Sequence
 
+from jaxsample import config as _config
 from wakong.infilling import NoiseConfig, SpanSpec
 from wakong.sources import TEXT_SPLITS
 from wakong.tokenizer import SpecialTokens
@@ -137,50 +136,8 @@ class BuildConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
-def _build(cls, data: Mapping, prefix: str):
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - fields)
-    if unknown:
-        raise ValueError(f"unknown config key {prefix}{unknown[0]} (known: {', '.join(sorted(fields))})")
-    kwargs = {}
-    for key, value in data.items():
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            kwargs[key] = _build(hint, value or {}, f"{prefix}{key}.")
-        else:
-            kwargs[key] = _coerce(f"{prefix}{key}", value, hint)
-    try:
-        return cls(**kwargs)
-    except ValueError as err:
-        if not prefix or str(err).startswith(prefix):
-            raise
-        raise ValueError(f"{prefix}{err}") from None
-
-
-def _coerce(name: str, value: Any, hint) -> Any:
-    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    if value is None and type(None) in options:
-        return None
-    for option in options:
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if option in (int, str, bool) and type(value) is option:
-            return value
-    names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
-    raise ValueError(f"{name} must be {names}, got {value!r}")
-
-
-def _set_path(data: dict, dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    node = data
-    for part in parents:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ValueError(f"cannot set {dotted}: {part} is not a section")
-    node[leaf] = value
+#: ``kind`` of build config files.
+KIND = "wakong.build"
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> BuildConfig:
@@ -190,27 +147,13 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     >>> config.noise.spans.budget_rate, config.examples.unit
     (0.4, 'document')
     """
-    import yaml
-
-    data: dict = {}
-    if path is not None:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"config file {path} does not exist")
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"config file {path} must hold a mapping, got {type(data).__name__}")
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"override {item!r} must look like section.key=value")
-        _set_path(data, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
+    data = _config.read(path, overrides, kind=KIND)
     return config_from_dict(data)
 
 
 def config_from_dict(data: Mapping) -> BuildConfig:
     """Builds a :class:`BuildConfig` from nested mappings (e.g. a manifest's ``config``)."""
-    return _build(BuildConfig, data, "")
+    return _config.build(BuildConfig, data)
 
 
 __all__ = [

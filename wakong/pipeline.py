@@ -28,11 +28,13 @@ masks are left out (counted as ``inserted_masks_dropped``; no text is lost).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import os
 import random
+import re
 import time
 from typing import Any, Callable, Sequence
 
@@ -64,6 +66,7 @@ __all__ = [  # the pipeline's entry points, including those that live in sibling
     "make_examples",
     "open_dataset",
     "open_source",
+    "prepare_dir",
     "resolve_tokenizer",
     "train_tokenizer",
     "training_texts",
@@ -315,23 +318,39 @@ def resolve_tokenizer(
     )
 
 
-def _prepare_dir(out_dir: str, process_index: int, process_count: int, overwrite: bool) -> None:
-    """Refuses to mix with an earlier build unless ``overwrite``; then removes it (manifest first)."""
-    prefix = records.part_prefix(process_index, process_count)
-    mine = os.path.join(out_dir, records.manifest_name(process_index, process_count))
-    existing = [
-        p
-        for p in records.existing_parts(out_dir)
-        if process_count == 1 or p == mine or os.path.basename(p).startswith(prefix)
-    ]
+_PART_FILE = re.compile(r"(?:part|manifest)-(\d+)-of-(\d+)\b")
+
+
+def prepare_dir(out_dir: str, process_index: int = 0, process_count: int = 1, overwrite: bool = False):
+    """Makes ``out_dir`` ready for one part: refuses to mix with an earlier build unless ``overwrite``.
+
+    What the part replaces -- its own manifest and shards, the dataset manifest, and every file of a
+    build with another number of parts -- raises ``FileExistsError``, or with ``overwrite`` is removed
+    (manifests first). The other parts of the same layout are left alone (other hosts write them).
+    """
+    os.makedirs(out_dir, exist_ok=True)
+
+    def replaced(path: str) -> bool:
+        match = _PART_FILE.match(os.path.basename(path))
+        return match is None or int(match[2]) != process_count or int(match[1]) == process_index
+
+    existing = [p for p in records.existing_parts(out_dir) if replaced(p)]
     if existing and not overwrite:
         first = os.path.basename(existing[0])
         raise FileExistsError(f"{out_dir} already holds a dataset ({first} ...); use overwrite")
-    for path in sorted(existing, key=lambda p: not os.path.basename(p).startswith("manifest")):
-        os.remove(path)
+
+    def order(path: str) -> tuple[bool, bool]:  # the dataset manifest, part manifests, then shards
+        name = os.path.basename(path)
+        return name != records.DATASET_MANIFEST, not name.startswith("manifest")
+
+    for path in sorted(existing, key=order):
+        with contextlib.suppress(FileNotFoundError):  # another host sharing the directory removed it
+            os.remove(path)
+    prefix = records.part_prefix(process_index, process_count)
     for name in os.listdir(out_dir):
         if name.startswith(f".{prefix}") and ".tmp-" in name:  # left by a crashed build
-            os.remove(os.path.join(out_dir, name))
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, name))
 
 
 def _outcomes(ds: grain.MapDataset, workers: int):
@@ -357,7 +376,9 @@ def build(
     overwrite: bool = False,
     progress: Callable[[Outcome], Any] | None = None,
 ) -> dict:
-    """Builds this host's part of a dataset in ``out_dir`` and returns its manifest.
+    """Builds this process's part of a dataset in ``out_dir`` and returns the part's manifest.
+
+    :func:`wakong.multihost.build` runs this on every process of a job and merges the parts.
 
     Args:
       source: raw records (:mod:`wakong.sources`).
@@ -374,8 +395,7 @@ def build(
     """
     start = time.perf_counter()
     out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    _prepare_dir(out_dir, process_index, process_count, overwrite)
+    prepare_dir(out_dir, process_index, process_count, overwrite)
     tok = resolve_tokenizer(config, source, tokenizer)
     try:
         tok.save(os.path.join(out_dir, "tokenizer.json"))

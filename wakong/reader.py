@@ -19,6 +19,11 @@ Batches hold ``input_ids``, ``attention_mask`` ``[B, max_source_len]``; ``decode
 ``[B]`` (the example's record index, ``-1`` in padding rows). With ``drop_remainder=False`` the last
 batch of a finite run is completed with padding rows (``loss_mask`` all False), so no example is lost.
 For multi-host training use ``num_epochs=None`` so every host yields the same number of batches.
+
+Hosts read a dataset in one of two ways: every host reads all parts (a shared filesystem) and takes
+every ``process_count``-th example of the shuffled stream (the default), or each host reads the part
+it built, whole (``part=jax.process_index()``: hosts without a shared filesystem; parts hold different
+numbers of examples, so train with ``num_epochs=None`` there too).
 """
 
 from __future__ import annotations
@@ -36,10 +41,10 @@ from wakong.infilling import NoiseConfig, noise_example, pad_features
 from wakong.tokenizer import TextTokenizer, load_tokenizer
 
 
-def open_dataset(path: str | os.PathLike) -> tuple[dict, TextTokenizer]:
-    """The combined manifest of a dataset directory and its tokenizer (checked against the manifest)."""
+def open_dataset(path: str | os.PathLike, part: int | None = None) -> tuple[dict, TextTokenizer]:
+    """The combined manifest of a dataset directory (or of one ``part``) and its checked tokenizer."""
     path = os.fspath(path)
-    info = records.read_manifests(path)
+    info = records.read_manifests(path, part)
     config = config_from_dict(info["config"])
     tokenizer = load_tokenizer(os.path.join(path, info["tokenizer"]["file"]), config.tokenizer.special)
     if tokenizer.sha256 != info["tokenizer"]["sha256"]:
@@ -126,6 +131,7 @@ def batches(
     num_epochs: int | None = 1,
     process_index: int | None = None,
     process_count: int | None = None,
+    part: int | None = None,
     drop_remainder: bool = False,
     renoise: NoiseConfig | None = None,
     max_source_len: int | None = None,
@@ -141,6 +147,8 @@ def batches(
       shuffle: shuffle records, with a new permutation each epoch.
       num_epochs: passes over the data; ``None`` repeats forever.
       process_index, process_count: this host's share; default ``jax.process_index()/process_count()``.
+      part: read only the part built by process ``part`` and all of it, instead of sharing every part
+        (hosts without a shared filesystem, each holding the part it built: ``part=jax.process_index()``).
       drop_remainder: drop a final partial batch instead of padding it.
       renoise: draw new masks each epoch with this noise config (default: the build's masks).
       max_source_len, max_target_len: padded lengths, at least the build's (default: the build's).
@@ -150,6 +158,10 @@ def batches(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if num_epochs is not None and num_epochs < 1:
         raise ValueError(f"num_epochs must be >= 1 or None, got {num_epochs}")
+    if part is not None:
+        if process_index is not None or process_count is not None:
+            raise ValueError("give part (read one part whole) or process_index/process_count, not both")
+        process_index, process_count = 0, 1
     if process_index is None or process_count is None:
         import jax
 
@@ -157,7 +169,7 @@ def batches(
         process_count = jax.process_count() if process_count is None else process_count
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index must be in [0, {process_count}), got {process_index}")
-    info, tokenizer = open_dataset(path)
+    info, tokenizer = open_dataset(path, part)
     built = config_from_dict(info["config"]).examples
     source_len = built.max_source_len if max_source_len is None else max_source_len
     target_len = built.max_target_len if max_target_len is None else max_target_len

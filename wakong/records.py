@@ -1,11 +1,13 @@
 """On-disk format of a built dataset: example records in ArrayRecord shards, plus JSON manifests.
 
-Layout of a dataset directory (one part per host that built it)::
+Layout of a dataset directory (one part per process that built it)::
 
     tokenizer.json
-    part-00000-of-00001-shard-00000-of-00004.array_record
+    part-00000-of-00002-shard-00000-of-00004.array_record
     ...
-    manifest-00000-of-00001.json
+    manifest-00000-of-00002.json     a part's manifest: its settings, input, shards, counts
+    manifest-00001-of-00002.json
+    manifest.json                    the dataset manifest (wakong build): every part, checked and summed
 
 A record is ``encode_record``'s compact binary form of one example: its global record index, its part
 number within the record, ``input_ids`` and ``labels`` with BOS/EOS (uint16 when the vocabulary fits,
@@ -14,7 +16,8 @@ else int32), and bitmaps of word and sentence starts over ``labels`` (for dynami
 Writes are atomic: shards are written under temporary names and renamed only after every shard closed
 without error, and the manifest is written last (also atomically). Any write error -- a full disk, a
 read-only directory -- raises :class:`DatasetWriteError` and removes the temporary files, so a manifest
-never claims records that are not on disk.
+never claims records that are not on disk. Temporary names are unique across hosts, so processes on
+several hosts may share the directory.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ from __future__ import annotations
 import glob
 import json
 import os
+import secrets
 import struct
 from typing import Any, Callable
 
 import numpy as np
 
 MANIFEST_VERSION = 1
+#: The manifest of a whole dataset, written by process 0 once every part is built.
+DATASET_MANIFEST = "manifest.json"
 _MAGIC = b"WKR1"
 _HEADER = struct.Struct("<4sBxxxqiII")  # magic, id width (2 or 4), index, part, n_input, n_labels
 
@@ -90,6 +96,11 @@ def decode_record(data: bytes) -> dict[str, Any]:
         "word_starts": words,
         "sentence_starts": sentences,
     }
+
+
+def temp_suffix() -> str:
+    """A temporary-file suffix unique across processes and hosts (hosts sharing a directory share pids)."""
+    return f".tmp-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def part_prefix(process_index: int, process_count: int) -> str:
@@ -184,7 +195,7 @@ class ShardWriter:
 
 def write_json_atomic(path: str, data: dict) -> None:
     """Writes ``data`` as JSON under a temporary name, fsyncs, then renames (raises DatasetWriteError)."""
-    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.tmp-{os.getpid()}"
+    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}{temp_suffix()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1, sort_keys=True)
@@ -199,68 +210,142 @@ def write_json_atomic(path: str, data: dict) -> None:
 
 
 def existing_parts(out_dir: str) -> list[str]:
-    """Manifests and shards already in ``out_dir``."""
+    """Manifests (the dataset's and its parts') and shards already in ``out_dir``."""
     names = glob.glob(os.path.join(out_dir, "manifest-*-of-*.json"))
     names += glob.glob(os.path.join(out_dir, "part-*-of-*-shard-*.array_record"))
+    names += glob.glob(os.path.join(out_dir, DATASET_MANIFEST))
     return sorted(names)
 
 
-def read_manifests(path: str) -> dict:
-    """Loads and checks every part manifest of a dataset directory; returns the combined description.
+def _source_identity(source: dict) -> dict:
+    """A source description without file paths (hosts may name the same files differently)."""
+    files = [{k: v for k, v in f.items() if k != "path"} for f in source.get("files", [])]
+    return {**source, "files": files} if "files" in source else source
 
-    The result holds ``config``, ``tokenizer``, ``files`` (shard paths, in part then shard order),
-    ``counts`` (summed over parts) and ``parts`` (the manifests themselves).
 
-    Raises:
-      DatasetError: no manifest, a missing part, parts built with different settings, or a shard whose
-        size does not match its manifest.
-    """
-    names = sorted(glob.glob(os.path.join(path, "manifest-*-of-*.json")))
-    if not names:
-        raise DatasetError(
-            f"{path} holds no manifest-*.json: not a dataset directory, or its build did not finish"
-        )
-    parts = []
-    for name in names:
-        try:
-            with open(name, encoding="utf-8") as f:
-                parts.append(json.load(f))
-        except (OSError, ValueError) as err:
-            raise DatasetError(f"cannot read manifest {name}: {err}") from None
+def _check_parts(parts: list[dict]) -> None:
+    """Same version, settings, tokenizer and input in every part; each accounts for its own records."""
     first = parts[0]
-    if first.get("version") != MANIFEST_VERSION:
-        version = first.get("version")
-        raise DatasetError(f"{names[0]} has manifest version {version}, expected {MANIFEST_VERSION}")
-    count = first["process_count"]
-    for name, part in zip(names, parts):
+    other = f"part {first.get('process_index')}"
+    for part in parts:
+        name = f"part {part.get('process_index')}"
+        if part.get("version") != MANIFEST_VERSION:
+            raise DatasetError(f"{name} has manifest version {part.get('version')}, expected {MANIFEST_VERSION}")
         for key in ("config_fingerprint", "seed", "process_count"):
             if part[key] != first[key]:
-                raise DatasetError(f"{name} differs from {names[0]} in {key}: built with different settings")
+                raise DatasetError(f"{name} differs from {other} in {key}: built with different settings")
         if part["tokenizer"]["sha256"] != first["tokenizer"]["sha256"]:
-            raise DatasetError(f"{name} was built with a different tokenizer than {names[0]}")
+            raise DatasetError(f"{name} was built with a different tokenizer than {other}")
+        if _source_identity(part["source"]) != _source_identity(first["source"]):
+            raise DatasetError(f"{name} read other input than {other} (file contents differ)")
+        c, i, n = part["counts"], part["process_index"], part["source"]["records"]
+        expected = len(range(i, n, part["process_count"]))
+        out = c["records_written"] + sum(c["records_dropped"].values())
+        if c["records_in"] != expected or out != expected:
+            raise DatasetError(
+                f"{name} accounts for {c['records_in']:,} records ({c['records_written']:,} written, "
+                f"{sum(c['records_dropped'].values()):,} dropped), expected {expected:,} of {n:,}"
+            )
+
+
+def combine_parts(parts: list[dict]) -> dict:
+    """Checks that part manifests make one complete build and sums their counts.
+
+    Every part must have the same manifest version, settings (config fingerprint, seed, part count),
+    tokenizer and input (file hashes and record count); the parts must be exactly ``0..count-1``; and
+    part ``i`` must have read exactly the input records ``i, i + count, ...`` and written or dropped
+    each once. So every input record is accounted for exactly once across the parts.
+
+    Returns:
+      ``process_count``, ``seed``, ``config``, ``config_fingerprint``, ``tokenizer``, ``source``,
+      ``counts`` (summed) and ``parts`` (sorted by process index).
+
+    Raises:
+      DatasetError: naming the part and what differs or is missing.
+    """
+    if not parts:
+        raise DatasetError("no part manifests")
+    _check_parts(parts)
+    count = parts[0]["process_count"]
     indices = sorted(p["process_index"] for p in parts)
+    if len(set(indices)) != len(indices):
+        twice = sorted({i for i in indices if indices.count(i) > 1})
+        raise DatasetError(f"parts {twice} appear more than once")
     if indices != list(range(count)):
         missing = sorted(set(range(count)) - set(indices))
-        raise DatasetError(f"{path}: parts {missing} of {count} are missing (their builds did not finish)")
-    parts.sort(key=lambda p: p["process_index"])
-    files = []
+        raise DatasetError(f"parts {missing} of {count} are missing (their builds did not finish)")
+    parts = sorted(parts, key=lambda p: p["process_index"])
+    counts: dict = {}
     for part in parts:
-        for shard in part["shards"]:
+        _add_counts(counts, part["counts"])
+    return {**_summary(parts[0]), "counts": counts, "parts": parts}
+
+
+def _summary(part: dict) -> dict:
+    keys = ("process_count", "seed", "config", "config_fingerprint", "tokenizer", "source")
+    return {key: part[key] for key in keys}
+
+
+def _load_json(name: str) -> dict:
+    try:
+        with open(name, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"cannot read manifest {name}: {err}") from None
+
+
+def read_manifests(path: str, part: int | None = None) -> dict:
+    """Loads and checks the manifests of a dataset directory; returns the combined description.
+
+    Args:
+      path: the dataset directory.
+      part: read only this part (the one process ``part`` built: hosts without a shared filesystem
+        each hold their own part); default: every part, which must all be in ``path``.
+
+    The result holds :func:`combine_parts`'s keys plus ``files`` (shard paths, in part then shard
+    order). When ``path`` holds the dataset manifest of a finished build (``manifest.json``), every
+    part manifest read must be the one it lists.
+
+    Raises:
+      DatasetError: no manifest, a missing part, parts built with different settings, a part that
+        does not match the dataset manifest, or a shard whose size does not match its manifest.
+    """
+    pattern = "manifest-*-of-*.json" if part is None else f"manifest-{part:05d}-of-*.json"
+    names = sorted(glob.glob(os.path.join(path, pattern)))
+    dataset_file = os.path.join(path, DATASET_MANIFEST)
+    dataset = _load_json(dataset_file) if os.path.isfile(dataset_file) else None
+    if not names:
+        what = "no manifest-*.json" if part is None else f"no manifest of part {part}"
+        raise DatasetError(f"{path} holds {what}: not a dataset directory, or its build did not finish")
+    parts = [_load_json(name) for name in names]
+    if dataset is not None:
+        listed = {p["process_index"]: p for p in dataset["parts"]}
+        for name, p in zip(names, parts):
+            if listed.get(p["process_index"]) != p or p["process_count"] != dataset["process_count"]:
+                raise DatasetError(f"{name} is not the part listed in {dataset_file} (left by another build?)")
+    if part is None:
+        count = parts[0]["process_count"]
+        missing = sorted(set(range(count)) - {p["process_index"] for p in parts})
+        if missing and dataset is not None:
+            raise DatasetError(
+                f"{path}: parts {missing} of {count} are not here: the build finished (manifest.json) on "
+                "hosts without a shared filesystem; read this host's own part with part=process_index"
+            )
+        info = combine_parts(parts)
+    else:
+        if len(parts) > 1:
+            found = ", ".join(map(os.path.basename, names))
+            raise DatasetError(f"{path} holds part {part} of several builds: {found}")
+        _check_parts(parts)
+        info = {**_summary(parts[0]), "counts": parts[0]["counts"], "parts": parts}
+    files = []
+    for p in info["parts"]:
+        for shard in p["shards"]:
             file = os.path.join(path, shard["file"])
             if not os.path.isfile(file) or os.path.getsize(file) != shard["bytes"]:
                 raise DatasetError(f"shard {file} is missing or its size differs from the manifest")
             files.append(file)
-    counts: dict = {}
-    for part in parts:
-        _add_counts(counts, part["counts"])
-    return {
-        "config": first["config"],
-        "seed": first["seed"],
-        "tokenizer": first["tokenizer"],
-        "files": files,
-        "counts": counts,
-        "parts": parts,
-    }
+    return {**info, "files": files}
 
 
 def _add_counts(total: dict, counts: dict) -> None:

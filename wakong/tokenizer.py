@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import secrets
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -100,7 +101,7 @@ class TextTokenizer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the tokenizer JSON atomically (the sha256 is of exactly these bytes)."""
-        tmp = f"{path}.tmp-{os.getpid()}"
+        tmp = f"{os.fspath(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # unique across hosts
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(self.json_text)
         os.replace(tmp, path)

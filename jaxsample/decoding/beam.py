@@ -52,7 +52,7 @@ from jaxsample.chain import Sampler, SamplerState
 from jaxsample.decoding import _stopping
 from jaxsample.decoding._stopping import FinishReason, Stops
 from jaxsample.decoding.generate import Config, prefill, prepare
-from jaxsample.decoding.model import Model, repeat_rows, take_rows, where_rows
+from jaxsample.decoding.model import Model, repeat_params, repeat_rows, take_rows, where_rows
 
 _BIG = -1.0e9  # HF's "impossible" score (used instead of -inf so that arithmetic matches HF)
 _SAMPLE_SALT = 0x0BEA5A3
@@ -324,7 +324,7 @@ def _search(
     b = prompt.shape[0]
     logits, cache, _ = prefill(model, params, prompt, lengths, cache, dc.cache_len)
     logits, cache, rows_prompt, rows_len = repeat_rows((logits, cache, prompt, lengths), k)
-    rows_params = repeat_rows(sparams, k)
+    rows_params = repeat_params(sampler, sparams, k)
     history = jnp.where(jnp.arange(prompt.shape[1]) < rows_len[:, None], rows_prompt, -1)
     sst = sampler.init(rows_params, vocab_size=logits.shape[-1], prompt=history, history_size=dc.history_size)
     n = dc.max_tokens

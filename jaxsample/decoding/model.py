@@ -65,6 +65,12 @@ def repeat_rows(tree: Any, n: int) -> Any:
     return jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), tree)
 
 
+def repeat_params(sampler, params: dict, n: int) -> dict:
+    """:func:`repeat_rows` for sampler parameters, leaving ``Param.shared`` ones (e.g. grammar tables) whole."""
+    shared = {name for name, spec in sampler.param_specs().items() if spec.shared}
+    return {k: v if k in shared else repeat_rows(v, n) for k, v in params.items()}
+
+
 def where_rows(keep_new: Array, new: Any, old: Any) -> Any:
     """Per-row ``where`` over two pytrees with leading batch axis (``keep_new bool[B]``)."""
 

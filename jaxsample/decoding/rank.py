@@ -29,7 +29,7 @@ from jaxsample import _validate
 from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler
 from jaxsample.decoding.generate import _decode, prepare
-from jaxsample.decoding.model import Model, repeat_rows
+from jaxsample.decoding.model import Model, repeat_params, repeat_rows
 
 
 class RankedOutput(NamedTuple):
@@ -122,7 +122,7 @@ def sample_and_rank(
     )
     b = req.prompt.shape[0]
     alpha = _validate.param(length_penalty, (b,), "length_penalty")
-    rows = repeat_rows(req.sampler_params, best_of)
+    rows = repeat_params(req.sampler, req.sampler_params, best_of)
     rows["seed"] = rows["seed"] + jnp.tile(jnp.arange(best_of, dtype=jnp.int32), b)
     stops = repeat_rows(req.stops, best_of)
     return _rank_jit(

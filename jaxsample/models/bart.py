@@ -58,7 +58,7 @@ class _BartNet(nn.Module):
         )
         norm = lambda name: nn.LayerNorm(c.layer_norm_eps, dtype=dtype, name=name)  # noqa: E731
         block = lambda cross, name: layers.Block(  # noqa: E731
-            c.d_model, c.num_heads, c.d_ff, dtype, c.init_std, c.init_std, c.layer_norm_eps, norm_first=False,
+            c.d_model, c.num_heads, c.d_ff, dtype, c.init_std, c.init_std, c.layer_norm_eps, norm_first=c.norm_first,
             cross_attention=cross, dropout_rate=c.dropout_rate, attention_dropout_rate=c.attention_dropout_rate,
             name=name,
         )
@@ -68,6 +68,8 @@ class _BartNet(nn.Module):
         self.encoder_embed_norm, self.decoder_embed_norm = norm("encoder_embed_norm"), norm("decoder_embed_norm")
         self.encoder_layers = [block(False, f"encoder_{i}") for i in range(c.encoder_layers)]
         self.decoder_layers = [block(True, f"decoder_{i}") for i in range(c.decoder_layers)]
+        if c.norm_first:  # mBART: the sublayers' outputs are summed unnormalised, so each stack ends with a norm
+            self.encoder_final_norm, self.decoder_final_norm = norm("encoder_final_norm"), norm("decoder_final_norm")
         self.logits_bias = self.param("logits_bias", nn.initializers.zeros_init(), (c.vocab_size,), jnp.float32)
         self.dropout = nn.Dropout(c.dropout_rate)
 
@@ -86,7 +88,7 @@ class _BartNet(nn.Module):
         mask = layers.padding_mask(attention_mask, input_ids.shape[1])
         for layer in self.encoder_layers:
             x, _ = layer(x, positions, mask, deterministic=deterministic)
-        return x
+        return self.encoder_final_norm(x) if self.config.norm_first else x
 
     def cross_kv(self, encoded: Array, deterministic: bool = True) -> tuple[KVCache, ...]:
         return tuple(layer.cross_kv(encoded) for layer in self.decoder_layers)
@@ -96,6 +98,8 @@ class _BartNet(nn.Module):
         x = self._embed(tokens, positions, self.decoder_positions, self.decoder_embed_norm, deterministic)
         x, cache = layers.decoder_stack(self.decoder_layers, x, positions, cache, (cross, encoder_mask),
                                         deterministic)
+        if self.config.norm_first:
+            x = self.decoder_final_norm(x)
         logits = layers.lm_logits(self.shared.embedding, x, self.config.compute_dtype, self.logits_bias)
         return StepOutput(logits, cache, x.astype(jnp.float32))
 

@@ -90,7 +90,7 @@ def save(directory: str, step: int, params: Any, config: ModelConfig, *, opt_sta
 
 
 def _abstract(tree: Any) -> Any:
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # addressable on every host
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)
                                                        or sharding), tree)
 

@@ -8,8 +8,9 @@ from jaxsample.structured.stage import grammar_stage as _grammar_stage
 
 @cached
 def grammar(*, name: str = "grammar") -> Stage:
-    """Grammar masking; bind grammars per row with :func:`jaxsample.structured.constrain`.
+    """Grammar masking; bind grammars to rows with :func:`jaxsample.structured.grammar_params`.
 
-    Rows without a grammar pass through unchanged.
+    Reads the shared parameter ``f"{name}_tables"`` and the per-row ``f"{name}_grammar"`` (``-1``:
+    unconstrained, passed through unchanged).
     """
     return _grammar_stage(name=name)

@@ -21,15 +21,7 @@ from jaxsample.structured.compiler import (
     compile_json_schema,
     compile_regex,
 )
-from jaxsample.structured.stage import (
-    GrammarState,
-    constrain,
-    forced_tokens,
-    grammar_stage,
-    grammar_state,
-    is_dead,
-    unconstrained,
-)
+from jaxsample.structured.stage import forced_tokens, grammar_params, grammar_stage, is_dead
 from jaxsample.structured.tables import (
     Tables,
     advance,
@@ -49,7 +41,6 @@ __all__ = sorted([
     "ByteDFA",
     "EmptyLanguageError",
     "GrammarError",
-    "GrammarState",
     "Tables",
     "TokenGrammar",
     "Vocabulary",
@@ -62,16 +53,14 @@ __all__ = sorted([
     "compile_json",
     "compile_json_schema",
     "compile_regex",
-    "constrain",
     "forced_token",
     "forced_tokens",
+    "grammar_params",
     "grammar_stage",
-    "grammar_state",
     "initial_state",
     "is_accepting",
     "is_dead",
     "mask",
     "nbytes",
     "stack",
-    "unconstrained",
 ])

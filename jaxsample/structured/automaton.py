@@ -14,10 +14,13 @@ properties" linear), determinises it over byte equivalence classes and minimises
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import numpy as np
+
+from jaxsample.structured.minimise import minimise, trim
 
 MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = (0xD800, 0xDFFF)
@@ -199,6 +202,12 @@ def _mask(lo: int, hi: int) -> int:
     return ((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1)
 
 
+@functools.lru_cache(maxsize=4096)
+def _byte_paths(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, ...], ...]:
+    """UTF-8 byte-mask paths (256-bit masks, one per byte) spelling exactly the code points ``ranges``."""
+    return tuple(tuple(_mask(a, b) for a, b in seq) for lo, hi in ranges for seq in utf8_sequences(lo, hi))
+
+
 # --------------------------------------------------------------------------------------------- NFA
 class _NFA:
     def __init__(self, max_states: int):
@@ -230,15 +239,13 @@ class _NFA:
     def _build(self, node, cont: int) -> int:
         if isinstance(node, Chars):
             entry = self.new()
-            for lo, hi in node.ranges:
-                for byte_ranges in utf8_sequences(lo, hi):
-                    cur = entry
-                    for a, b in byte_ranges[:-1]:
-                        nxt = self.new()
-                        self.edges[cur].append((_mask(a, b), nxt))
-                        cur = nxt
-                    a, b = byte_ranges[-1]
-                    self.edges[cur].append((_mask(a, b), cont))
+            for path in _byte_paths(node.ranges):
+                cur = entry
+                for m in path[:-1]:
+                    nxt = self.new()
+                    self.edges[cur].append((m, nxt))
+                    cur = nxt
+                self.edges[cur].append((path[-1], cont))
             return entry
         if isinstance(node, Seq):
             for item in reversed(node.items):
@@ -295,22 +302,26 @@ class ByteDFA(NamedTuple):
         return bool(self.accept[self.run(data)])
 
 
-def _byte_classes(masks: list[int]) -> tuple[np.ndarray, dict[int, list[int]]]:
-    """Coarsest partition of the 256 bytes respecting every mask; mask -> its class ids."""
+def _byte_classes(masks: list[int]) -> tuple[np.ndarray, dict[int, int]]:
+    """Coarsest partition of the 256 bytes respecting every mask; mask -> bitset of its class ids."""
     distinct = sorted(set(masks))
     bits = np.zeros((len(distinct), 256), bool)
     for i, m in enumerate(distinct):
         bits[i] = [(m >> b) & 1 for b in range(256)]
     _, byte_class = np.unique(bits.T, axis=0, return_inverse=True) if distinct else (None, np.zeros(256, int))
     byte_class = np.asarray(byte_class, np.int32).reshape(256)
-    classes = {m: sorted(set(byte_class[bits[i]].tolist())) for i, m in enumerate(distinct)}
+    classes = {m: sum(1 << int(c) for c in set(byte_class[bits[i]].tolist())) for i, m in enumerate(distinct)}
     return byte_class, classes
 
 
 def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
+    """Subset construction over byte classes.
+
+    Per DFA state, the classes are split into groups reached by the same member edges (bitsets of
+    classes, refined edge by edge): one target set per group instead of one per class.
+    """
     byte_class, cls_of_mask = _byte_classes([m for es in nfa.edges for m, _ in es])
     k = int(byte_class.max()) + 1
-    edges = [[(cls_of_mask[m], t) for m, t in es] for es in nfa.edges]
     closure_memo: dict[int, frozenset] = {}
 
     def closure(n: int) -> frozenset:
@@ -322,9 +333,22 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
                     if t not in seen:
                         seen.add(t)
                         todo.append(t)
-            got = closure_memo[n] = frozenset(x for x in seen if edges[x] or x == final)
+            got = closure_memo[n] = frozenset(x for x in seen if nfa.edges[x] or x == final)
         return got
 
+    out_edges: dict[int, list] = {}  # NFA state -> [(class bitset, target closure)], merged per bitset
+
+    def edges_of(n: int) -> list:
+        got = out_edges.get(n)
+        if got is None:
+            merged: dict[int, frozenset] = {}
+            for m, t in nfa.edges[n]:
+                c = cls_of_mask[m]
+                merged[c] = merged.get(c, frozenset()) | closure(t)
+            got = out_edges[n] = list(merged.items())
+        return got
+
+    class_lists: dict[int, list[int]] = {}
     ids: dict[frozenset, int] = {frozenset(): 0}
     sets = [frozenset()]
     rows = [[0] * k]
@@ -332,17 +356,26 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
     ids[first] = 1
     sets.append(first)
     rows.append(None)
+    everything = (1 << k) - 1
     i = 1
     while i < len(sets):
-        trans: dict[int, set] = {}
+        groups = [(everything, frozenset())]
         for n in sets[i]:
-            for cl, t in edges[n]:
-                c = closure(t)
-                for c_id in cl:
-                    trans.setdefault(c_id, set()).update(c)
+            for mask, targets in edges_of(n):
+                refined = []
+                for g, acc in groups:
+                    inside = g & mask
+                    if inside:
+                        refined.append((inside, acc | targets))
+                        if inside != g:
+                            refined.append((g & ~mask, acc))
+                    else:
+                        refined.append((g, acc))
+                groups = refined
         row = [0] * k
-        for c_id, targets in trans.items():
-            key = frozenset(targets)
+        for g, key in groups:
+            if not key:
+                continue
             j = ids.get(key)
             if j is None:
                 if len(sets) >= max_states:
@@ -350,111 +383,16 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
                 j = ids[key] = len(sets)
                 sets.append(key)
                 rows.append(None)
-            row[c_id] = j
+            idx = class_lists.get(g)
+            if idx is None:
+                idx = class_lists[g] = [c for c in range(k) if g >> c & 1]
+            for c in idx:
+                row[c] = j
         rows[i] = row
         i += 1
     delta = np.array(rows, np.int32)
     accept = np.array([final in s for s in sets], bool)
     return ByteDFA(delta, byte_class, accept, 1)
-
-
-def trim(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Keeps states reachable from ``start`` that can reach acceptance; renumbers (0 = dead, 1 = start).
-
-    Raises:
-      EmptyLanguageError: when ``start`` cannot reach an accepting state.
-    """
-    s_count = delta.shape[0]
-    fwd = np.zeros(s_count, bool)
-    fwd[start] = True
-    frontier = np.array([start])
-    while frontier.size:
-        nxt = np.unique(delta[frontier].ravel())
-        nxt = nxt[~fwd[nxt]]
-        fwd[nxt] = True
-        frontier = nxt
-    live = accept & fwd
-    src = np.repeat(np.arange(s_count), delta.shape[1])
-    dst = delta.ravel()
-    order = np.argsort(dst, kind="stable")
-    src_sorted, dst_sorted = src[order], dst[order]
-    starts = np.searchsorted(dst_sorted, np.arange(s_count + 1))
-    frontier = np.flatnonzero(live)
-    while frontier.size:
-        preds = np.concatenate([src_sorted[starts[t] : starts[t + 1]] for t in frontier])
-        preds = np.unique(preds)
-        preds = preds[~live[preds] & fwd[preds]]
-        live[preds] = True
-        frontier = preds
-    live[0] = False
-    if not live[start]:
-        raise EmptyLanguageError("the constraint matches no string at all")
-    keep = np.concatenate([[0, start], np.flatnonzero(live & (np.arange(s_count) != start))])
-    new_id = np.zeros(s_count, np.int32)
-    new_id[keep] = np.arange(keep.size)
-    new_id[~live] = 0
-    new_delta = new_id[delta[keep]]
-    new_delta[0] = 0
-    return new_delta.astype(np.int32), accept[keep] & (np.arange(keep.size) > 0), 1
-
-
-def minimise(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Moore partition refinement (hashed signatures, verified exact); state 0 stays dead.
-
-    Args:
-      delta: ``int[S, K]`` trimmed transition table with 0 absorbing.
-      accept: ``bool[S]``.
-      start: initial state.
-
-    Returns:
-      ``(delta, accept, start)`` of the minimal DFA, numbered 0 = dead, 1 = start.
-    """
-    s_count, k = delta.shape
-    rng = np.random.default_rng(0x5EED)
-    mult = rng.integers(1, 2**63, size=k + 1, dtype=np.uint64) | np.uint64(1)
-    block = accept.astype(np.int64) + 1
-    block[0] = 0
-    _, block = np.unique(block, return_inverse=True)  # contiguous labels; the dead state stays 0
-    block = block.reshape(-1)
-    n_blocks = int(block.max()) + 1
-    while True:
-        with np.errstate(over="ignore"):
-            sig = block.astype(np.uint64) * mult[0]
-            sig = sig + (block[delta].astype(np.uint64) * mult[1:]).sum(axis=1, dtype=np.uint64)
-        _, new_block = np.unique(np.stack([block, sig.view(np.int64)], 1), axis=0, return_inverse=True)
-        new_block = new_block.reshape(-1)
-        n_new = int(new_block.max()) + 1
-        if n_new == n_blocks:
-            break
-        block, n_blocks = new_block, n_new
-    # Exactness check: states in one block agree on the blocks of their successors.
-    rep = np.zeros(n_blocks, np.int64)
-    rep[block] = np.arange(s_count)
-    if not np.array_equal(block[delta], block[delta[rep[block]]]):  # pragma: no cover - hash collision
-        return _exact_minimise(delta, accept, start)
-    order = np.concatenate([[block[0], block[start]], np.setdiff1d(np.arange(n_blocks), [block[0], block[start]])])
-    renum = np.zeros(n_blocks, np.int32)
-    renum[order] = np.arange(n_blocks)
-    new_delta = renum[block[delta[rep[order]]]]
-    return new_delta.astype(np.int32), accept[rep[order]], 1
-
-
-def _exact_minimise(delta, accept, start):  # pragma: no cover - only after a 64-bit hash collision
-    block = accept.astype(np.int64) + 1
-    block[0] = 0
-    while True:
-        _, nb = np.unique(np.concatenate([block[:, None], block[delta]], 1), axis=0, return_inverse=True)
-        nb = nb.reshape(-1)
-        if nb.max() == block.max() and len(np.unique(nb)) == len(np.unique(block)):
-            break
-        block = nb
-    n = int(block.max()) + 1
-    rep = np.zeros(n, np.int64)
-    rep[block] = np.arange(delta.shape[0])
-    order = np.concatenate([[block[0], block[start]], np.setdiff1d(np.arange(n), [block[0], block[start]])])
-    renum = np.zeros(n, np.int32)
-    renum[order] = np.arange(n)
-    return renum[block[delta[rep[order]]]].astype(np.int32), accept[rep[order]], 1
 
 
 def compile_expr(expr, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: int = MAX_DFA_STATES) -> ByteDFA:
@@ -468,8 +406,10 @@ def compile_expr(expr, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: 
     final = nfa.new()
     start = nfa.build(expr, final)
     dfa = _determinise(nfa, start, final, max_dfa_states)
-    delta, accept, start = trim(dfa.delta, dfa.accept, dfa.start)
-    delta, accept, start = minimise(delta, accept, start)
+    trimmed = trim(dfa.delta, dfa.accept, dfa.start)
+    if trimmed is None:
+        raise EmptyLanguageError("the constraint matches no string at all")
+    delta, accept, start = minimise(*trimmed)
     return ByteDFA(delta, dfa.byte_class, accept, start)
 
 

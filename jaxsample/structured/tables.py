@@ -1,9 +1,9 @@
 """Device tables for compiled grammars, bucketed shapes, and the jit-side mask / advance gathers.
 
 Several :class:`~jaxsample.structured.tokens.TokenGrammar` are stacked along a leading grammar axis
-``G`` and padded to power-of-two buckets of states ``S``, classes ``C`` and distinct masks ``U``, so a
-new schema reuses the compiled decode loop unless it crosses a bucket. A row selects its grammar
-with an id (``-1`` = unconstrained). Per step, for rows with state ``s`` and grammar ``g``::
+``G`` and padded to power-of-two buckets of grammars ``G``, states ``S``, classes ``C`` and distinct
+masks ``U``, so a new schema (or a new mix of schemas) reuses the compiled decode loop unless it
+crosses a bucket. A row selects its grammar with an id (``-1`` = unconstrained). Per step, for rows with state ``s`` and grammar ``g``::
 
     words         = masks[g, mask_id[g, s]]              # one [B, V/32] row gather
     allowed[b, v] = (words[b, v // 32] >> (v % 32)) & 1  # elementwise unpack, fused into the where
@@ -33,6 +33,7 @@ import numpy as np
 from jaxsample._types import NEG_INF, Array, ArrayLike
 from jaxsample.structured.tokens import TokenGrammar
 
+MIN_GRAMMARS = 1
 MIN_STATES = 64
 MIN_CLASSES = 32
 MIN_MASKS = 16
@@ -71,6 +72,7 @@ def _index_dtype(n: int):
 def stack_numpy(
     grammars: Sequence[TokenGrammar],
     *,
+    num_grammars: int | None = None,
     num_states: int | None = None,
     num_classes: int | None = None,
     num_masks: int | None = None,
@@ -84,14 +86,16 @@ def stack_numpy(
     need_s = max(g.num_states for g in grammars)
     need_c = max(g.num_classes for g in grammars)
     need_u = max(g.masks.shape[0] for g in grammars)
+    n = bucket(len(grammars), MIN_GRAMMARS) if num_grammars is None else int(num_grammars)
     s = bucket(need_s, MIN_STATES) if num_states is None else int(num_states)
     c = bucket(need_c, MIN_CLASSES) if num_classes is None else int(num_classes)
     u = bucket(need_u, MIN_MASKS) if num_masks is None else int(num_masks)
-    if s < need_s or c < need_c or u < need_u:
+    if n < len(grammars) or s < need_s or c < need_c or u < need_u:
         raise ValueError(
-            f"num_states={s}/num_classes={c}/num_masks={u} are smaller than needed ({need_s}/{need_c}/{need_u})"
+            f"num_grammars={n}/num_states={s}/num_classes={c}/num_masks={u} are smaller than needed "
+            f"({len(grammars)}/{need_s}/{need_c}/{need_u})"
         )
-    n, v = len(grammars), vocab.pop()
+    v = vocab.pop()
     nxt = np.zeros((n, s, c), _index_dtype(s))
     forced = np.full((n, s), -1, np.int32)
     class_of = np.zeros((n, v), _index_dtype(c))
@@ -103,13 +107,15 @@ def stack_numpy(
         class_of[i] = g.class_of
         mask_id[i, : g.num_states] = g.mask_id
         masks[i, : g.masks.shape[0]] = g.masks
-    start = np.array([g.start for g in grammars], np.int32)
+    start = np.zeros(n, np.int32)  # padding grammars: start in the dead state
+    start[: len(grammars)] = [g.start for g in grammars]
     return Tables(nxt, class_of, forced, start, mask_id, masks)
 
 
 def stack(
     grammars: Sequence[TokenGrammar],
     *,
+    num_grammars: int | None = None,
     num_states: int | None = None,
     num_classes: int | None = None,
     num_masks: int | None = None,
@@ -118,6 +124,7 @@ def stack(
 
     Args:
       grammars: compiled grammars; their index is the grammar id rows refer to.
+      num_grammars: fixed ``G`` (default: the power-of-two bucket of ``len(grammars)``).
       num_states: fixed ``S`` (default: the power-of-two bucket, at least ``MIN_STATES``).
       num_classes: fixed ``C`` (default: the power-of-two bucket, at least ``MIN_CLASSES``).
       num_masks: fixed ``U`` (default: the power-of-two bucket, at least ``MIN_MASKS``).
@@ -125,7 +132,9 @@ def stack(
     Raises:
       ValueError: on an empty list, mixed vocabulary sizes, or fixed sizes that are too small.
     """
-    host = stack_numpy(grammars, num_states=num_states, num_classes=num_classes, num_masks=num_masks)
+    host = stack_numpy(
+        grammars, num_grammars=num_grammars, num_states=num_states, num_classes=num_classes, num_masks=num_masks
+    )
     return Tables(*(jnp.asarray(x) for x in host))
 
 

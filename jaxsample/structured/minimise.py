@@ -1,0 +1,256 @@
+"""DFA trimming and minimisation on transition tables, and exact row deduplication (host side, numpy).
+
+Used for byte DFAs (after subset construction) and token-level DFAs (for vocabularies that cannot
+spell every byte). Tables are ``int[S, K]`` with state 0 the absorbing dead state.
+
+Minimisation is Moore's partition refinement made incremental: each state carries a hashed
+signature of its successors' blocks; when a block splits, only the states that moved update the
+signatures of their predecessors, and only blocks holding such predecessors are regrouped (the
+largest part of a split block keeps its id, as in Hopcroft's algorithm). A long counter chain
+(``maxLength: 200``) needs one round per link, and each round touches a handful of states instead
+of the whole table. The result is checked exactly (every block's members agree on their
+successors' blocks); a hash collision falls back to plain Moore rounds.
+
+>>> import numpy as np
+>>> delta = np.array([[0, 0], [2, 3], [0, 4], [0, 4], [0, 0]])  # "ab" or "bb": states 2 and 3 merge
+>>> accept = np.array([False, False, False, False, True])
+>>> d, a, s = minimise(delta, accept, 1)
+>>> d.tolist(), a.tolist()
+([[0, 0], [2, 2], [0, 3], [0, 0]], [False, False, False, True])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_SEED = 0x5EED
+
+
+def _weights(n: int, salt: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(_SEED + salt)
+    return rng.integers(1, 2**63, size=n, dtype=np.uint64) | np.uint64(1)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: spreads every input bit over the word (a plain weighted sum mod 2**64
+    of sparse words collides: 2**63 times any odd weight is 2**63)."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _row_hash(a: np.ndarray, salt: int) -> np.ndarray:
+    """A random linear hash of each row, exact in float64 (so equal rows always hash equal).
+
+    The weights are random integers small enough that no sum rounds; the product is a BLAS
+    matrix-vector product (integer ``@`` in numpy is not, and is ~20x slower on wide tables).
+    """
+    if a.dtype == bool:  # 64 columns per word
+        words = np.packbits(a, axis=1)
+        pad = -words.shape[1] % 8
+        a = np.pad(words, ((0, 0), (0, pad))).view(np.uint64) if pad else np.ascontiguousarray(words).view(np.uint64)
+        with np.errstate(over="ignore"):
+            return mix64(a + np.uint64(salt)) @ _weights(a.shape[1], salt)
+    lo = int(a.min())
+    span = int(a.max()) - lo + 1
+    bits = 52 - (span * a.shape[1]).bit_length()
+    if bits < 16:  # values too large for an exact float hash: modular integer hash
+        with np.errstate(over="ignore"):
+            return mix64(a.astype(np.uint64) + np.uint64(salt)) @ _weights(a.shape[1], salt)
+    w = np.random.default_rng(_SEED + salt).integers(0, 1 << bits, size=a.shape[1]).astype(np.float64)
+    return (a.astype(np.float64) - lo) @ w if lo else a.astype(np.float64) @ w
+
+
+def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of a 2-D integer/bool array, in order of first occurrence.
+
+    Rows are grouped by a random linear hash and the grouping is verified exactly (``np.unique``
+    over whole rows sorts byte strings and is far slower on wide rows).
+
+    Returns:
+      ``(first, inverse)``: the index of the first row of each distinct row, and the distinct-row
+      index of every row (``a[first][inverse] == a``).
+    """
+    a = np.asarray(a)
+    if a.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if a.shape[1] == 0:
+        return np.zeros(1, np.int64), np.zeros(a.shape[0], np.int64)
+    for salt in range(8):
+        _, first, inv = np.unique(_row_hash(a, salt), return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        if np.array_equal(a, a[first[inv]]):
+            order = np.argsort(first, kind="stable")
+            rank = np.empty_like(order)
+            rank[order] = np.arange(order.size)
+            return first[order], rank[inv]
+    raise RuntimeError("row hashing failed repeatedly")  # pragma: no cover
+
+
+def predecessors(delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reverse edges: ``(start [S + 1], edge [S*K])``; edges into ``t`` are ``edge[start[t]:start[t+1]]``,
+    each ``source * K + class``."""
+    flat = delta.ravel()
+    edge = np.argsort(flat, kind="stable")
+    start = np.searchsorted(flat[edge], np.arange(delta.shape[0] + 1))
+    return start, edge
+
+
+def _gather(start: np.ndarray, edge: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edges into ``targets``: ``(edge ids, index into targets)``."""
+    lo, hi = start[targets], start[targets + 1]
+    count = hi - lo
+    total = int(count.sum())
+    offsets = np.cumsum(count) - count
+    which = np.repeat(np.arange(targets.size), count)
+    return edge[np.repeat(lo - offsets, count) + np.arange(total)], which
+
+
+def trim(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """Keeps states reachable from ``start`` that can reach acceptance; renumbers (0 = dead, 1 = start).
+
+    Returns ``None`` when ``start`` cannot reach an accepting state (the language is empty).
+    """
+    s_count, k = delta.shape
+    fwd = np.zeros(s_count, bool)
+    fwd[start] = True
+    frontier = np.array([start])
+    while frontier.size:
+        nxt = np.unique(delta[frontier])
+        nxt = nxt[~fwd[nxt]]
+        fwd[nxt] = True
+        frontier = nxt
+    live = accept & fwd
+    pstart, edge = predecessors(delta)
+    frontier = np.flatnonzero(live)
+    while frontier.size:
+        e, _ = _gather(pstart, edge, frontier)
+        preds = np.unique(e // k)
+        preds = preds[~live[preds] & fwd[preds]]
+        live[preds] = True
+        frontier = preds
+    live[0] = False
+    if not live[start]:
+        return None
+    keep = np.concatenate([[0, start], np.flatnonzero(live & (np.arange(s_count) != start))])
+    new_id = np.zeros(s_count, np.int32)
+    new_id[keep] = np.arange(keep.size)
+    new_id[~live] = 0
+    new_delta = new_id[delta[keep]]
+    new_delta[0] = 0
+    return new_delta.astype(np.int32), accept[keep] & (np.arange(keep.size) > 0), 1
+
+
+def _split(block, sig, block_sig, size, dirty):
+    """Regroups the blocks of ``dirty`` states by signature; returns ``(moved states, old blocks)``.
+
+    Per block: states whose signature equals the block's keep it; if none does and every member
+    changed, the largest group keeps it; every other group becomes a new block.
+    """
+    b, sg = block[dirty], sig[dirty]
+    order = np.lexsort((sg, b))
+    b, sg, states = b[order], sg[order], dirty[order]
+    new_group = np.ones(b.size, bool)
+    new_group[1:] = (b[1:] != b[:-1]) | (sg[1:] != sg[:-1])
+    g_start = np.flatnonzero(new_group)
+    g_size = np.diff(np.append(g_start, b.size))
+    g_block, g_sig = b[g_start], sg[g_start]
+    new_block = np.ones(g_block.size, bool)
+    new_block[1:] = g_block[1:] != g_block[:-1]
+    blk_first = np.flatnonzero(new_block)  # first group of each touched block
+    blk_of_group = np.cumsum(new_block) - 1
+    dirty_count = np.add.reduceat(g_size, blk_first)
+    match = g_sig == block_sig[g_block]
+    has_match = np.logical_or.reduceat(match, blk_first)
+    all_dirty = dirty_count == size[g_block[blk_first]]
+    # largest group of each block (first one on ties)
+    big = np.maximum.reduceat(g_size, blk_first)
+    is_big = g_size == big[blk_of_group]
+    first_big = np.zeros(g_block.size, bool)
+    idx = np.flatnonzero(is_big)
+    first_big[idx[np.unique(blk_of_group[idx], return_index=True)[1]]] = True
+    stays = np.where(has_match[blk_of_group], match, all_dirty[blk_of_group] & first_big)
+    block_sig[g_block[stays]] = g_sig[stays]  # a whole block that changed together keeps its id
+    moving = np.flatnonzero(~stays)
+    if moving.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), block_sig, size
+    fresh = size.size + np.arange(moving.size)
+    block_sig = np.concatenate([block_sig, g_sig[moving]])
+    size = np.concatenate([size, g_size[moving]])
+    np.subtract.at(size, g_block[moving], g_size[moving])
+    members = np.repeat(g_start[moving], g_size[moving]) + (
+        np.arange(int(g_size[moving].sum())) - np.repeat(np.cumsum(g_size[moving]) - g_size[moving], g_size[moving])
+    )
+    moved = states[members]
+    old = block[moved]
+    block[moved] = np.repeat(fresh, g_size[moving])
+    return moved, old, block_sig, size
+
+
+def minimise(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Minimal equivalent DFA (incremental Moore refinement, see the module docstring).
+
+    Args:
+      delta: ``int[S, K]`` trimmed transition table with 0 absorbing (every other state live).
+      accept: ``bool[S]``.
+      start: initial state.
+
+    Returns:
+      ``(delta, accept, start)`` of the minimal DFA, numbered 0 = dead, 1 = start, the other
+      blocks in order of their first state.
+    """
+    s_count, k = delta.shape
+    delta = np.asarray(delta, np.int64)
+    mult = _weights(k)
+    block = np.where(accept, 2, 1).astype(np.int64)
+    block[0] = 0
+    size = np.bincount(block, minlength=3).astype(np.int64)
+    with np.errstate(over="ignore"):
+        sig = (block[delta].astype(np.uint64) * mult).sum(axis=1, dtype=np.uint64)
+    block_sig = np.full(3, np.uint64(0xFFFFFFFFFFFFFFFF))  # matches no state: the first round regroups all
+    pstart, edge = predecessors(delta)
+    dirty = np.arange(s_count)
+    while dirty.size:
+        moved, old, block_sig, size = _split(block, sig, block_sig, size, dirty)
+        if moved.size == 0:
+            break
+        e, which = _gather(pstart, edge, moved)
+        diff = (block[moved] - old).astype(np.uint64)
+        src = e // k
+        with np.errstate(over="ignore"):
+            np.add.at(sig, src, mult[e % k] * diff[which])
+        dirty = np.unique(src)
+    _, block = np.unique(block, return_inverse=True)
+    block = block.reshape(-1)
+    n_blocks = int(block.max()) + 1
+    rep = np.zeros(n_blocks, np.int64)
+    rep[block] = np.arange(s_count)
+    if not np.array_equal(block[delta], block[delta[rep[block]]]):  # pragma: no cover - hash collision
+        return _moore(delta, accept, start)
+    return _renumber(delta, accept, start, block)
+
+
+def _renumber(delta, accept, start, block):
+    """Quotient DFA of a stable partition: dead block 0, start block 1, others by first state."""
+    n_blocks = int(block.max()) + 1
+    first = np.full(n_blocks, delta.shape[0], np.int64)
+    np.minimum.at(first, block, np.arange(delta.shape[0]))
+    rest = np.setdiff1d(np.arange(n_blocks), [block[0], block[start]])
+    order = np.concatenate([[block[0], block[start]], rest[np.argsort(first[rest], kind="stable")]])
+    renum = np.zeros(n_blocks, np.int32)
+    renum[order] = np.arange(n_blocks)
+    return renum[block[delta[first[order]]]].astype(np.int32), accept[first[order]], 1
+
+
+def _moore(delta, accept, start):  # pragma: no cover - only after a 64-bit hash collision
+    block = np.where(accept, 2, 1)
+    block[0] = 0
+    while True:
+        _, nb = np.unique(np.concatenate([block[:, None], block[delta]], 1), axis=0, return_inverse=True)
+        nb = nb.reshape(-1)
+        if len(np.unique(nb)) == len(np.unique(block)):
+            break
+        block = nb
+    return _renumber(delta, accept, start, np.unique(block, return_inverse=True)[1].reshape(-1))

@@ -1,0 +1,241 @@
+"""Token tries: a vocabulary's byte strings as a prefix tree, built once per vocabulary and cached.
+
+Nodes are numbered breadth first, the children of a node are contiguous and sorted by label, so a
+frontier of nodes expands with two gathers and one ``repeat``. Besides the byte trie a vocabulary
+keeps *quotient* tries under byte partitions: the trie of the tokens' strings of blocks, where all
+bytes of a block are one letter. Inside a JSON string, for instance, every printable ASCII byte
+behaves the same, and the ~170k-node byte trie of a 32k vocabulary collapses to ~3k nodes. Quotients
+are cached per partition (the same partitions recur across schemas), with the map from byte-trie
+nodes to quotient nodes and its inverse (the byte nodes a quotient node stands for).
+
+>>> from jaxsample.structured.vocab import Vocabulary
+>>> v = Vocabulary.from_pieces(["<eos>", "ab", "ac", "b"], kind="raw", special_ids=[0], eos_ids=[0])
+>>> t = vocab_index(v).trie
+>>> t.label.tolist(), t.term.tolist()
+([-1, 97, 98, 98, 99], [-1, -1, 2, 0, 1])
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import NamedTuple
+
+import numpy as np
+
+#: Quotient tries kept per vocabulary (each costs a few MiB at V=128k).
+MAX_QUOTIENTS = 32
+
+
+class Trie(NamedTuple):
+    """A prefix tree in breadth-first order (node 0 is the root, the empty prefix).
+
+    Attributes:
+      label: ``int32[N]`` letter on the edge into each node (``-1`` for the root).
+      first: ``int32[N]`` index of the first child (children are contiguous, sorted by label).
+      count: ``int32[N]`` number of children.
+      term: ``int32[N]`` string ending at the node (an index into the vocabulary's strings), ``-1`` if none.
+      depth_start: ``int64[D + 2]`` first node of each depth (depth ``d`` nodes are ``[depth_start[d], depth_start[d+1])``).
+      root_weight: ``int64[A]`` size of the subtrie under each first letter (a bound on walk work).
+    """
+
+    label: np.ndarray
+    first: np.ndarray
+    count: np.ndarray
+    term: np.ndarray
+    depth_start: np.ndarray
+    root_weight: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(self.label.shape[0])
+
+
+class Quotient(NamedTuple):
+    """The trie of a vocabulary under a byte partition (see the module docstring).
+
+    The first ``exact_depth`` letters of a token may be kept as bytes (labels ``0..255`` there):
+    a state that needs exact first bytes but is followed by states constant on the blocks (an
+    escape ``\\`` inside a string) then walks few nodes.
+
+    Attributes:
+      trie: the quotient trie (labels are block ids, bytes up to ``exact_depth``).
+      exact_depth: how many leading letters are bytes.
+      blocks: ``int32[256]`` block of every byte.
+      representative: ``int32[num_blocks]`` one byte of each block.
+      of_byte_node: ``int32[N_bytes]`` quotient node of every byte-trie node.
+      members_start: ``int64[N + 1]``; byte-trie nodes of quotient node ``m`` are
+        ``members[members_start[m]:members_start[m + 1]]``.
+      members: ``int32[N_bytes]`` byte-trie nodes grouped by quotient node.
+      terminal: ``int32[N]`` index of each terminal quotient node among the terminal ones, ``-1`` elsewhere.
+      string_terminal: ``int32[U]`` terminal index of the quotient node where each string ends.
+    """
+
+    trie: Trie
+    exact_depth: int
+    blocks: np.ndarray
+    representative: np.ndarray
+    of_byte_node: np.ndarray
+    members_start: np.ndarray
+    members: np.ndarray
+    terminal: np.ndarray
+    string_terminal: np.ndarray
+
+    @property
+    def num_terminals(self) -> int:
+        return int(self.terminal.max()) + 1 if self.terminal.size else 0
+
+
+def _make_trie(label, parent, term, depth_start, alphabet: int) -> Trie:
+    count = np.bincount(parent[1:], minlength=label.size).astype(np.int32)
+    first = (np.cumsum(count) - count + 1).astype(np.int32)
+    size = np.ones(label.size, np.float64)
+    for d in range(len(depth_start) - 2, 0, -1):  # deepest level first: subtrie sizes
+        up, lo, hi = depth_start[d - 1], depth_start[d], depth_start[d + 1]
+        size[up:lo] += np.bincount(parent[lo:hi] - up, weights=size[lo:hi], minlength=lo - up)
+    weight = np.zeros(alphabet, np.int64)
+    kids = np.arange(first[0], first[0] + count[0])
+    weight[label[kids]] = size[kids]
+    return Trie(label.astype(np.int32), first, count, term.astype(np.int32), np.asarray(depth_start, np.int64), weight)
+
+
+class VocabIndex:
+    """Per-vocabulary preprocessing shared by every grammar compiled for it.
+
+    Attributes:
+      strings: the distinct byte strings of the text tokens, sorted (``U`` of them).
+      token_ids: ``int64[T]`` ids of the text tokens (tokens with bytes).
+      string_of_token: ``int32[T]`` string index of each text token.
+      lengths: ``int64[U]`` byte length of each string.
+      trie: the byte trie of ``strings``.
+      end: ``int32[U]`` node where each string ends.
+      single_byte: ``bool[256]`` bytes that are a token on their own.
+      byte_weight: ``float64[256]`` share of trie edges carrying each byte (how much walking a byte opens).
+    """
+
+    def __init__(self, token_bytes):
+        ids = [i for i, b in enumerate(token_bytes) if b]
+        blobs = [token_bytes[i] for i in ids]
+        strings = sorted(set(blobs))
+        where = {s: i for i, s in enumerate(strings)}
+        self.strings = tuple(strings)
+        self.token_ids = np.asarray(ids, np.int64)
+        self.string_of_token = np.asarray([where[b] for b in blobs], np.int32)
+        self.lengths = np.fromiter((len(s) for s in strings), np.int64, len(strings))
+        self.trie, self.end = _byte_trie(strings)
+        self.single_byte = np.zeros(256, bool)
+        self.single_byte[[s[0] for s in strings if len(s) == 1]] = True
+        edges = np.bincount(self.trie.label[1:], minlength=256).astype(np.float64)
+        self.byte_weight = edges / max(edges.sum(), 1.0)
+        self._quotients: collections.OrderedDict = collections.OrderedDict()
+        # parent of every byte-trie node, needed to build quotients
+        t = self.trie
+        self._parent = np.full(t.size, -1, np.int32)
+        self._parent[1:] = np.repeat(np.arange(t.size, dtype=np.int32), t.count)
+
+    def quotient(self, blocks: np.ndarray, exact_depth: int = 0) -> Quotient:
+        """The quotient trie under the byte partition ``blocks`` (``int[256]`` block ids), cached."""
+        blocks = np.asarray(blocks, np.int64)
+        _, first_seen, canon = np.unique(blocks, return_index=True, return_inverse=True)
+        order = np.argsort(np.argsort(first_seen))  # canonical labels: blocks numbered by first byte
+        canon = order[canon.reshape(-1)].astype(np.int32)
+        key = (canon.astype(np.uint8).tobytes(), int(exact_depth))
+        hit = self._quotients.get(key)
+        if hit is None:
+            hit = self._quotients[key] = _quotient(self, canon, int(exact_depth))
+            if len(self._quotients) > MAX_QUOTIENTS:
+                self._quotients.popitem(last=False)
+        else:
+            self._quotients.move_to_end(key)
+        return hit
+
+
+def _byte_trie(strings: list[bytes]) -> tuple[Trie, np.ndarray]:
+    """Breadth-first trie of sorted distinct strings, from longest common prefixes of neighbours."""
+    u = len(strings)
+    lengths = np.fromiter((len(s) for s in strings), np.int64, u)
+    width = int(lengths.max()) if u else 0
+    mat = np.zeros((u, width), np.uint8)
+    if u:
+        flat = np.frombuffer(b"".join(strings), np.uint8)
+        row = np.repeat(np.arange(u), lengths)
+        col = np.arange(flat.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        mat[row, col] = flat
+    lcp = np.zeros(u, np.int64)  # with the previous string
+    if u > 1:
+        same = np.cumprod(mat[1:] == mat[:-1], axis=1, dtype=np.int8).sum(axis=1)
+        lcp[1:] = np.minimum(same, np.minimum(lengths[1:], lengths[:-1]))
+    labels, parents, terms, depth_start = [np.array([-1], np.int32)], [], [np.array([-1], np.int32)], [0, 1]
+    node = np.zeros(u, np.int64)  # node of each string at the current depth (valid if long enough)
+    end = np.zeros(u, np.int32)
+    base = 1
+    for d in range(1, width + 1):
+        long = lengths >= d
+        new = long & (lcp < d)
+        n_new = int(new.sum())
+        idx = np.cumsum(new) - 1 + base
+        parents.append(node[new].astype(np.int32))
+        node = np.where(long, idx, 0)
+        labels.append(mat[new, d - 1].astype(np.int32))
+        term = np.full(n_new, -1, np.int32)
+        ends = np.flatnonzero(lengths == d)
+        term[node[ends] - base] = ends
+        end[ends] = node[ends]
+        terms.append(term)
+        base += n_new
+        depth_start.append(base)
+    parent = np.concatenate([np.array([-1], np.int32)] + parents)
+    return _make_trie(np.concatenate(labels), parent, np.concatenate(terms), depth_start, 256), end
+
+
+def _quotient(index: VocabIndex, blocks: np.ndarray, exact_depth: int) -> Quotient:
+    """Quotient of the byte trie: level by level, nodes are distinct (quotient parent, letter) pairs."""
+    t = index.trie
+    nb = int(blocks.max()) + 1
+    identity = np.arange(256, dtype=np.int64)
+    of_byte = np.zeros(t.size, np.int64)
+    labels, parents, depth_start = [np.array([-1], np.int64)], [np.array([-1], np.int64)], [0, 1]
+    base = 1
+    ds = t.depth_start
+    for d in range(1, ds.size - 1):
+        lo, hi = int(ds[d]), int(ds[d + 1])
+        if hi == lo:
+            break
+        letters, n = (identity, 256) if d <= exact_depth else (blocks, nb)
+        key = of_byte[index._parent[lo:hi]] * n + letters[t.label[lo:hi]]
+        uniq, inv = np.unique(key, return_inverse=True)
+        of_byte[lo:hi] = inv.reshape(-1) + base
+        parents.append(uniq // n)
+        labels.append(uniq % n)
+        base += uniq.size
+        depth_start.append(base)
+    label = np.concatenate(labels)
+    parent = np.concatenate(parents)
+    is_term = np.zeros(label.size, bool)
+    is_term[of_byte[t.term >= 0]] = True
+    terminal = np.where(is_term, np.cumsum(is_term) - 1, -1).astype(np.int32)
+    order = np.argsort(of_byte, kind="stable").astype(np.int32)
+    members_start = np.searchsorted(of_byte[order], np.arange(label.size + 1))
+    representative = np.zeros(nb, np.int32)
+    representative[blocks[::-1]] = np.arange(255, -1, -1, dtype=np.int32)
+    return Quotient(
+        trie=_make_trie(label, parent, terminal, depth_start, 256 if exact_depth else nb),
+        exact_depth=exact_depth,
+        blocks=blocks.astype(np.int32),
+        representative=representative,
+        of_byte_node=of_byte.astype(np.int32),
+        members_start=members_start,
+        members=order,
+        terminal=terminal,
+        string_terminal=terminal[of_byte[index.end]],
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_index(token_bytes: tuple) -> VocabIndex:
+    return VocabIndex(token_bytes)
+
+
+def vocab_index(vocab) -> VocabIndex:
+    """The (cached) :class:`VocabIndex` of a :class:`~jaxsample.structured.vocab.Vocabulary`."""
+    return _cached_index(vocab.token_bytes)

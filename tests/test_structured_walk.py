@@ -1,0 +1,185 @@
+"""The table build's parts against brute force: trie walk (quotient tries, expansions, merged walkers),
+incremental minimisation, row deduplication, vocabulary tries."""
+
+import numpy as np
+import pytest
+
+from jaxsample import structured as st
+from jaxsample.structured import automaton as am
+from jaxsample.structured import minimise as mn
+from jaxsample.structured import tokens, trie, walk
+from jaxsample.structured.json_schema import schema_expr
+from jaxsample.structured.regex import parse_regex
+from tests._structured_vocab import bpe_vocab
+
+
+def _check_against_bytes(dfa, vocab, g, paths=6, steps=30, seed=0):
+    """Walk random token paths; at each step the allowed set equals the byte DFA's live tokens."""
+    text = {i: b for i, b in enumerate(vocab.token_bytes) if b}
+    ids = np.array(list(text))
+    rng = np.random.default_rng(seed)
+    for _ in range(paths):
+        s, b = g.start, dfa.start
+        for _ in range(steps):
+            expect = np.zeros(vocab.size, bool)
+            expect[ids] = [dfa.run(text[i], b) != 0 for i in ids]
+            expect[list(vocab.eos_ids)] = dfa.accept[b]
+            allowed = g.allowed(s)
+            if g.num_states == dfa.num_states:  # same states: results must agree exactly, not only liveness
+                np.testing.assert_array_equal(allowed, expect)
+            else:
+                assert not (allowed & ~expect).any()
+            choice = np.flatnonzero(allowed & ~np.isin(np.arange(vocab.size), vocab.eos_ids))
+            if choice.size == 0:
+                break
+            t = int(rng.choice(choice))
+            s, b = g.advance(s, t), dfa.run(text[t], b)
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        schema_expr({"type": "object", "properties": {"a": {"type": "string", "maxLength": 12},
+                     "b": {"type": "string", "format": "email"}}, "required": ["a"]}),  # fmt: skip
+        schema_expr({"type": "array", "items": {"type": "string"}, "maxItems": 3}, whitespace="free"),
+        parse_regex(r"[^\n]{0,30}\n(é|ж|😀|[a-z])+"),
+    ],
+    ids=["counted-strings", "free-ws-array", "multibyte"],
+)
+def test_quotient_walks_match_the_byte_dfa(expr, request, monkeypatch):
+    """String bodies walk quotient tries (with escapes: exact first byte) and expand at the closing quote."""
+    monkeypatch.setattr(walk, "HEAVY_NODES", 64)  # the test vocabulary is small: use quotients more eagerly
+    monkeypatch.setattr(walk, "HEAVY_SHARE", 1 / 256)
+    vocab = bpe_vocab()
+    dfa = am.compile_expr(expr)
+    index = trie.vocab_index(vocab)
+    plan = walk.plan(dfa.delta, dfa.byte_class, index)
+    assert plan.modes, "the test must exercise quotient walks"
+    if request.node.callspec.id == "counted-strings":  # escapes inside strings: first byte exact
+        assert any(m.quotient.exact_depth for m in plan.modes)
+    g = tokens.build(dfa, vocab)
+    assert g.num_states == dfa.num_states  # every byte is a token: no token-level trimming
+    # exact: every (state, token) result equals the byte DFA's run
+    text = {i: b for i, b in enumerate(vocab.token_bytes) if b}
+    rng = np.random.default_rng(1)
+    for s in rng.choice(np.arange(1, dfa.num_states), size=min(40, dfa.num_states - 1), replace=False):
+        got = g.next[s][g.class_of]
+        for i in rng.choice(list(text), size=300, replace=False):
+            assert got[i] == dfa.run(text[i], int(s)), (s, text[i])
+    _check_against_bytes(dfa, vocab, g)
+
+
+def test_walkers_merge_and_keep_their_origins():
+    """Whitespace variants reach the same (state, node): one walker, every origin gets its results."""
+    vocab = bpe_vocab()
+    dfa = am.compile_expr(schema_expr({"type": "array", "items": {"type": "integer"}}, max_whitespace=6))
+    index = trie.vocab_index(vocab)
+    plan = walk.plan(dfa.delta, dfa.byte_class, index)
+    w = walk.walk(dfa.delta, dfa.byte_class, index, plan)
+    o, u, t = w.fine
+    text = [index.strings[k] for k in u]
+    assert all(dfa.run(b, int(s)) == int(n) for s, b, n in zip(o, text, t))
+    # completeness: every live (origin, string) pair of a few origins is listed
+    for s in (1, 2, 3):
+        live = {k for k, b in enumerate(index.strings) if dfa.run(b, s) != 0}
+        listed = set(u[o == s].tolist())
+        for m, (mo, term, _) in zip(plan.modes, w.coarse):
+            listed |= {k for k in range(len(index.strings)) if m.quotient.string_terminal[k] in set(term[mo == s].tolist())}
+        assert listed == live
+
+
+def test_vocabularies_missing_bytes_are_trimmed_and_minimised():
+    pieces = ["<eos>", "ab", "abc", "b", "c", "ba", "cc"]  # no "a": a lone "a" cannot be spelled
+    v = st.Vocabulary.from_pieces(pieces, kind="raw", special_ids=[0], eos_ids=[0])
+    dfa = am.compile_expr(parse_regex("(ab|a)c*|b"))
+    g = tokens.build(dfa, v)
+    assert g.allowed(g.start).tolist() == [False, True, True, True, False, False, False]
+    s = g.walk([1])  # "ab": then c* or end
+    assert g.allowed(s).tolist() == [True, False, False, False, True, False, True]
+    assert g.walk([2, 4, 6]) == s  # "abc" "c" "cc" loops in the same (minimised) state
+
+
+def _random_dfa(rng, n, k, p_dead=0.2, p_accept=0.3):
+    delta = np.where(rng.random((n, k)) < p_dead, 0, rng.integers(1, n, size=(n, k)))
+    delta[0] = 0
+    accept = rng.random(n) < p_accept
+    accept[0] = False
+    return delta, accept
+
+
+def _language_sample(delta, accept, start, strings):
+    out = []
+    for w in strings:
+        s = start
+        for c in w:
+            s = delta[s, c]
+        out.append(bool(accept[s]))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_incremental_minimisation_matches_plain_moore(seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    delta, accept = _random_dfa(rng, 60, 3)
+    accept[rng.integers(1, 60)] = True
+    trimmed = mn.trim(delta, accept, 1)
+    assert trimmed is not None
+    d2, a2, s2 = mn._moore(*trimmed)
+    monkeypatch.setattr(mn, "_moore", None)  # the incremental refinement must succeed on its own
+    d1, a1, s1 = mn.minimise(*trimmed)
+    assert d1.shape == d2.shape  # same number of states (the minimal DFA is unique)
+    strings = [rng.integers(0, 3, size=rng.integers(0, 12)) for _ in range(400)]
+    ref = _language_sample(delta, accept, 1, strings)
+    assert _language_sample(d1, a1, s1, strings) == ref == _language_sample(d2, a2, s2, strings)
+    # a counter chain needs one round per link
+    n = 300
+    chain = np.zeros((n + 2, 2), np.int64)
+    chain[1 : n + 1, 0] = np.arange(2, n + 2)
+    acc = np.zeros(n + 2, bool)
+    acc[n + 1] = True
+    d, a, s = mn.minimise(*mn.trim(chain, acc, 1))
+    assert d.shape[0] == n + 2
+
+
+def test_unique_rows_exact_including_sparse_bits():
+    rng = np.random.default_rng(0)
+    a = np.zeros((300, 200), bool)
+    a[np.arange(300), rng.integers(0, 200, 300)] = True  # single bits: a plain weighted sum collides
+    a[::7] = a[3]
+    first, inv = mn.unique_rows(a)
+    np.testing.assert_array_equal(a[first][inv], a)
+    assert len(first) == len({r.tobytes() for r in a})
+    assert list(first) == sorted(first)  # first-occurrence order
+    b = rng.integers(-3, 5, size=(500, 7))
+    b[::5] = b[1]
+    first, inv = mn.unique_rows(b)
+    np.testing.assert_array_equal(b[first][inv], b)
+    assert len(first) == len(np.unique(b, axis=0))
+
+
+def test_vocabulary_trie_and_quotients():
+    vocab = bpe_vocab()
+    index = trie.vocab_index(vocab)
+    assert trie.vocab_index(vocab) is index  # cached per vocabulary
+    t = index.trie
+    for u in range(0, len(index.strings), 37):  # every string ends at its node
+        n = 0
+        for b in index.strings[u]:
+            kids = np.arange(t.first[n], t.first[n] + t.count[n])
+            n = int(kids[t.label[kids] == b][0])
+        assert index.end[u] == n and t.term[n] == u
+    blocks = np.zeros(256, np.int64)
+    blocks[ord('"')], blocks[ord("\\")] = 1, 2
+    for exact in (0, 1):
+        q = index.quotient(blocks, exact)
+        assert index.quotient(blocks, exact) is q
+        for u in range(0, len(index.strings), 41):
+            s = index.strings[u]
+            m = 0
+            for d, b in enumerate(s):
+                kids = np.arange(q.trie.first[m], q.trie.first[m] + q.trie.count[m])
+                letter = b if d < exact else q.blocks[b]
+                m = int(kids[q.trie.label[kids] == letter][0])
+            assert q.of_byte_node[index.end[u]] == m and q.string_terminal[u] == q.terminal[m] >= 0
+            assert index.end[u] in q.members[q.members_start[m] : q.members_start[m + 1]]
+        assert q.trie.size < t.size
