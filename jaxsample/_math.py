@@ -86,9 +86,13 @@ def log_softmax(x: Array) -> Array:
     shifted = x - safe_m
     lse = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
     out = jnp.where(x > NEG_INF, shifted - lse, NEG_INF)
-    posinf = x == jnp.inf
-    n_posinf = jnp.sum(posinf, axis=-1, keepdims=True)
-    return jnp.where(n_posinf > 0, jnp.where(posinf, -jnp.log(n_posinf.astype(x.dtype)), NEG_INF), out)
+
+    def certain():
+        posinf = x == jnp.inf
+        n_posinf = jnp.sum(posinf, axis=-1, keepdims=True, dtype=x.dtype)
+        return jnp.where(n_posinf > 0, jnp.where(posinf, -jnp.log(n_posinf), NEG_INF), out)
+
+    return if_any(m == jnp.inf, certain, lambda: out)
 
 
 def softmax(x: Array) -> Array:

@@ -56,6 +56,9 @@ MASS_RTOL = 2.0**-21
 
 _SIGN = np.uint32(0x80000000)  # numpy: importing jaxsample must not start a JAX backend
 
+#: Most bisection steps of :func:`_probability_search` (a flat row at ``V = 131072`` takes ~13).
+_SEARCH_STEPS = 24
+
 
 def mass_reached(mass: Array, target: Array, strict: bool = False) -> Array:
     """``mass >= target`` (or ``mass > target`` if ``strict``), treating values within ``MASS_RTOL`` as equal."""
@@ -138,6 +141,7 @@ def cutoff(
     strict: bool = False,
     candidates: int = _candidates.DEFAULT_CANDIDATES,
     top: tuple[Array, Array] | None = None,
+    log_normaliser: Array | None = None,
 ) -> Array:
     """Per-row cut-off key of the smallest prefix meeting every given criterion.
 
@@ -153,6 +157,8 @@ def cutoff(
       strict: compare the weight with ``>`` instead of ``>=``.
       candidates: static size ``K`` of the fast path.
       top: ``_candidates.top(keys, K)`` if the caller already has it.
+      log_normaliser: ``float32[..., 1]`` ``lse`` when ``keys`` are logits and ``weights`` their
+        probabilities ``exp(keys - lse)`` (top-p): uncovered rows then take a faster exact search.
 
     Returns:
       ``float32[...]`` cut-off ``t``: keep ``keys >= t``. ``-inf`` when no prefix qualifies.
@@ -170,24 +176,90 @@ def cutoff(
         w_cand = weights_at(vals, ids) if weights_at else jnp.take_along_axis(get_weights(), ids, axis=-1)
     t, covered = candidate_cutoff(vals, w_cand, target, kk, strict, _candidates.complete(vals, vocab))
 
-    def full():
+    def bits(w):
         u = order_key(keys)
         if target is None:
             best = _bisect(u, lambda trial: jnp.sum(u >= trial[..., None], axis=-1, dtype=jnp.int32) >= kk)
         else:
-            w = get_weights()
 
             def reached(trial):
                 return mass_reached(jnp.sum(jnp.where(u >= trial[..., None], w, 0.0), axis=-1), target, strict)
 
-            # Prefixes are never empty; the count criterion is a separate search (one max pass when
-            # every min_count <= 1) rather than a second reduction inside each of the 32 passes.
+            # Prefixes are never empty (hence the max): the bisection may settle below every key.
             best = jnp.minimum(_bisect(u, reached), order_key(jnp.max(keys, axis=-1)))
-            if kk is not None:
-                best = jnp.minimum(best, order_key(kth_largest(keys, kk, k, top=(vals, ids))))
         return from_order_key(jnp.maximum(best, order_key(jnp.float32(-jnp.inf))))
 
+    def full():
+        if target is None:
+            return bits(None)
+        w = get_weights()
+        if log_normaliser is None:
+            best = bits(w)
+        else:
+            found, ok = _probability_search(keys, w, log_normaliser, target, strict, (vals, w_cand), ~covered)
+            best = _candidates.choose(ok | covered, lambda: found, lambda: bits(w))
+        if kk is not None:
+            # The count criterion is a separate search (one max pass when every min_count <= 1)
+            # rather than a second reduction inside each pass.
+            best = jnp.minimum(best, kth_largest(keys, kk, k, top=(vals, ids)))
+        return best
+
     return _candidates.choose(covered, lambda: t, full)
+
+
+def _probability_search(
+    x: Array, w: Array, lse: Array, target: Array, strict: bool, top: tuple[Array, Array], active: Array
+) -> tuple[Array, Array]:
+    """Cut-off for logits ``x [..., V]`` weighted by their probabilities ``w = exp(x - lse)``.
+
+    For rows whose ``k`` largest logits (``top``: their values and weights) do not reach the target:
+    bisection on the logit *value* keeps a bracket ``[lo, hi)`` holding the cut-off, with the mass
+    of ``x >= lo`` reaching the target and that of ``x >= hi`` not. It starts at ``lo =
+    lse + log((1 - target) / V)`` (all tokens below hold less than ``1 - target``) and just above
+    the ``k``-th largest, and stops once the bracket provably holds fewer than ``k`` tokens: each has probability
+    at least ``exp(lo - lse)``, so there are at most ``(m(lo) - m(hi)) / exp(lo - lse)``. Those
+    tokens (one top-``k`` of the masked row) and a cumulative sum on top of ``m(hi)`` then give the
+    cut-off exactly. A flat row at ``V = 131072`` needs about 12 masked sums instead of 32. Only
+    ``active`` rows drive the loop.
+
+    Returns:
+      ``(t float32[...], ok bool[...])``: ``ok`` marks the rows resolved here; rounding at the
+      bracket's ends can leave a row unresolved (the caller then runs the bit bisection).
+    """
+    vocab = x.shape[-1]
+    vals, w_cand = top
+    k, kth = vals.shape[-1], vals[..., -1]
+    lse = lse[..., 0]
+    lo = jnp.minimum(lse + jnp.log(jnp.maximum(1.0 - target, 0.0) / vocab), kth)
+    hi = jnp.nextafter(kth, jnp.inf)
+    # Every token above the k-th largest logit is a candidate: m(hi) is their mass.
+    m_hi = jnp.sum(jnp.where(vals > kth[..., None], w_cand, 0.0), axis=-1)
+
+    def small(lo, hi, m_lo, m_hi):
+        mid = 0.5 * lo + 0.5 * hi
+        bound = (m_lo - m_hi) * (1.0 + 1e-3) < (k - 1) * jnp.exp(lo - lse)
+        return bound | (mid <= lo) | (mid >= hi) | ~active
+
+    def step(carry):
+        lo, hi, m_lo, m_hi = carry
+        mid = 0.5 * lo + 0.5 * hi
+        m = jnp.sum(jnp.where(x >= mid[..., None], w, 0.0), axis=-1)
+        reached = mass_reached(m, target, strict)
+        up = reached & ~small(*carry)
+        down = ~reached & ~small(*carry)
+        return jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, m, m_lo), jnp.where(down, m, m_hi)
+
+    # Unrolled: a while loop would carry (and copy) x and w; a skipped cond costs nothing.
+    carry = (lo, hi, jnp.ones_like(lse), m_hi)
+    for _ in range(_SEARCH_STEPS):
+        carry = lax.cond(jnp.all(small(*carry)), lambda c: c, step, carry)
+    lo, hi, m_lo, m_hi = carry
+    vals, ids = _candidates.top(jnp.where((x >= lo[..., None]) & (x < hi[..., None]), x, -jnp.inf), k)
+    cum = m_hi[..., None] + jnp.cumsum(jnp.take_along_axis(w, ids, axis=-1), axis=-1)
+    ok = mass_reached(cum, target[..., None], strict) & (vals > -jnp.inf)
+    found = jnp.any(ok, axis=-1)
+    t = _take(vals, jnp.argmax(ok, axis=-1))
+    return t, found & (vals[..., -1] == -jnp.inf)
 
 
 def kth_largest(

@@ -69,12 +69,13 @@ def _top_p_cut(x: Array, p: Array, min_count: Array, candidates: int, top) -> Ar
     off = p >= 1
     t = _threshold.cutoff(
         x,
-        weights=lambda: _math.softmax(x),
+        weights=lambda: _candidate_probs(x, lse),
         weights_at=lambda vals, ids: _candidate_probs(vals, lse),
         target=jnp.where(off, 0.0, p),
         min_count=min_count,
         candidates=candidates,
         top=top,
+        log_normaliser=lse,
     )
     return jnp.where(off, -jnp.inf, t)
 
