@@ -36,6 +36,14 @@ def _common(p: argparse.ArgumentParser, kind: str, default: str | None) -> None:
                    help="override a config value (repeatable), e.g. --set train.num_steps=100")
 
 
+def _training(p: argparse.ArgumentParser, out: str, seed: str) -> None:
+    """The flags of the commands that train: ``--out``, ``--steps``, ``--seed``, ``--no-progress``."""
+    p.add_argument("--out", help=out)
+    p.add_argument("--steps", type=int, help="training steps (train.num_steps; warmup <= steps / 10)")
+    p.add_argument("--seed", type=int, help=seed)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m jaxsample",
@@ -50,10 +58,7 @@ def _parser() -> argparse.ArgumentParser:
                           "(reused when present), evaluates many decoding strategies and samplers on held-out "
                           "sentences and prints the comparison table.")
     _common(demo, "demo", "configs/demo/demo.yaml")
-    demo.add_argument("--out", help="run directory (default: runs/demo)")
-    demo.add_argument("--steps", type=int, help="training steps (train.num_steps; warmup <= steps / 10)")
-    demo.add_argument("--seed", type=int, help="seed of data order, init and sampling")
-    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _training(demo, "run directory (default: runs/demo)", "seed of data order, init and sampling")
 
     show = sub.add_parser("showcase", help="what each sampler preset does to a real next-word distribution",
                           description="Applies each sampler config to the next-word distribution of a bigram model "
@@ -64,10 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a BART on a wakong dataset (built from pydoc if needed)",
                            description="Trains a BART (config kind 'train'), with checkpoints, history and loss.png.")
     _common(train, "train", "configs/train/pydoc_bart.yaml")
-    train.add_argument("--out", help="run directory")
-    train.add_argument("--steps", type=int, help="training steps (train.num_steps; warmup <= steps / 10)")
-    train.add_argument("--seed", type=int, help="seed of data order and init")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _training(train, "run directory", "seed of data order and init")
 
     ev = sub.add_parser("eval", help="evaluate decoding configs on a checkpoint and a dataset",
                         description="Runs the evaluation runner (config kind 'eval'): metrics per decoding config "

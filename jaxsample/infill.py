@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsample import _math, _validate
+from jaxsample._byte_level import unicode_to_byte
 from jaxsample._types import NEG_INF, Array, ArrayLike
 
 #: Step-4 threshold on the merged probability of a non-EOG token.
@@ -120,19 +121,6 @@ def infill_table(
     )
 
 
-def _byte_decoder() -> dict[str, int]:
-    """Inverse of the GPT-2 byte-level alphabet (printable bytes map to themselves, the rest to 256+)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -145,7 +133,7 @@ def token_pieces(tokenizer, vocab_size: int | None = None) -> list[bytes]:
     """
     spec = json.loads(tokenizer.to_str())
     byte_level = '"ByteLevel"' in json.dumps(spec.get("decoder"))
-    decoder = _byte_decoder()
+    decoder = unicode_to_byte()
     added = tokenizer.get_added_tokens_decoder()
     n = tokenizer.get_vocab_size(with_added_tokens=True) if vocab_size is None else vocab_size
     out = []

@@ -19,28 +19,15 @@ kept apart; a grammar allows them exactly in accepting states.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from typing import Any, Iterable, NamedTuple, Sequence
 
+from jaxsample._byte_level import unicode_to_byte
+
 _SP_SPACE = "\u2581"
 _SP_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 KINDS = ("byte_level", "sentencepiece", "raw")
-
-
-@functools.cache
-def _unicode_to_byte() -> dict[str, int]:
-    """Inverse of GPT-2's ``bytes_to_unicode``: printable bytes map to themselves, others to 256+."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    table, n = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[chr(b)] = b
-        else:
-            table[chr(256 + n)] = b
-            n += 1
-    return table
 
 
 def piece_bytes(piece: str, kind: str) -> bytes:
@@ -50,7 +37,7 @@ def piece_bytes(piece: str, kind: str) -> bytes:
       ValueError: for a byte-level piece with characters outside the GPT-2 byte alphabet.
     """
     if kind == "byte_level":
-        table = _unicode_to_byte()
+        table = unicode_to_byte()
         try:
             return bytes(table[c] for c in piece)
         except KeyError as e:
