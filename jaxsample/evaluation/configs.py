@@ -342,7 +342,7 @@ def load_sampler(ref: str | Mapping | SamplerConfig, overrides: Sequence[str] = 
     if isinstance(ref, Mapping):  # inline: overrides apply to the file that holds it
         return _build(SamplerConfig, dict(ref), relative_to, "sampler.")
     path = resolve(ref, "samplers", relative_to)
-    return _build(SamplerConfig, _config.read(path, overrides, kind="sampler"), path)
+    return _config.load(SamplerConfig, path, overrides, kind="sampler")
 
 
 def load_decoding(ref: str | Mapping, overrides: Sequence[str] = (), *,
@@ -355,7 +355,7 @@ def load_decoding(ref: str | Mapping, overrides: Sequence[str] = (), *,
     else:
         path = resolve(ref, "decoding", relative_to)
         name = os.path.splitext(os.path.basename(path))[0] if ref.endswith((".yaml", ".yml")) else ref
-        cfg = _build(DecodingConfig, _config.read(path, overrides, kind="decoding"), path)
+        cfg = _config.load(DecodingConfig, path, overrides, kind="decoding")
     sampler = None
     if cfg.sampler is not None:
         try:

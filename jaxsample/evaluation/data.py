@@ -96,7 +96,6 @@ class Rows(NamedTuple):
 
     arrays: dict[str, np.ndarray]  # input_ids/attention_mask [R, S]; labels/loss_mask [R, T]; index/part [R]
     tokenizer: object  # wakong.tokenizer.TextTokenizer
-    manifest: dict
 
 
 def load_rows(path: str, *, max_rows: int | None = None, max_source_len: int | None = None,
@@ -107,7 +106,7 @@ def load_rows(path: str, *, max_rows: int | None = None, max_source_len: int | N
     """
     from wakong.reader import batches, open_dataset
 
-    manifest, tokenizer = open_dataset(path)
+    _, tokenizer = open_dataset(path)
     keys = ("input_ids", "attention_mask", "labels", "loss_mask", "index", "part")
     chunks: dict[str, list] = {k: [] for k in keys}
     got = 0
@@ -122,4 +121,4 @@ def load_rows(path: str, *, max_rows: int | None = None, max_source_len: int | N
     arrays = {k: np.concatenate(v)[:max_rows] for k, v in chunks.items()}
     if not len(arrays["index"]):
         raise ValueError(f"{path} holds no examples")
-    return Rows(arrays, tokenizer, manifest)
+    return Rows(arrays, tokenizer)

@@ -169,11 +169,11 @@ def evaluate(config: EvalConfig, *, config_path: str | None = None, devices: lis
     say = log or (lambda _: None)
     started = time.perf_counter()
     decodings = load_decodings(config, relative_to=config_path)
-    if jax.process_count() > 1:  # process 0 builds a missing dataset; the others then find it
-        with distributed.together("evaluate: prepare the dataset"):
-            if jax.process_index() == 0:
-                _data.prepare(config.dataset, relative_to=config_path, log=say)
-    path = _data.prepare(config.dataset, relative_to=config_path, log=say)
+    path = None
+    with distributed.together("evaluate: prepare the dataset"):  # process 0 builds a missing dataset first
+        if distributed.is_main():
+            path = _data.prepare(config.dataset, relative_to=config_path, log=say)
+    path = path or _data.prepare(config.dataset, relative_to=config_path, log=say)  # the others then find it
     rows = _data.load_rows(path, max_rows=config.dataset.max_rows, max_source_len=config.max_source_len,
                            max_target_len=config.max_target_len)
     tok, a = rows.tokenizer, rows.arrays
@@ -226,8 +226,7 @@ def evaluate(config: EvalConfig, *, config_path: str | None = None, devices: lis
         static = tuple((f.name, getattr(dcfg, f.name)) for f in dataclasses.fields(dcfg) if f.name not in _TRACED)
         fn = _decode_fn(model, dcfg, sampler, n_new)
         out, timing = runner.run(("decode", model, static, sampler, n_new), fn, shared, inputs, plan)
-        hyps = [[tuple(int(t) for t in row[j, :n]) for j, n in enumerate(lens)]
-                for row, lens in zip(out["tokens"], out["lengths"])]
+        hyps = [M.trim(row, lens) for row, lens in zip(out["tokens"], out["lengths"])]
         logprob = None
         if "logprob" in config.metrics:
             scored, _ = runner.run(("score", model), score, params,
@@ -243,10 +242,10 @@ def evaluate(config: EvalConfig, *, config_path: str | None = None, devices: lis
         metrics["num_return"] = dcfg.num_return
         results["configs"][name] = metrics
         results["outputs"][name] = out
-        say(f"  {name:<18} {format_row(name, metrics)}")
+        say(f"  {name:<18} {format_row(metrics)}")
     results["examples"] = format_examples(results, tok, a, config.examples)
     results["seconds"] = time.perf_counter() - started
-    if config.output_dir and jax.process_index() == 0:
+    if config.output_dir and distributed.is_main():
         write(results, config.output_dir, tok, a)
     return results
 
@@ -289,7 +288,7 @@ def _cells(m: dict) -> list[str]:
     return cells
 
 
-def format_row(name: str, m: dict) -> str:
+def format_row(m: dict) -> str:
     """One line of the progress log."""
     return "  ".join(f"{h} {c}" for (h, _, _), c in zip(COLUMNS, _cells(m)) if c != "-")
 

@@ -45,13 +45,13 @@ class RowPlan(NamedTuple):
     def steps(self) -> int:
         return max(1, -(-self.rows // (self.block * self.devices)))
 
-    def local_rows(self, process_index: int | None = None) -> np.ndarray:
+    def local_rows(self) -> np.ndarray:
         """``int64[steps, L * block]``: global row index of each local slot per step (``-1`` = padding).
 
         >>> RowPlan(rows=10, block=2, devices=4, process_index=1, process_count=2).local_rows().tolist()
         [[4, 5, 6, 7], [-1, -1, -1, -1]]
         """
-        h = self.process_index if process_index is None else process_index
+        h = self.process_index
         s = np.arange(self.steps)[:, None, None]
         slot = h * self.local_devices + np.arange(self.local_devices)[None, :, None]
         rows = ((s * self.devices + slot) * self.block + np.arange(self.block)).reshape(self.steps, -1)
@@ -161,15 +161,10 @@ class DataParallel:
             raise ValueError(f"plan has {plan.local_devices} local devices, this runner {len(self.devices)}")
         shared = self.shared(shared)  # a no-op for arrays already placed (model parameters)
         index = plan.local_rows()
-        local = {k: v[np.maximum(index[0], 0)] for k, v in rows.items()}
-        local["row"] = index[0].astype(np.int32)
-        compiled, compile_seconds = self._executable(key, fn, shared, local)
+        batches = [{**{k: v[np.maximum(i, 0)] for k, v in rows.items()}, "row": i.astype(np.int32)} for i in index]
+        compiled, compile_seconds = self._executable(key, fn, shared, batches[0])
         start = time.perf_counter()
-        pieces = []
-        for step in range(plan.steps):
-            batch = {k: v[np.maximum(index[step], 0)] for k, v in rows.items()}
-            batch["row"] = index[step].astype(np.int32)
-            pieces.append(compiled(shared, self._place(batch)))
+        pieces = [compiled(shared, self._place(batch)) for batch in batches]
         pieces = jax.device_get(pieces)  # waits for the devices
         run_seconds = time.perf_counter() - start
         flat = jax.tree.map(lambda *xs: np.concatenate([x.reshape((-1,) + x.shape[(2 if self.mode == "pmap" else 1):])

@@ -127,7 +127,7 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
     latest = ckpt.latest_step(directory) or 0
     history = _read_history(history_file)
     if latest >= tc.num_steps:
-        ckpt.restore(directory, config, step=latest)  # checks the config matches
+        ckpt.check_config(directory, config, step=latest)
         return Trained(directory, latest, True, history, 0.0)
     if latest:
         restored = ckpt.restore(directory, config, step=latest, optimizer=T.make_optimizer(tc))

@@ -95,6 +95,29 @@ def _abstract(tree: Any) -> Any:
                                                        or sharding), tree)
 
 
+def check_config(directory: str, config: ModelConfig | None = None, *,
+                 step: int | None = None) -> tuple[ModelConfig, int]:
+    """``(saved config, step)`` of a checkpoint (default: the latest), without reading its arrays.
+
+    Raises:
+      FileNotFoundError: no complete checkpoint (at ``step``) in ``directory``.
+      ValueError: ``config`` is given and differs from the saved one (the message lists the fields).
+    """
+    available = steps(directory)
+    if not available:
+        raise FileNotFoundError(f"no complete checkpoint in {directory}")
+    step = available[-1] if step is None else int(step)
+    if step not in available:
+        raise FileNotFoundError(f"no complete checkpoint for step {step} in {directory}; available: {available}")
+    with _manager(directory) as manager:
+        meta = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
+    saved = config_from_dict(meta.config)
+    if config is not None and saved != config:
+        diff = ", ".join(f"{k}: saved {a!r} != expected {b!r}" for k, (a, b) in config_diff(saved, config).items())
+        raise ValueError(f"checkpoint {directory}/{step} was written for a different model config ({diff})")
+    return saved, step
+
+
 def restore(
     directory: str,
     config: ModelConfig | None = None,
@@ -119,19 +142,8 @@ def restore(
     """
     from jaxsample.models import make_model
 
-    available = steps(directory)
-    if not available:
-        raise FileNotFoundError(f"no complete checkpoint in {directory}")
-    step = available[-1] if step is None else int(step)
-    if step not in available:
-        raise FileNotFoundError(f"no complete checkpoint for step {step} in {directory}; available: {available}")
+    saved, step = check_config(directory, config, step=step)
     with _manager(directory) as manager:
-        meta = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
-        saved = config_from_dict(meta.config)
-        if config is not None and saved != config:
-            diff = ", ".join(
-                f"{k}: saved {a!r} != expected {b!r}" for k, (a, b) in config_diff(saved, config).items())
-            raise ValueError(f"checkpoint {directory}/{step} was written for a different model config ({diff})")
         if params_like is None:
             params_like = jax.eval_shape(make_model(saved).init, jax.random.key(0))
         params_like = _abstract(params_like)

@@ -144,28 +144,28 @@ def llama_cpp(
             if mirostat == 1
             else stages.mirostat_v2(candidates=candidates)
         )
-        values = {k: v for k, v in values.items() if k in _used(parts, select) or k.startswith("logit_bias")}
-        return Preset(chain(*parts, select=select), values)
-    build = {
-        "penalties": lambda: stages.penalties(penalty_last_n),
-        "dry": lambda: stages.dry(
-            last_n=dry_penalty_last_n, sequence_breakers=tuple(tuple(int(t) for t in b) for b in dry_sequence_breakers)
-        ),
-        "top_n_sigma": lambda: stages.top_n_sigma(),
-        "top_k": lambda: stages.top_k(exact=True, candidates=candidates),
-        "typ_p": lambda: stages.typical(candidates=candidates),
-        "top_p": lambda: stages.top_p(candidates=candidates),
-        "min_p": lambda: stages.min_p(),
-        "xtc": lambda: stages.xtc(),
-        "temperature": lambda: stages.dynamic_temperature(),
-    }
-    for name in _sequence(samplers):
-        parts.append(build[name]())
-    select = stages.categorical(candidates=candidates)
-    if "penalties" in _sequence(samplers) and penalty_last_n != 0:
-        values["penalty_last_n"] = penalty_last_n
-    if "dry" in _sequence(samplers) and dry_penalty_last_n != 0:
-        values["dry_penalty_last_n"] = dry_penalty_last_n
+    else:
+        build = {
+            "penalties": lambda: stages.penalties(penalty_last_n),
+            "dry": lambda: stages.dry(
+                last_n=dry_penalty_last_n,
+                sequence_breakers=tuple(tuple(int(t) for t in b) for b in dry_sequence_breakers),
+            ),
+            "top_n_sigma": lambda: stages.top_n_sigma(),
+            "top_k": lambda: stages.top_k(exact=True, candidates=candidates),
+            "typ_p": lambda: stages.typical(candidates=candidates),
+            "top_p": lambda: stages.top_p(candidates=candidates),
+            "min_p": lambda: stages.min_p(),
+            "xtc": lambda: stages.xtc(),
+            "temperature": lambda: stages.dynamic_temperature(),
+        }
+        sequence = _sequence(samplers)
+        parts += [build[name]() for name in sequence]
+        select = stages.categorical(candidates=candidates)
+        if "penalties" in sequence and penalty_last_n != 0:
+            values["penalty_last_n"] = penalty_last_n
+        if "dry" in sequence and dry_penalty_last_n != 0:
+            values["dry_penalty_last_n"] = dry_penalty_last_n
     values = {k: v for k, v in values.items() if k in _used(parts, select) or k.startswith("logit_bias")}
     return Preset(chain(*parts, select=select), values)
 
