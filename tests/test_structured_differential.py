@@ -89,6 +89,7 @@ def _llg_mask(matcher, v):
 
 
 def _compare_llg(llg, lt, grammar_text, g, paths, check_output):
+    """Masks equal llguidance's on random paths; ``check_output(text)`` raises on a wrong final output."""
     v = bpe_vocab()
     stats = {"equal": 0, "forced": 0}
     for seed in range(paths):
@@ -128,7 +129,11 @@ def test_json_schema_masks_match_llguidance(llg_tokenizer, index):
 def test_regex_masks_match_llguidance(llg_tokenizer, pattern):
     llg, lt = llg_tokenizer
     g = st.compile_regex(pattern, bpe_vocab())
-    _compare_llg(llg, lt, llg.LLMatcher.grammar_from_regex(pattern), g, 10, lambda t: re.fullmatch(pattern, t))
+
+    def check(text):  # _compare_llg ignores return values: the check must raise
+        assert re.fullmatch(pattern, text), text
+
+    _compare_llg(llg, lt, llg.LLMatcher.grammar_from_regex(pattern), g, 10, check)
 
 
 @pytest.mark.parametrize("pattern", REGEXES)

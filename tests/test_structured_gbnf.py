@@ -99,6 +99,7 @@ def test_compile_gbnf_to_tokens():
         ('root = "a"', "::="),
         ('root ::= "a"{2,x}', "repetition"),
         ('root ::= "\\q"', "unknown escape"),
+        ('root ::= "\\U00110000"', r"beyond U\+10FFFF"),
     ],
 )
 def test_errors(text, message):

@@ -103,6 +103,17 @@ def test_dot_excludes_newline_and_invalid_utf8():
     assert not d.matches(b"\xc0\x80")  # overlong encodings are not UTF-8
 
 
+def test_surrogates_are_never_encoded_whatever_the_front_end():
+    from jaxsample.structured.gbnf import parse_gbnf
+
+    surrogate = "\ud800".encode("utf-8", "surrogatepass")
+    dfas = [am.compile_expr(parse_regex(r"\uD800|a")), am.compile_expr(am.alt(am.lit("\ud800a"), am.lit("b"))),
+            am.compile_expr(parse_gbnf('root ::= . | "\\uD800"'))]
+    for d in dfas:
+        assert not d.matches(surrogate) and not d.matches(surrogate + b"a")
+    assert dfas[0].matches(b"a") and dfas[1].matches(b"b") and dfas[2].matches("é".encode())
+
+
 def test_minimal_state_counts():
     # dead + the minimal DFA's states
     assert am.compile_expr(parse_regex("(a|b)*abb")).num_states == 1 + 4

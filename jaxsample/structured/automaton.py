@@ -204,8 +204,13 @@ def _mask(lo: int, hi: int) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _byte_paths(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, ...], ...]:
-    """UTF-8 byte-mask paths (256-bit masks, one per byte) spelling exactly the code points ``ranges``."""
-    return tuple(tuple(_mask(a, b) for a, b in seq) for lo, hi in ranges for seq in utf8_sequences(lo, hi))
+    """UTF-8 byte-mask paths (256-bit masks, one per byte) spelling exactly the code points ``ranges``.
+
+    Surrogates (U+D800-DFFF) have no UTF-8 encoding and are left out here, whichever front end
+    (literal, regex atom, class, GBNF, JSON ``const``) produced the ranges.
+    """
+    return tuple(tuple(_mask(a, b) for a, b in seq)
+                 for lo, hi in normalise_ranges(ranges) for seq in utf8_sequences(lo, hi))
 
 
 # --------------------------------------------------------------------------------------------- NFA

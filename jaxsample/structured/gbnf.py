@@ -153,9 +153,12 @@ class _Grammar:
         digits = self.t[self.i : self.i + n]
         self.i += n
         try:
-            return int(digits, 16)
+            code = int(digits, 16)
         except ValueError:
             raise self.error(f"bad \\{e} escape") from None
+        if code > 0x10FFFF:
+            raise self.error(f"\\{e}{digits} is beyond U+10FFFF")
+        return code
 
 
 def _recursive_rules(rules: dict) -> set[str]:
