@@ -69,7 +69,7 @@ def _index_dtype(n: int):
     return np.int16 if n <= np.iinfo(np.int16).max else np.int32
 
 
-def stack_numpy(
+def stack(
     grammars: Sequence[TokenGrammar],
     *,
     num_grammars: int | None = None,
@@ -77,7 +77,18 @@ def stack_numpy(
     num_classes: int | None = None,
     num_masks: int | None = None,
 ) -> Tables:
-    """:func:`stack` on the host (numpy arrays); see there."""
+    """Device tables for several grammars (same vocabulary), padded to bucketed shapes.
+
+    Args:
+      grammars: compiled grammars; their index is the grammar id rows refer to.
+      num_grammars: fixed ``G`` (default: the power-of-two bucket of ``len(grammars)``).
+      num_states: fixed ``S`` (default: the power-of-two bucket, at least ``MIN_STATES``).
+      num_classes: fixed ``C`` (default: the power-of-two bucket, at least ``MIN_CLASSES``).
+      num_masks: fixed ``U`` (default: the power-of-two bucket, at least ``MIN_MASKS``).
+
+    Raises:
+      ValueError: on an empty list, mixed vocabulary sizes, or fixed sizes that are too small.
+    """
     if not grammars:
         raise ValueError("stack needs at least one grammar")
     vocab = {g.class_of.shape[0] for g in grammars}
@@ -109,33 +120,7 @@ def stack_numpy(
         masks[i, : g.masks.shape[0]] = g.masks
     start = np.zeros(n, np.int32)  # padding grammars: start in the dead state
     start[: len(grammars)] = [g.start for g in grammars]
-    return Tables(nxt, class_of, forced, start, mask_id, masks)
-
-
-def stack(
-    grammars: Sequence[TokenGrammar],
-    *,
-    num_grammars: int | None = None,
-    num_states: int | None = None,
-    num_classes: int | None = None,
-    num_masks: int | None = None,
-) -> Tables:
-    """Device tables for several grammars (same vocabulary), padded to bucketed shapes.
-
-    Args:
-      grammars: compiled grammars; their index is the grammar id rows refer to.
-      num_grammars: fixed ``G`` (default: the power-of-two bucket of ``len(grammars)``).
-      num_states: fixed ``S`` (default: the power-of-two bucket, at least ``MIN_STATES``).
-      num_classes: fixed ``C`` (default: the power-of-two bucket, at least ``MIN_CLASSES``).
-      num_masks: fixed ``U`` (default: the power-of-two bucket, at least ``MIN_MASKS``).
-
-    Raises:
-      ValueError: on an empty list, mixed vocabulary sizes, or fixed sizes that are too small.
-    """
-    host = stack_numpy(
-        grammars, num_grammars=num_grammars, num_states=num_states, num_classes=num_classes, num_masks=num_masks
-    )
-    return Tables(*(jnp.asarray(x) for x in host))
+    return Tables(*(jnp.asarray(x) for x in (nxt, class_of, forced, start, mask_id, masks)))
 
 
 def nbytes(tables: Tables) -> int:
