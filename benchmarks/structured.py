@@ -265,16 +265,18 @@ def _llg_time(llg, lt, schema, repeats: int) -> float:
 
 
 def bench_compile(vocab, repeats: int = 3):
-    """Per schema: ``(name, ours s, llguidance s, S, C, U, device bytes, (S, C) buckets, U bucket)``."""
+    """``(rows, grammars)``: per schema ``(name, ours s, llguidance s, S, C, U, device bytes, (S, C) buckets,
+    U bucket)``, and each schema's compiled grammar by name."""
     llg, lt = _llguidance(vocab)
-    rows, g = [], None
+    rows, grammars = [], {}
     for name, schema in SCHEMAS.items():
         compile_ = (lambda: st.compile_json(vocab)) if schema is True else (lambda: st.compile_json_schema(schema, vocab))
         ours, g = _best(compile_, repeats)
+        grammars[name] = g
         tables = st.stack([g])
         rows.append((name, ours, _llg_time(llg, lt, schema, repeats), g.num_states, g.num_classes,
                      g.masks.shape[0], st.nbytes(tables), tables.next.shape[1:], tables.masks.shape[1]))  # fmt: skip
-    return rows, g
+    return rows, grammars
 
 
 def bench_directory(vocab, root: str, repeats: int = 1):
@@ -357,7 +359,7 @@ def main():
     t = time.perf_counter()
     st.compile_regex("a", vocab)  # builds the per-vocabulary token trie (once per vocabulary)
     print(f"per-vocabulary preprocessing (token trie, cached): {1e3 * (time.perf_counter() - t):.0f} ms")
-    rows, _ = bench_compile(vocab)
+    rows, grammars = bench_compile(vocab)
     print(f"\n{'schema':16} {'ours ms':>9} {'llg ms':>8} {'S':>5} {'C':>5} {'U':>4} {'device MiB':>10}  buckets (S,C) U")
     for name, ours, theirs, s, c, u, nb, sc, ub in rows:
         print(f"{name:16} {ours * 1e3:9.1f} {theirs * 1e3:8.2f} {s:5d} {c:5d} {u:4d} {nb / 2**20:10.2f}  {sc} {ub}")
@@ -373,7 +375,7 @@ def main():
         print(f"  device MiB per grammar p50/p90/max {np.percentile(mib, 50):.1f}/{np.percentile(mib, 90):.1f}/{mib.max():.1f}")
         for r in sorted(found, key=lambda r: -r[1])[:5]:
             print(f"  slowest: {r[0]} {r[1] * 1e3:.0f} ms, S={r[3]}, {r[4] / 2**20:.1f} MiB")
-    g = st.compile_json_schema(SCHEMAS["order"], vocab)
+    g = grammars["order"]
     res = bench_step(vocab, g, args.batch, args.steps)
     print(f"\nper-step time, jitted lax.scan, B={args.batch}, V={vocab.size}, CPU ({jax.devices()[0].platform}):")
     for sel in ("process", "greedy", "categorical"):

@@ -149,14 +149,10 @@ class Bart:
           attention_mask: ``bool[B, S]``, True on real tokens (``None``: all real).
           max_len: static number of decoder positions (``<= config.max_len``).
         """
-        c = self.config
-        if not 1 <= max_len <= c.max_len:
-            raise ValueError(f"max_len must be in [1, config.max_len={c.max_len}], got {max_len}")
         input_ids, mask = self._check_encoder(input_ids, attention_mask)
+        decoder = layers.init_decoder_cache(self.config, input_ids.shape[0], max_len, self.config.decoder_layers)
         encoded = layers.apply(self.module, params, input_ids, mask, method=_BartNet.encode)
         cross = layers.apply(self.module, params, encoded, method=_BartNet.cross_kv)
-        decoder = layers.init_decoder_cache(input_ids.shape[0], max_len, c.decoder_layers, c.num_heads, c.head_dim,
-                                            c.compute_dtype)
         return BartCache(decoder, cross, encoded, mask)
 
     def apply_step(self, params: Any, tokens: ArrayLike, positions: ArrayLike, cache: BartCache) -> StepOutput:

@@ -88,11 +88,7 @@ class DecoderLM:
 
     def init_cache(self, batch_size: int, max_len: int) -> DecoderCache:
         """Empty cache for ``batch_size`` rows of at most ``max_len`` positions (``<= config.max_len``)."""
-        c = self.config
-        if not 1 <= max_len <= c.max_len:
-            raise ValueError(f"max_len must be in [1, config.max_len={c.max_len}], got {max_len}")
-        return layers.init_decoder_cache(batch_size, max_len, c.num_layers, c.num_heads, c.head_dim,
-                                         c.compute_dtype)
+        return layers.init_decoder_cache(self.config, batch_size, max_len, self.config.num_layers)
 
     def apply_step(self, params: Any, tokens: ArrayLike, positions: ArrayLike, cache: DecoderCache) -> StepOutput:
         """Writes ``tokens [B, T]`` at ``positions [B, T]`` into ``cache`` and returns their logits.

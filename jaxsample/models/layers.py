@@ -261,12 +261,15 @@ class DecoderCache(NamedTuple):
     written: Array  # bool[B, L]: slot l holds the key/value of position l
 
 
-def init_decoder_cache(batch_size: int, max_len: int, num_layers: int, num_heads: int, head_dim: int,
-                       dtype: Any) -> DecoderCache:
-    """An empty cache: zeroed ``[B, L, H, Dh]`` keys/values, nothing written."""
-    shape = (batch_size, max_len, num_heads, head_dim)
-    layers = tuple(KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(num_layers))
-    return DecoderCache(layers, jnp.zeros((batch_size, max_len), bool))
+def init_decoder_cache(config: Any, batch_size: int, max_len: int, num_layers: int) -> DecoderCache:
+    """An empty cache of ``config``'s shapes (heads, head size, compute dtype): zeroed ``[B, L, H, Dh]``
+    keys/values, nothing written; ``max_len`` must be in ``[1, config.max_len]``."""
+    if not 1 <= max_len <= config.max_len:
+        raise ValueError(f"max_len must be in [1, config.max_len={config.max_len}], got {max_len}")
+    shape = (batch_size, max_len, config.num_heads, config.head_dim)
+    zeros = lambda: jnp.zeros(shape, config.compute_dtype)  # noqa: E731
+    return DecoderCache(tuple(KVCache(zeros(), zeros()) for _ in range(num_layers)),
+                        jnp.zeros((batch_size, max_len), bool))
 
 
 def decoder_stack(
