@@ -401,7 +401,6 @@ def build(
         tok.save(os.path.join(out_dir, "tokenizer.json"))
     except OSError as err:
         raise records.DatasetWriteError(err.errno or 0, f"writing the tokenizer failed: {err}") from err
-    config.noise.spans.cdfs()  # derive the span tables once, before any worker starts
     ds = build_dataset(source, config, tok, process_index=process_index, process_count=process_count)
     n_local, num_shards = len(ds), config.output.num_shards
     dropped = dict.fromkeys(DROP_REASONS, 0)

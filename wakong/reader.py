@@ -178,8 +178,6 @@ def batches(
             f"max_source_len/max_target_len {source_len}/{target_len} are below the build's "
             f"{built.max_source_len}/{built.max_target_len}; rebuild the dataset for shorter examples"
         )
-    if renoise is not None:
-        renoise.spans.cdfs()  # derive the span tables once, before any worker starts
     ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(info["files"]))
     n_records = len(ds)
     if n_records == 0:
