@@ -1,4 +1,4 @@
-"""Test utilities: trace counting, sort-free-vs-reference comparisons, small logits factories."""
+"""Test utilities: trace counting, sort-free-vs-reference comparisons, small logits factories, unmasking."""
 
 from __future__ import annotations
 
@@ -56,3 +56,15 @@ def renormalised(x):
     m = np.max(x, axis=-1, keepdims=True)
     e = np.where(np.isfinite(x), np.exp(x - m), 0.0)
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def unmask(out, units, scheme, mask="<mask>"):
+    """Puts each span of ``scheme`` (over ``units``) back in place of its ``mask`` in ``out``."""
+    rebuilt, spans = [], iter(scheme)
+    for token in out:
+        if token == mask:
+            start, length = next(spans)
+            rebuilt.extend(units[start : start + length])
+        else:
+            rebuilt.append(token)
+    return rebuilt

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import wakong
+from tests._helpers import unmask
 from wakong._distribution import span_length_cdfs
 from wakong.infilling import (
     NoiseConfig,
@@ -146,14 +147,7 @@ def test_infill_round_trip_and_mask_count(n, seed):
     assert out is not words
     assert out.count("<mask>") == len(scheme)  # one mask per span, zero-length spans included
     assert len(out) == n - sum(s for _, s in scheme) + len(scheme)
-    rebuilt, spans, i = [], iter(scheme), 0
-    for token in out:  # put every span's words back in place of its mask
-        if token == "<mask>":
-            start, length = next(spans)
-            rebuilt.extend(words[start : start + length])
-        else:
-            rebuilt.append(token)
-    assert rebuilt == words
+    assert unmask(out, words, scheme) == words  # every span's words back in place of its mask
 
 
 def test_scheme_masks_representation():
