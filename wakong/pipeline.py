@@ -44,7 +44,7 @@ import numpy as np
 from wakong import records
 from wakong.config import BuildConfig, load_config
 from wakong.infilling import Noised, noise_example
-from wakong.reader import batches, open_dataset
+from wakong.reader import batches, mp_prefetch, open_dataset
 from wakong.report import MaskStats
 from wakong.sources import ArrayRecordSource, PydocSource, TextSource, open_source
 from wakong.text import decode_utf8, split_sentences, split_words, truncate_utf8
@@ -356,12 +356,7 @@ def prepare_dir(out_dir: str, process_index: int = 0, process_count: int = 1, ov
 def _outcomes(ds: grain.MapDataset, workers: int):
     if workers <= 0:
         return (ds[j] for j in range(len(ds)))
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags
-        flags.FLAGS.mark_as_parsed()
-    options = grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=16)
-    return iter(ds.to_iter_dataset().mp_prefetch(options))
+    return iter(mp_prefetch(ds.to_iter_dataset(), workers, per_worker_buffer_size=16))
 
 
 def build(
