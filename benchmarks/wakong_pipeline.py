@@ -6,9 +6,8 @@ repeated; configs: the article's defaults (sentence examples, word-level Wakong)
 
 ``tokens/s`` = target tokens written / wall-clock seconds of ``wakong.pipeline.build`` (reading,
 decoding, sentence splitting, tokenising, noising, serialising, writing, manifest; grain worker start-up
-included). The tokenizer is trained once beforehand and timed separately; the one-time derivation of
-the span tables (JAX + numpyro import) is warmed up first and reported on its own, as is a cold
-``wakong build`` run of the whole CLI in a fresh process.
+included). The tokenizer is trained once beforehand and timed separately, as is a cold ``wakong build``
+run of the whole CLI in a fresh process.
 
     python benchmarks/wakong_pipeline.py --repeat 20 --workers 0 2
 """
@@ -27,7 +26,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from wakong.config import load_config  # noqa: E402
-from wakong.infilling import SpanSpec  # noqa: E402
 from wakong.pipeline import build, training_texts  # noqa: E402
 from wakong.sources import PydocSource  # noqa: E402
 from wakong.tokenizer import train_tokenizer  # noqa: E402
@@ -37,7 +35,6 @@ CONFIGS = {"article": "configs/wakong/article.yaml", "bart": "configs/wakong/bar
 
 def _run(config_name: str, repeat: int, workers: int, tokenizer) -> dict:
     config = load_config(os.path.join(ROOT, CONFIGS[config_name]), ["input.format=pydoc"])
-    config.noise.spans.cdfs()
     with tempfile.TemporaryDirectory() as out:
         start, cpu = time.perf_counter(), time.process_time()
         manifest = build(PydocSource(repeat), out, config, tokenizer=tokenizer, workers=workers)
@@ -86,9 +83,6 @@ def main() -> None:
     args = parser.parse_args()
 
     load_before = os.getloadavg()
-    start = time.perf_counter()
-    SpanSpec().cdfs()
-    tables = time.perf_counter() - start
     config = load_config(os.path.join(ROOT, CONFIGS["article"]), ["input.format=pydoc"])
     start = time.perf_counter()
     tokenizer = train_tokenizer(training_texts(PydocSource(), config), vocab_size=8192)
@@ -103,7 +97,6 @@ def main() -> None:
     result = {
         "cpu_count": os.cpu_count(),
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
-        "span_tables_seconds": round(tables, 2),
         "tokenizer_training_seconds": round(training, 2),
         "runs": rows,
         "cold_cli_pydoc": cold,

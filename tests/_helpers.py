@@ -1,4 +1,4 @@
-"""Test utilities: trace counting, sort-free-vs-reference comparisons, small logits factories."""
+"""Test utilities: trace counting, sort-free-vs-reference comparisons, small logits factories, wakong dataset reading and unmasking."""
 
 from __future__ import annotations
 
@@ -56,3 +56,26 @@ def renormalised(x):
     m = np.max(x, axis=-1, keepdims=True)
     e = np.where(np.isfinite(x), np.exp(x - m), 0.0)
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def dataset_records(path: str) -> list[dict]:
+    """Every record of a built wakong dataset, decoded, in shard order."""
+    import grain
+
+    from wakong import records
+
+    info = records.read_manifests(path)
+    source = grain.sources.ArrayRecordDataSource(info["files"])
+    return [records.decode_record(source[i]) for i in range(len(source))]
+
+
+def unmask(out, units, scheme, mask="<mask>"):
+    """Puts each span of ``scheme`` (over ``units``) back in place of its ``mask`` in ``out``."""
+    rebuilt, spans = [], iter(scheme)
+    for token in out:
+        if token == mask:
+            start, length = next(spans)
+            rebuilt.extend(units[start : start + length])
+        else:
+            rebuilt.append(token)
+    return rebuilt

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import wakong
+from tests._helpers import unmask
 from wakong import _exact
 from wakong._distribution import span_length_cdfs
 
@@ -176,15 +177,7 @@ def test_apply_round_trip():
             assert len(out) == seq_len - sum(s for _, s in scheme) + len(scheme)
             assert out.count("<mask>") == len(scheme)
             # Fill every mask with its span's words: the original sentence comes back.
-            spans = iter(scheme)
-            rebuilt = []
-            for token in out:
-                if token == "<mask>":
-                    pos, length = next(spans)
-                    rebuilt.extend(words[pos : pos + length])
-                else:
-                    rebuilt.append(token)
-            assert rebuilt == words
+            assert unmask(out, words, scheme) == words
 
 
 REFERENCE = os.environ.get("WAKONG_REFERENCE_PYTHON")

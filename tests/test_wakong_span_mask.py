@@ -24,6 +24,7 @@ import wakong
 from tests._helpers import assert_single_trace
 from wakong import _exact
 from wakong import _span_mask as sm
+from wakong.infilling import scheme_masks
 
 Z = 4.5  # two-sided false-alarm rate ~7e-6 per check
 SOURCES = ["span_mask", "reference"]
@@ -41,11 +42,8 @@ def _reference_masks(lengths, max_len, seed):
     for row, seq_len in enumerate(lengths):
         if seq_len < 2:
             continue
-        for pos, span in wakong.generate_mask_scheme(rng, int(seq_len)):
-            if span:
-                masked[row, pos : pos + span] = True
-            else:
-                inserted[row, pos] = True
+        scheme = wakong.generate_mask_scheme(rng, int(seq_len))
+        masked[row], inserted[row] = scheme_masks(scheme, int(seq_len), max_len)
     return masked, inserted
 
 
@@ -169,13 +167,8 @@ def _outcome_codes(masked, inserted):
 
 
 def _scheme_code(scheme, seq_len):
-    masked, inserted = np.zeros((1, seq_len), bool), np.zeros((1, seq_len + 1), bool)
-    for pos, span in scheme:
-        if span:
-            masked[0, pos : pos + span] = True
-        else:
-            inserted[0, pos] = True
-    return int(_outcome_codes(masked, inserted)[0])
+    masked, inserted = scheme_masks(scheme, seq_len)
+    return int(_outcome_codes(masked[None], inserted[None])[0])
 
 
 @pytest.mark.parametrize("source", SOURCES)

@@ -67,8 +67,14 @@ def span_length_pmfs() -> np.ndarray:
     Taken as differences of :func:`span_length_cdfs`, i.e. exactly the distribution the reference
     algorithm samples (including float32 rounding), for the JAX form and for exact statistics.
     """
-    out = np.zeros((MAX_SPAN_LEN, MAX_SPAN_LEN + 1))
-    for m, cdf in enumerate(span_length_cdfs(), start=1):
+    return pmfs_from_cdfs(span_length_cdfs())
+
+
+def pmfs_from_cdfs(cdfs) -> np.ndarray:
+    """``float64[M, M + 1]`` from ``M`` CDF rows (row ``m - 1`` over ``0..m``): the pmfs ``random.choices``
+    samples with ``cum_weights=cdfs[m - 1]`` (zeros past ``m``)."""
+    out = np.zeros((len(cdfs), len(cdfs) + 1))
+    for m, cdf in enumerate(cdfs, start=1):
         c = np.asarray(cdf, np.float64)
         c = c / c[-1]  # random.choices scales draws by the last entry
         out[m - 1, : m + 1] = np.diff(c, prepend=0.0)

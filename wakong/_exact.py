@@ -32,9 +32,6 @@ import numpy as np
 
 from wakong._distribution import MAX_SPAN_LEN, PROPOSED_MASK_RATE, span_length_pmfs
 
-_LENGTHS = np.arange(MAX_SPAN_LEN + 1)
-
-
 def budget_distribution(seq_len: int) -> dict[int, float]:
     """``{M: P(M)}``: ``floor(0.188 L)``, plus one with probability ``frac(0.188 L)`` (float64 arithmetic)."""
     x = seq_len * PROPOSED_MASK_RATE

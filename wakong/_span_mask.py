@@ -314,7 +314,7 @@ def _check_lengths(lengths: ArrayLike, max_len: int) -> Array:
     arr = jnp.asarray(lengths)
     if not jnp.issubdtype(arr.dtype, jnp.integer):
         raise ValueError(f"lengths must be an integer array, got dtype {arr.dtype}")
-    _validate.check_range(lengths, "lengths", lo=0, hi=max_len, integer=True)
+    _validate.check_range(lengths, "lengths", lo=0, hi=max_len)  # integer dtype checked above
     return jnp.clip(arr, 0, max_len).astype(jnp.int32)
 
 

@@ -25,13 +25,20 @@ into fixed-shape encoder token ids, the swap-in point for on-device masking.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from wakong._distribution import MAX_SPAN_LEN, POISSON_RATE, PROPOSED_MASK_RATE, span_length_cdfs
+from wakong._distribution import (
+    MAX_SPAN_LEN,
+    POISSON_RATE,
+    PROPOSED_MASK_RATE,
+    pmfs_from_cdfs,
+    span_length_cdfs,
+)
 from wakong._reference import MaskScheme, apply_mask_scheme
 
 #: Longest ``max_span_len`` accepted by :class:`SpanSpec`.
@@ -66,36 +73,18 @@ class SpanSpec:
 
     def cdfs(self) -> tuple[tuple[float, ...], ...]:
         """``cdfs[m - 1]``: CDF over ``0..m`` of the span length when at most ``m`` units are left."""
-        key = (self.poisson_rate, self.max_span_len)
-        if key not in _TABLES:
-            _TABLES[key] = span_length_cdfs() if key == (POISSON_RATE, MAX_SPAN_LEN) else _poisson_cdfs(*key)
-        return _TABLES[key]
+        return _cdfs(self.poisson_rate, self.max_span_len)
 
     def pmfs(self) -> np.ndarray:
         """``float64[max_span_len, max_span_len + 1]``: the exact pmfs :func:`span_scheme` samples."""
-        out = np.zeros((self.max_span_len, self.max_span_len + 1))
-        for m, cdf in enumerate(self.cdfs(), start=1):
-            c = np.asarray(cdf, np.float64)
-            out[m - 1, : m + 1] = np.diff(c / c[-1], prepend=0.0)  # random.choices scales by the last entry
-        return out
-
-    def __getstate__(self) -> dict:
-        # Pickles carry the tables, so grain worker processes never derive them (no JAX import there).
-        return {**dataclasses.asdict(self), "cdfs": _TABLES.get((self.poisson_rate, self.max_span_len))}
-
-    def __setstate__(self, state: dict) -> None:
-        cdfs = state.pop("cdfs")
-        for name, value in state.items():
-            object.__setattr__(self, name, value)
-        if cdfs is not None:
-            _TABLES.setdefault((self.poisson_rate, self.max_span_len), cdfs)
+        return pmfs_from_cdfs(self.cdfs())
 
 
-#: Span-length CDF tables by ``(poisson_rate, max_span_len)``.
-_TABLES: dict[tuple[float, int], tuple[tuple[float, ...], ...]] = {}
-
-
-def _poisson_cdfs(rate: float, max_span_len: int) -> tuple[tuple[float, ...], ...]:
+@functools.cache
+def _cdfs(rate: float, max_span_len: int) -> tuple[tuple[float, ...], ...]:
+    """Span-length CDF tables: the shipped reference tables for the defaults, else float64 Poisson."""
+    if (rate, max_span_len) == (POISSON_RATE, MAX_SPAN_LEN):
+        return span_length_cdfs()
     k = np.arange(max_span_len + 1)
     log_pmf = k * math.log(rate) - rate - np.array([math.lgamma(x + 1.0) for x in k])
     pmf = np.exp(log_pmf - log_pmf.max())

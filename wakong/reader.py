@@ -178,8 +178,6 @@ def batches(
             f"max_source_len/max_target_len {source_len}/{target_len} are below the build's "
             f"{built.max_source_len}/{built.max_target_len}; rebuild the dataset for shorter examples"
         )
-    if renoise is not None:
-        renoise.spans.cdfs()  # derive the span tables once, before any worker starts
     ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(info["files"]))
     n_records = len(ds)
     if n_records == 0:
@@ -194,10 +192,14 @@ def batches(
     ds = ds.map(features)
     batch_fn = functools.partial(_stack_padded, batch_size=batch_size, empty=features.empty())
     ds = ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn).to_iter_dataset()
-    if workers > 0:
-        from absl import flags
+    return mp_prefetch(ds, workers) if workers > 0 else ds
 
-        if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags
-            flags.FLAGS.mark_as_parsed()
-        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
-    return ds
+
+def mp_prefetch(ds: grain.IterDataset, workers: int, **options) -> grain.IterDataset:
+    """``ds.mp_prefetch`` with ``workers`` grain worker processes (``options``: more
+    ``grain.MultiprocessingOptions``), after marking absl flags parsed, which the workers read."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, **options))

@@ -13,10 +13,11 @@ import dataclasses
 import hashlib
 import json
 import os
-import secrets
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from wakong import records
 
 #: BART's special tokens, in the id order a trained tokenizer gives them.
 BART_SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
@@ -101,7 +102,7 @@ class TextTokenizer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the tokenizer JSON atomically (the sha256 is of exactly these bytes)."""
-        tmp = f"{os.fspath(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # unique across hosts
+        tmp = os.fspath(path) + records.temp_suffix()  # unique across hosts
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(self.json_text)
         os.replace(tmp, path)
