@@ -117,6 +117,32 @@ def if_any(on: Array, compute: Callable[[], Array], otherwise: Callable[[], Arra
     return lax.cond(jnp.any(on), compute, otherwise)
 
 
+def valid_ids(ids: Array, vocab_size: int) -> Array:
+    """``bool[..., n]``: entries that are real token ids (``0 <= id < V``; not padding, not out of range)."""
+    return (ids >= 0) & (ids < vocab_size)
+
+
+def scatter(target: Array, ids: Array, values: Array, op: str = "add") -> Array:
+    """Scatters ``values [..., K]`` into ``target [..., N]`` at ``ids [..., K]`` per row.
+
+    Ids outside ``[0, N)`` are dropped (callers map unwanted entries to ``N``).
+    ``op`` is ``"add"``, ``"max"`` or ``"set"`` (``"set"`` needs distinct ids per row).
+    """
+    n, k = target.shape[-1], ids.shape[-1]
+    if n == 0 or k == 0:
+        return target
+    ids = jnp.where(valid_ids(ids, n), ids, n)
+    lead = target.shape[:-1]
+    rows = math.prod(lead)
+    flat = target.reshape(rows, n)
+    flat_ids = jnp.broadcast_to(ids, lead + (k,)).reshape(rows, k)
+    flat_vals = jnp.broadcast_to(values, lead + (k,)).reshape(rows, k)
+    rows = jnp.arange(rows)[:, None]
+    ref = flat.at[rows, flat_ids]
+    out = {"add": ref.add, "max": ref.max, "set": ref.set}[op](flat_vals, mode="drop")
+    return out.reshape(target.shape)
+
+
 def chunks(x: Array, size: int, fill: float = NEG_INF) -> Array:
     """``[..., V] -> [..., ceil(V / size), size]`` (the tail padded with ``fill``): rows cut into chunks."""
     v = x.shape[-1]

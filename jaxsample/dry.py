@@ -36,7 +36,7 @@ from jax import lax
 
 from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
-from jaxsample.penalties import _NEVER, _compact, _scatter
+from jaxsample.penalties import _NEVER, _compact
 
 _FLOAT_MAX_LOG = 88.7228391  # llama.cpp's ln(FLT_MAX)
 _CHUNK = 8
@@ -176,7 +176,7 @@ def _penalty(history, vocab_size, mult, base, allowed, last_n, tables: _Breakers
     exponent = jnp.minimum((length - allowed[..., None]).astype(jnp.float32), max_exp[..., None])
     growth = jnp.power(base[..., None], exponent)
     zeros = jnp.zeros(history.shape[:-1] + (vocab_size,), jnp.float32)
-    factor = _scatter(zeros, jnp.where(ok, follower, vocab_size), growth, "max")
+    factor = _math.scatter(zeros, jnp.where(ok, follower, vocab_size), growth, "max")
     return jnp.where(jnp.asarray(tables.single) | (factor == 0), 0.0, mult[..., None] * factor)
 
 

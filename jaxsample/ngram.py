@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxsample import _math, _validate
 from jaxsample._types import NEG_INF, Array, ArrayLike
-from jaxsample.penalties import _NEVER, _compact, _scatter
+from jaxsample.penalties import _NEVER, _compact
 
 
 def _shift(c: Array, j: int) -> Array:
@@ -35,7 +35,7 @@ def _shift(c: Array, j: int) -> Array:
 def _ban(x: Array, ids: Array, hit: Array) -> Array:
     """``x`` with ``-inf`` at ``ids [..., K]`` wherever ``hit [..., K]``."""
     vocab = x.shape[-1]
-    mask = _scatter(jnp.zeros(x.shape, bool), jnp.where(hit, ids, vocab), hit, "max")
+    mask = _math.scatter(jnp.zeros(x.shape, bool), jnp.where(hit, ids, vocab), hit, "max")
     return jnp.where(mask, NEG_INF, x)
 
 
@@ -255,7 +255,7 @@ def sequence_bias(
     packed = _pack(_normalise(sequences, "sequences"), vocab, "sequences")
     b = _row_biases(biases, batch, packed.count)
     hit = _completes(history, packed, vocab, skip_longer_than_context)
-    total = _scatter(jnp.zeros(x.shape, jnp.float32), jnp.asarray(packed.last), jnp.where(hit, b, 0.0))
+    total = _math.scatter(jnp.zeros(x.shape, jnp.float32), jnp.asarray(packed.last), jnp.where(hit, b, 0.0))
     out = x + total
     return _math.restore(jnp.where(jnp.isnan(out), NEG_INF, out), dtype)
 
