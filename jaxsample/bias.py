@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxsample import _math, _validate
-from jaxsample._types import NEG_INF, Array, ArrayLike
+from jaxsample._types import Array, ArrayLike
 from jaxsample.processors import _as_ids, _check_broadcast, _mask
 
 
@@ -72,7 +72,7 @@ def logit_bias(
         dense = jnp.zeros(idx.shape[:-1] + (vocab,), jnp.float32)
         total = total + _math.scatter(dense, idx, v if c is None else jnp.clip(v, -c, c))
     out = x + total
-    return _math.restore(jnp.where(jnp.isnan(out), NEG_INF, out), dtype)
+    return _math.restore(_math.clean(out), dtype)
 
 
 def allowed_tokens(logits: ArrayLike, ids: ArrayLike | None = None, *, mask: ArrayLike | None = None) -> Array:

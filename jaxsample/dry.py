@@ -231,9 +231,9 @@ def dry(
     def apply():
         pen = _penalty(history, vocab, mult, jnp.where(on, b, 2.0), allowed, last_n, tables)
         out = x - pen
-        return jnp.where(on[..., None], jnp.where(jnp.isnan(out), -jnp.inf, out), x)
+        return jnp.where(on[..., None], _math.clean(out), x)
 
-    return _math.restore(lax.cond(jnp.any(on), apply, lambda: x), dtype)
+    return _math.restore(_math.if_any(on, apply, lambda: x), dtype)
 
 
 # ------------------------------------------------------------------------ breakers from strings

@@ -257,7 +257,7 @@ def sequence_bias(
     hit = _completes(history, packed, vocab, skip_longer_than_context)
     total = _math.scatter(jnp.zeros(x.shape, jnp.float32), jnp.asarray(packed.last), jnp.where(hit, b, 0.0))
     out = x + total
-    return _math.restore(jnp.where(jnp.isnan(out), NEG_INF, out), dtype)
+    return _math.restore(_math.clean(out), dtype)
 
 
 def _row_biases(biases: ArrayLike, batch: tuple[int, ...], count: int) -> Array:
