@@ -78,20 +78,6 @@ def _tables(breakers: tuple[tuple[int, ...], ...], vocab_size: int) -> _Breakers
     return _Breakers(breakers, vocab_size)
 
 
-def _normalise(breakers) -> tuple[tuple[int, ...], ...]:
-    try:
-        seqs = tuple(dict.fromkeys(tuple(int(t) for t in s) for s in breakers))
-    except TypeError as err:
-        raise ValueError(
-            f"sequence_breakers must be a static tuple of token-id tuples (under jax.jit, pass it as a "
-            f"static argument or close over it), got {breakers!r}"
-        ) from err
-    for s in seqs:
-        if not s or min(s) < 0:
-            raise ValueError(f"sequence_breakers must hold non-empty tuples of token ids >= 0, got {s!r}")
-    return seqs
-
-
 def _restart_limit(r: Array, n: Array, tables: _Breakers) -> Array:
     """``int32[...]``: llama's ``rep_limit``, the longest repeat allowed by sequence breakers.
 
@@ -223,7 +209,7 @@ def dry(
     b = _validate.param(base, batch, "base")
     allowed = jnp.maximum(_validate.param(allowed_length, batch, "allowed_length", dtype=jnp.int32, lo=0), 0)
     last_n = _validate.param(penalty_last_n, batch, "penalty_last_n", dtype=jnp.int32, lo=-1)
-    tables = _tables(_normalise(sequence_breakers), vocab)
+    tables = _tables(_validate.static_sequences(sequence_breakers, "sequence_breakers", unique=False), vocab)
     if history.shape[-1] == 0:
         return _math.restore(x, dtype)
     on = (mult != 0) & (b >= 1) & (last_n != 0)
