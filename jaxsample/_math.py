@@ -100,6 +100,15 @@ def softmax(x: Array) -> Array:
     return jnp.exp(log_softmax(x))
 
 
+def entropy(logp: Array) -> tuple[Array, Array]:
+    """``(probs [..., V], H [..., 1])``: probabilities and Shannon entropy (nats) of log-probabilities ``logp``.
+
+    Tokens of probability 0 contribute nothing (no ``0 * -inf``).
+    """
+    probs = jnp.exp(logp)
+    return probs, -jnp.sum(jnp.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
+
+
 def logsumexp(x: Array) -> Array:
     """``float32[..., 1]`` log-normaliser (``-inf`` for empty rows, ``+inf`` with ``+inf`` logits)."""
     m = row_max(x)
