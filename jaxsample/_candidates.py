@@ -11,7 +11,6 @@ still returns the fast answer for covered rows, so a row's result depends on tha
 
 from __future__ import annotations
 
-import math
 from typing import Callable, NamedTuple
 
 import jax.numpy as jnp
@@ -99,11 +98,8 @@ def complete(vals: Array, vocab_size: int) -> Array:
 
 def densify(c: Candidates, vocab_size: int) -> Array:
     """``float32[..., V]`` logits of candidates (``-inf`` away from ``c.ids``)."""
-    lead = c.vals.shape[:-1]
-    flat = jnp.full((math.prod(lead), vocab_size), -jnp.inf, c.vals.dtype)
-    rows = jnp.arange(flat.shape[0])[:, None]
-    out = flat.at[rows, c.ids.reshape(flat.shape[0], -1)].set(c.vals.reshape(flat.shape[0], -1))
-    return out.reshape(lead + (vocab_size,))
+    empty = jnp.full(c.vals.shape[:-1] + (vocab_size,), -jnp.inf, c.vals.dtype)
+    return _math.scatter(empty, c.ids, c.vals, "set")
 
 
 def restore_order(c: Candidates) -> Candidates:
@@ -138,14 +134,3 @@ def choose(covered: Array, fast: Callable[[], Array], full: Callable[[], Array])
         return jnp.where(c, f, g)
 
     return lax.cond(jnp.all(covered), fast, both)
-
-
-def scatter_mask(ids: Array, keep: Array, vocab_size: int) -> Array:
-    """``bool[..., V]`` that is True at ``ids[..., j]`` wherever ``keep[..., j]``."""
-    hit = jnp.zeros(ids.shape[:-1] + (vocab_size,), bool)
-    flat_ids = ids.reshape(-1, ids.shape[-1])
-    flat_keep = keep.reshape(-1, ids.shape[-1])
-    rows = jnp.arange(flat_ids.shape[0])[:, None]
-    out = hit.reshape(-1, vocab_size).at[rows, flat_ids].max(flat_keep)
-    return out.reshape(hit.shape)
-

@@ -41,10 +41,6 @@ def _mask(c: Candidates, keep: Array) -> Candidates:
     return Candidates(jnp.where(keep, c.vals, -jnp.inf), c.ids)
 
 
-def _take(vals: Array, index: Array) -> Array:
-    return jnp.take_along_axis(vals, index[..., None], axis=-1)[..., 0]
-
-
 def _enter(x: Array, on: Array, k: int, filtered: Callable, dense: Callable) -> Entry:
     """Common part of the entries.
 
@@ -106,7 +102,7 @@ def top_k(c: Candidates, k: Array, exact: bool) -> Candidates:
     if exact:
         return _mask(c, off[..., None] | (jnp.arange(c.vals.shape[-1]) < k[..., None]))
     kk = jnp.where(off, 1, k)
-    t = jnp.where(kk <= c.vals.shape[-1], _take(c.vals, jnp.minimum(kk, c.vals.shape[-1]) - 1), -jnp.inf)
+    t = _threshold.kth_candidate(c.vals, kk)
     return _mask(c, off[..., None] | (c.vals >= t[..., None]))
 
 
@@ -126,8 +122,7 @@ def min_p(c: Candidates, p: Array, min_keep: Array) -> Candidates:
     off = (p <= 0)[..., None]
     above = c.vals >= c.vals[..., :1] + jnp.log(jnp.where(off, 1.0, p[..., None]))
     kk = jnp.maximum(min_keep, 1)
-    k = c.vals.shape[-1]
-    kth = jnp.where(kk <= k, _take(c.vals, jnp.minimum(kk, k) - 1), -jnp.inf)
+    kth = _threshold.kth_candidate(c.vals, kk)
     return _mask(c, off | above | (c.vals >= kth[..., None]))
 
 

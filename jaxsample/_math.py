@@ -100,6 +100,15 @@ def softmax(x: Array) -> Array:
     return jnp.exp(log_softmax(x))
 
 
+def entropy(logp: Array) -> tuple[Array, Array]:
+    """``(probs [..., V], H [..., 1])``: probabilities and Shannon entropy (nats) of log-probabilities ``logp``.
+
+    Tokens of probability 0 contribute nothing (no ``0 * -inf``).
+    """
+    probs = jnp.exp(logp)
+    return probs, -jnp.sum(jnp.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
+
+
 def logsumexp(x: Array) -> Array:
     """``float32[..., 1]`` log-normaliser (``-inf`` for empty rows, ``+inf`` with ``+inf`` logits)."""
     m = row_max(x)
@@ -115,6 +124,32 @@ def if_any(on: Array, compute: Callable[[], Array], otherwise: Callable[[], Arra
     that is not ``on`` (e.g. a filter whose parameter is "off" there, and ``otherwise`` the input).
     """
     return lax.cond(jnp.any(on), compute, otherwise)
+
+
+def valid_ids(ids: Array, vocab_size: int) -> Array:
+    """``bool[..., n]``: entries that are real token ids (``0 <= id < V``; not padding, not out of range)."""
+    return (ids >= 0) & (ids < vocab_size)
+
+
+def scatter(target: Array, ids: Array, values: Array, op: str = "add") -> Array:
+    """Scatters ``values [..., K]`` into ``target [..., N]`` at ``ids [..., K]`` per row.
+
+    Ids outside ``[0, N)`` are dropped (callers map unwanted entries to ``N``).
+    ``op`` is ``"add"``, ``"max"`` or ``"set"`` (``"set"`` needs distinct ids per row).
+    """
+    n, k = target.shape[-1], ids.shape[-1]
+    if n == 0 or k == 0:
+        return target
+    ids = jnp.where(valid_ids(ids, n), ids, n)
+    lead = target.shape[:-1]
+    rows = math.prod(lead)
+    flat = target.reshape(rows, n)
+    flat_ids = jnp.broadcast_to(ids, lead + (k,)).reshape(rows, k)
+    flat_vals = jnp.broadcast_to(values, lead + (k,)).reshape(rows, k)
+    rows = jnp.arange(rows)[:, None]
+    ref = flat.at[rows, flat_ids]
+    out = {"add": ref.add, "max": ref.max, "set": ref.set}[op](flat_vals, mode="drop")
+    return out.reshape(target.shape)
 
 
 def chunks(x: Array, size: int, fill: float = NEG_INF) -> Array:

@@ -84,6 +84,12 @@ def _take(values: Array, index: Array) -> Array:
     return jnp.take_along_axis(values, index[..., None], axis=-1)[..., 0]
 
 
+def kth_candidate(vals: Array, k: Array) -> Array:
+    """``float32[...]``: the ``k``-th (1-based) of candidate values ``vals [..., K]``; ``-inf`` if ``k > K``."""
+    n = vals.shape[-1]
+    return jnp.where(k <= n, _take(vals, jnp.minimum(k, n) - 1), -jnp.inf)
+
+
 def _bisect(u: Array, predicate: Callable[[Array], Array]) -> Array:
     """Largest ``uint32`` ``T`` with ``predicate(T)`` (``predicate`` monotone decreasing, ``[...]`` in and out)."""
 
@@ -125,8 +131,7 @@ def candidate_cutoff(
         t = jnp.where(found, _take(vals, jnp.argmax(ok, axis=-1)), -jnp.inf)
         covered &= found | complete
     if min_count is not None:
-        t_count = jnp.where(min_count <= k, _take(vals, jnp.minimum(min_count, k) - 1), -jnp.inf)
-        t = jnp.minimum(t, t_count)
+        t = jnp.minimum(t, kth_candidate(vals, min_count))
         covered &= (min_count <= k) | complete
     return t, covered
 

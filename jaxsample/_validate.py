@@ -240,3 +240,26 @@ def static_int(value: Any, name: str, *, lo: int | None = None) -> int:
     if lo is not None and value < lo:
         raise ValueError(f"{name} must be >= {lo}, got {value}")
     return value
+
+
+def static_sequences(sequences, name: str, unique: bool = True) -> tuple[tuple[int, ...], ...]:
+    """Validates a static collection of token-id sequences into a tuple of int tuples.
+
+    Repeated sequences raise when ``unique`` (their biases would be ambiguous), else are merged.
+    """
+    try:
+        seqs = tuple(tuple(int(t) for t in s) for s in sequences)
+    except TypeError as err:
+        raise ValueError(
+            f"{name} must be a static collection of token-id sequences (under jax.jit, pass it as a "
+            f"static argument or close over it), got {sequences!r}"
+        ) from err
+    for s in seqs:
+        if not s or min(s) < 0:
+            raise ValueError(f"{name} must hold non-empty sequences of non-negative token ids, got {s!r}")
+    if not unique:
+        return tuple(dict.fromkeys(seqs))
+    if len(set(seqs)) != len(seqs):
+        dupes = sorted({s for s in seqs if seqs.count(s) > 1})
+        raise ValueError(f"{name} holds repeated sequences: {dupes}")
+    return seqs

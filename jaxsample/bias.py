@@ -9,20 +9,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxsample import _math, _validate
-from jaxsample._types import NEG_INF, Array, ArrayLike
-from jaxsample.processors import _as_ids, _check_broadcast, _mask, _valid
-
-
-def _scatter_add(ids: Array, values: Array, vocab_size: int) -> Array:
-    """Dense ``float32[..., V]`` holding ``sum(values[..., j] for ids[..., j] == v)`` at ``v``."""
-    batch, n = ids.shape[:-1], ids.shape[-1]
-    if n == 0:
-        return jnp.zeros(batch + (vocab_size,), jnp.float32)
-    flat_ids = jnp.where(_valid(ids, vocab_size), ids, vocab_size).reshape(-1, n)
-    rows = jnp.arange(flat_ids.shape[0])[:, None]
-    dense = jnp.zeros((flat_ids.shape[0], vocab_size), jnp.float32)
-    dense = dense.at[rows, flat_ids].add(values.reshape(-1, n), mode="drop")
-    return dense.reshape(batch + (vocab_size,))
+from jaxsample._types import Array, ArrayLike
+from jaxsample.processors import _as_ids, _check_broadcast, _mask
 
 
 def logit_bias(
@@ -81,9 +69,10 @@ def logit_bias(
         v = jnp.asarray(values, jnp.float32)
         _check_broadcast(v.shape, idx.shape, "values", "ids")
         v = jnp.broadcast_to(v, idx.shape)
-        total = total + _scatter_add(idx, v if c is None else jnp.clip(v, -c, c), vocab)
+        dense = jnp.zeros(idx.shape[:-1] + (vocab,), jnp.float32)
+        total = total + _math.scatter(dense, idx, v if c is None else jnp.clip(v, -c, c))
     out = x + total
-    return _math.restore(jnp.where(jnp.isnan(out), NEG_INF, out), dtype)
+    return _math.restore(_math.clean(out), dtype)
 
 
 def allowed_tokens(logits: ArrayLike, ids: ArrayLike | None = None, *, mask: ArrayLike | None = None) -> Array:

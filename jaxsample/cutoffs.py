@@ -67,8 +67,7 @@ def eta_cutoff(logits: ArrayLike, epsilon: ArrayLike, min_keep: ArrayLike = 1) -
 
     def apply():
         logp = _math.log_softmax(x)
-        probs = jnp.exp(logp)
-        entropy = -jnp.sum(jnp.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
+        probs, entropy = _math.entropy(logp)
         eta = jnp.minimum(eps, jnp.sqrt(eps) * jnp.exp(-entropy))
         return _math.keep(x, (probs >= eta) | _keep_top(x, min_count))
 

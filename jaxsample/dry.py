@@ -36,7 +36,7 @@ from jax import lax
 
 from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
-from jaxsample.penalties import _NEVER, _compact, _scatter
+from jaxsample.penalties import _NEVER, _compact
 
 _FLOAT_MAX_LOG = 88.7228391  # llama.cpp's ln(FLT_MAX)
 _CHUNK = 8
@@ -76,20 +76,6 @@ class _Breakers:
 @functools.lru_cache(maxsize=32)
 def _tables(breakers: tuple[tuple[int, ...], ...], vocab_size: int) -> _Breakers:
     return _Breakers(breakers, vocab_size)
-
-
-def _normalise(breakers) -> tuple[tuple[int, ...], ...]:
-    try:
-        seqs = tuple(dict.fromkeys(tuple(int(t) for t in s) for s in breakers))
-    except TypeError as err:
-        raise ValueError(
-            f"sequence_breakers must be a static tuple of token-id tuples (under jax.jit, pass it as a "
-            f"static argument or close over it), got {breakers!r}"
-        ) from err
-    for s in seqs:
-        if not s or min(s) < 0:
-            raise ValueError(f"sequence_breakers must hold non-empty tuples of token ids >= 0, got {s!r}")
-    return seqs
 
 
 def _restart_limit(r: Array, n: Array, tables: _Breakers) -> Array:
@@ -176,7 +162,7 @@ def _penalty(history, vocab_size, mult, base, allowed, last_n, tables: _Breakers
     exponent = jnp.minimum((length - allowed[..., None]).astype(jnp.float32), max_exp[..., None])
     growth = jnp.power(base[..., None], exponent)
     zeros = jnp.zeros(history.shape[:-1] + (vocab_size,), jnp.float32)
-    factor = _scatter(zeros, jnp.where(ok, follower, vocab_size), growth, "max")
+    factor = _math.scatter(zeros, jnp.where(ok, follower, vocab_size), growth, "max")
     return jnp.where(jnp.asarray(tables.single) | (factor == 0), 0.0, mult[..., None] * factor)
 
 
@@ -223,7 +209,7 @@ def dry(
     b = _validate.param(base, batch, "base")
     allowed = jnp.maximum(_validate.param(allowed_length, batch, "allowed_length", dtype=jnp.int32, lo=0), 0)
     last_n = _validate.param(penalty_last_n, batch, "penalty_last_n", dtype=jnp.int32, lo=-1)
-    tables = _tables(_normalise(sequence_breakers), vocab)
+    tables = _tables(_validate.static_sequences(sequence_breakers, "sequence_breakers", unique=False), vocab)
     if history.shape[-1] == 0:
         return _math.restore(x, dtype)
     on = (mult != 0) & (b >= 1) & (last_n != 0)
@@ -231,9 +217,9 @@ def dry(
     def apply():
         pen = _penalty(history, vocab, mult, jnp.where(on, b, 2.0), allowed, last_n, tables)
         out = x - pen
-        return jnp.where(on[..., None], jnp.where(jnp.isnan(out), -jnp.inf, out), x)
+        return jnp.where(on[..., None], _math.clean(out), x)
 
-    return _math.restore(lax.cond(jnp.any(on), apply, lambda: x), dtype)
+    return _math.restore(_math.if_any(on, apply, lambda: x), dtype)
 
 
 # ------------------------------------------------------------------------ breakers from strings

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxsample import _math, _validate
-from jaxsample._types import NEG_INF, Array, ArrayLike
+from jaxsample._types import Array, ArrayLike
 from jaxsample.processors import _check_broadcast
 
 
@@ -25,7 +25,7 @@ def _combine(cond: Array, uncond: Array, s: Array) -> Array:
     limit = jnp.where(w == 0, 0.0, w * uncond) + jnp.where(s == 0, 0.0, s * cond)
     out = jnp.where(jnp.isfinite(cond) & jnp.isfinite(uncond), finite, limit)
     out = jnp.where(s == 1, cond, out)
-    return jnp.where(jnp.isnan(out), NEG_INF, out)
+    return _math.clean(out)
 
 
 def _inputs(cond: ArrayLike, uncond: ArrayLike | None, scale: ArrayLike):

@@ -39,9 +39,12 @@ def _update_mu(mu: Array, tau: Array, eta: Array, logp: Array, valid: Array) -> 
     return jnp.where(valid, mu - eta * (-logp / _LN2 - tau), mu)
 
 
-def _zipf_k(x: Array, mu: Array, m: int, n_vocab: int) -> Array:
-    """``int32[...]`` mirostat v1's ``k`` from the Zipf exponent of the ``m`` most probable tokens."""
-    vals, _ = _candidates.top(x, m)
+def _zipf_k(x: Array, mu: Array, m: int, n_vocab: int, top: tuple[Array, Array] | None = None) -> Array:
+    """``int32[...]`` mirostat v1's ``k`` from the Zipf exponent of the ``m`` most probable tokens.
+
+    ``top``: ``_candidates.top(x, K)`` for some ``K >= m`` if the caller already has it.
+    """
+    vals = (_candidates.top(x, m) if top is None else top)[0][..., : min(m, x.shape[-1])]
     m = vals.shape[-1]  # clipped to V
     n_finite = jnp.sum(x > -jnp.inf, axis=-1)
     i = jnp.arange(m - 1)
@@ -109,8 +112,9 @@ def mirostat(
     n_vocab = vocab if n_vocab is None else _validate.static_int(n_vocab, "n_vocab (mirostat)", lo=1)
     pool = min(max(m, candidates), vocab)
 
-    k = _zipf_k(x, mu, m, n_vocab)
-    masked = _math.keep(x, _threshold.first_k(x, k, pool))
+    top = _candidates.top(x, pool)
+    k = _zipf_k(x, mu, m, n_vocab, top)
+    masked = _math.keep(x, _threshold.first_k(x, k, pool, top))
     token = selection.categorical(key, masked, candidates=pool)
     new_mu = _update_mu(mu, tau, eta, _token_logprob(masked, token), _math.has_finite(x))
     return token, new_mu

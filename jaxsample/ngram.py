@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxsample import _math, _validate
 from jaxsample._types import NEG_INF, Array, ArrayLike
-from jaxsample.penalties import _NEVER, _compact, _scatter
+from jaxsample.penalties import _NEVER, _compact
 
 
 def _shift(c: Array, j: int) -> Array:
@@ -35,7 +35,7 @@ def _shift(c: Array, j: int) -> Array:
 def _ban(x: Array, ids: Array, hit: Array) -> Array:
     """``x`` with ``-inf`` at ``ids [..., K]`` wherever ``hit [..., K]``."""
     vocab = x.shape[-1]
-    mask = _scatter(jnp.zeros(x.shape, bool), jnp.where(hit, ids, vocab), hit, "max")
+    mask = _math.scatter(jnp.zeros(x.shape, bool), jnp.where(hit, ids, vocab), hit, "max")
     return jnp.where(mask, NEG_INF, x)
 
 
@@ -126,34 +126,11 @@ class _Sequences:
 
 @functools.lru_cache(maxsize=64)
 def _pack(sequences, vocab_size: int, name: str) -> _Sequences:
-    seqs = _normalise(sequences, name)
+    seqs = _validate.static_sequences(sequences, name)
     bad = sorted({t for s in seqs for t in s if t >= vocab_size})
     if bad:
         raise ValueError(f"{name} holds token ids outside the vocabulary (V={vocab_size}): {bad[:10]}")
     return _Sequences(seqs)
-
-
-def _normalise(sequences, name: str, unique: bool = True) -> tuple[tuple[int, ...], ...]:
-    """Validates a static collection of token-id sequences into a tuple of int tuples.
-
-    Repeated sequences raise when ``unique`` (their biases would be ambiguous), else are merged.
-    """
-    try:
-        seqs = tuple(tuple(int(t) for t in s) for s in sequences)
-    except TypeError as err:
-        raise ValueError(
-            f"{name} must be a static collection of token-id sequences (under jax.jit, pass it as a "
-            f"static argument or close over it), got {sequences!r}"
-        ) from err
-    for s in seqs:
-        if not s or min(s) < 0:
-            raise ValueError(f"{name} must hold non-empty sequences of non-negative token ids, got {s!r}")
-    if not unique:
-        return tuple(dict.fromkeys(seqs))
-    if len(set(seqs)) != len(seqs):
-        dupes = sorted({s for s in seqs if seqs.count(s) > 1})
-        raise ValueError(f"{name} holds repeated sequences: {dupes}")
-    return seqs
 
 
 def _completes(history: Array, packed: _Sequences, vocab_size: int, skip_longer: bool) -> Array:
@@ -209,7 +186,8 @@ def bad_words(
     vocab = x.shape[-1]
     history = _validate.check_tokens(history, "history", x.shape[:-1])
     eos = {int(e) for e in eos_ids}
-    seqs = tuple(s for s in _normalise(sequences, "sequences", unique=False) if not (len(s) == 1 and s[0] in eos))
+    seqs = _validate.static_sequences(sequences, "sequences", unique=False)
+    seqs = tuple(s for s in seqs if not (len(s) == 1 and s[0] in eos))
     if not seqs:
         return _math.restore(x, dtype)
     packed = _pack(seqs, vocab, "sequences")
@@ -252,12 +230,12 @@ def sequence_bias(
     x, dtype = _math.prepare(logits)
     batch, vocab = x.shape[:-1], x.shape[-1]
     history = _validate.check_tokens(history, "history", batch)
-    packed = _pack(_normalise(sequences, "sequences"), vocab, "sequences")
+    packed = _pack(_validate.static_sequences(sequences, "sequences"), vocab, "sequences")
     b = _row_biases(biases, batch, packed.count)
     hit = _completes(history, packed, vocab, skip_longer_than_context)
-    total = _scatter(jnp.zeros(x.shape, jnp.float32), jnp.asarray(packed.last), jnp.where(hit, b, 0.0))
+    total = _math.scatter(jnp.zeros(x.shape, jnp.float32), jnp.asarray(packed.last), jnp.where(hit, b, 0.0))
     out = x + total
-    return _math.restore(jnp.where(jnp.isnan(out), NEG_INF, out), dtype)
+    return _math.restore(_math.clean(out), dtype)
 
 
 def _row_biases(biases: ArrayLike, batch: tuple[int, ...], count: int) -> Array:

@@ -13,13 +13,11 @@ window entry with every other (``O(T^2)``) and scattering penalised values back,
 tiny windows and still needs a scatter, so it is not used. Batches whose rows all have neutral
 values (``repeat = 1``, ``frequency = presence = 0``, or ``last_n = 0``) skip both passes.
 
-The private helpers below (:func:`_compact`, :func:`_scatter`, ``_NEVER``) are shared by
+The private helpers below (:func:`_compact`, ``_NEVER``) are shared by
 :mod:`jaxsample.ngram` and :mod:`jaxsample.dry`.
 """
 
 from __future__ import annotations
-
-import math
 
 import jax.numpy as jnp
 
@@ -32,11 +30,6 @@ _NEVER = -(2**31)
 
 
 # --------------------------------------------------------------------------- history helpers
-def _tokens(history: Array, vocab_size: int) -> Array:
-    """``bool[..., T]``: which history entries are tokens (``0 <= id < V``)."""
-    return (history >= 0) & (history < vocab_size)
-
-
 def _in_window(history: Array, vocab_size: int, last_n: Array) -> Array:
     """``bool[..., T]``: tokens among the last ``last_n`` tokens (``last_n < 0``: all).
 
@@ -45,32 +38,11 @@ def _in_window(history: Array, vocab_size: int, last_n: Array) -> Array:
       vocab_size: ``V``.
       last_n: ``int32[...]`` window size per row.
     """
-    valid = _tokens(history, vocab_size)
+    valid = _math.valid_ids(history, vocab_size)
     # Number of tokens at or after each position (1 for the most recent token).
     from_end = jnp.flip(jnp.cumsum(jnp.flip(valid, -1), axis=-1), -1)
     n = last_n[..., None]
     return valid & ((n < 0) | (from_end <= n))
-
-
-def _scatter(target: Array, ids: Array, values: Array, op: str = "add") -> Array:
-    """Scatters ``values [..., K]`` into ``target [..., N]`` at ``ids [..., K]`` per row.
-
-    Ids outside ``[0, N)`` are dropped (callers map unwanted entries to ``N``).
-    ``op`` is ``"add"``, ``"max"`` or ``"set"`` (``"set"`` needs distinct ids per row).
-    """
-    n, k = target.shape[-1], ids.shape[-1]
-    if n == 0 or k == 0:
-        return target
-    ids = jnp.where((ids >= 0) & (ids < n), ids, n)
-    lead = target.shape[:-1]
-    rows = math.prod(lead)
-    flat = target.reshape(rows, n)
-    flat_ids = jnp.broadcast_to(ids, lead + (k,)).reshape(rows, k)
-    flat_vals = jnp.broadcast_to(values, lead + (k,)).reshape(rows, k)
-    rows = jnp.arange(rows)[:, None]
-    ref = flat.at[rows, flat_ids]
-    out = {"add": ref.add, "max": ref.max, "set": ref.set}[op](flat_vals, mode="drop")
-    return out.reshape(target.shape)
 
 
 def _compact(history: Array, vocab_size: int) -> tuple[Array, Array]:
@@ -86,11 +58,11 @@ def _compact(history: Array, vocab_size: int) -> tuple[Array, Array]:
       other and from every token, so position-wise comparisons never match padding.
     """
     t = history.shape[-1]
-    valid = _tokens(history, vocab_size)
+    valid = _math.valid_ids(history, vocab_size)
     m = jnp.sum(valid, axis=-1, dtype=jnp.int32)
     dest = jnp.where(valid, t - m[..., None] + jnp.cumsum(valid, axis=-1, dtype=jnp.int32) - 1, t)
     sentinels = jnp.broadcast_to(-(1 + jnp.arange(t, dtype=jnp.int32)), history.shape)
-    return _scatter(sentinels, dest, history, "set"), m
+    return _math.scatter(sentinels, dest, history, "set"), m
 
 
 # ----------------------------------------------------------------------------------- penalties
@@ -98,7 +70,7 @@ def _counts(history: Array, vocab_size: int, last_n: Array) -> Array:
     """``int32[..., V]`` occurrences of each token among the last ``last_n`` tokens."""
     window = _in_window(history, vocab_size, last_n)
     zeros = jnp.zeros(history.shape[:-1] + (vocab_size,), jnp.int32)
-    return _scatter(zeros, jnp.where(window, history, vocab_size), window.astype(jnp.int32))
+    return _math.scatter(zeros, jnp.where(window, history, vocab_size), window.astype(jnp.int32))
 
 
 def _penalise(x: Array, counts: Array, repeat: Array, frequency: Array, presence: Array) -> Array:

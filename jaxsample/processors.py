@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsample import _candidates, _math, _validate
+from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
 
 
@@ -47,16 +47,9 @@ def _check_broadcast(shape: tuple[int, ...], target: tuple[int, ...], name: str,
         )
 
 
-def _valid(ids: Array, vocab_size: int) -> Array:
-    """``bool[..., n]``: entries that are real token ids (not padding, not out of range)."""
-    return (ids >= 0) & (ids < vocab_size)
-
-
 def _mask(ids: Array, vocab_size: int) -> Array:
     """``bool[..., V]`` from already validated ids ``int32[..., n]``."""
-    if ids.shape[-1] == 0:
-        return jnp.zeros(ids.shape[:-1] + (vocab_size,), bool)
-    return _candidates.scatter_mask(jnp.clip(ids, 0, vocab_size - 1), _valid(ids, vocab_size), vocab_size)
+    return _math.scatter(jnp.zeros(ids.shape[:-1] + (vocab_size,), bool), ids, _math.valid_ids(ids, vocab_size), "max")
 
 
 def token_mask(ids: ArrayLike, vocab_size: int, batch_shape: tuple[int, ...] = ()) -> Array:

@@ -76,8 +76,7 @@ def dynamic_temperature(
     def dynamic():
         n = jnp.sum(x > -jnp.inf, axis=-1, keepdims=True, dtype=jnp.float32)
         logp = _math.log_softmax(x)
-        p = jnp.exp(logp)
-        entropy = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1, keepdims=True)
+        _, entropy = _math.entropy(logp)
         h = entropy / jnp.log(jnp.maximum(n, 2.0))
         lo_t = jnp.maximum(0.0, t - d)
         dyn_t = lo_t + (t + d - lo_t) * jnp.power(h, e)

@@ -214,8 +214,7 @@ def typical(logits: ArrayLike, p: ArrayLike, min_keep: ArrayLike = 1, *, candida
 
     def apply():
         logp = _math.log_softmax(x)
-        probs = jnp.exp(logp)
-        entropy = -jnp.sum(jnp.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
+        probs, entropy = _math.entropy(logp)
         keys = -jnp.abs(logp + entropy)
         t = _threshold.cutoff(
             keys,

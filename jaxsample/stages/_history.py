@@ -7,7 +7,6 @@ import jax.numpy as jnp
 from jaxsample import _validate
 from jaxsample import ngram as _ngram
 from jaxsample.chain import Param, Stage, StepInfo, cached
-from jaxsample.dry import _normalise as _dry_breakers
 from jaxsample.dry import dry as _dry_fn
 from jaxsample.penalties import encoder_repetition_penalty as _encoder_repetition_penalty_fn
 from jaxsample.penalties import penalties as _penalties_fn
@@ -157,7 +156,7 @@ def bad_words(sequences, *, scope: str = "vllm", eos_ids=(), name: str = "bad_wo
     sequences equal to an ``eos_ids`` entry are dropped)."""
     if scope not in ("vllm", "hf"):
         raise ValueError(f"scope must be 'vllm' or 'hf', got {scope!r}")
-    seqs = _ngram._normalise(sequences, "sequences", unique=False)
+    seqs = _validate.static_sequences(sequences, "sequences", unique=False)
     longest = max((len(q) for q in seqs), default=1)
     w = longest if scope == "hf" else longest - 1
 
@@ -177,7 +176,7 @@ def sequence_bias(sequences, biases, *, name: str = "sequence_bias") -> Stage:
     Each sequence ``i`` reads its bias from the per-row param ``f"{name}_{i}"`` (default
     ``biases[i]``), so biases change per row and per call without recompiling.
     """
-    seqs = _ngram._normalise(sequences, "sequences")
+    seqs = _validate.static_sequences(sequences, "sequences")
     biases = tuple(float(b) for b in biases)
     if len(biases) != len(seqs):
         raise ValueError(f"biases needs one value per sequence ({len(seqs)}), got {len(biases)}")
@@ -210,7 +209,7 @@ def dry(
     ``-1`` = ``W``, ``0`` = off; default ``-1``).
     """
     w = _validate.static_int(last_n, "last_n", lo=-1)
-    breakers = _dry_breakers(sequence_breakers)
+    breakers = _validate.static_sequences(sequence_breakers, "sequence_breakers", unique=False)
     params = (
         Param("dry_multiplier", multiplier),
         Param("dry_base", base),
