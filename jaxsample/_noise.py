@@ -17,7 +17,7 @@ import numpy as np
 from jaxsample._types import Array, KeyLike
 
 
-def _is_typed(key) -> bool:
+def is_typed(key) -> bool:
     return jnp.issubdtype(jnp.result_type(key), jax.dtypes.prng_key)
 
 
@@ -33,7 +33,7 @@ def row_keys(key: KeyLike, batch_shape: tuple[int, ...]) -> Array:
     Returns:
       Typed keys of shape ``batch_shape``.
     """
-    if not _is_typed(key):
+    if not is_typed(key):
         key = jnp.asarray(key)
         if key.dtype != jnp.uint32 or key.ndim == 0 or key.shape[-1] != 2:
             raise ValueError(

@@ -441,23 +441,29 @@ def test_budget_table_is_float64():
     assert int(np.float32(1250) * np.float32(0.188)) == 234
 
 
-def test_uniform_below_rejection_is_exact():
-    # With bound = 2**31 + 1, Lemire's method rejects about half of the words: exercise the loop and
-    # compare with a direct implementation (first accepted word of streams _SLOTS, _SLOTS + 1, ...).
+def test_exact_slots_rejection_is_exact():
+    # With bound = 2**27 + 1, Lemire's method rejects about half of the first (28-bit) draws and of the
+    # (32-bit) redraws: exercise the loop and compare with a direct implementation.
     k1, k2 = sm._key_words(jax.random.key(0), (64,))
-    bound = jnp.full((5, 64), 2**31 + 1, jnp.uint32).at[4].set(1)
-    got = np.asarray(jax.jit(lambda *a: sm._uniform_below(*a, small=False))(k1, k2, bound, jnp.int32(5)))
-    words_of = jax.jit(lambda stream: sm._words(k1, k2, stream, 5))
-    words = [np.asarray(words_of(jnp.uint32(sm._SLOTS + a))).astype(object) for a in range(40)]
-    for q in range(5):
-        b = int(bound[q, 0])
+    b = 2**27 + 1
+    bound = jnp.full((5, 64), b, jnp.uint32).at[4].set(1)
+    words = jax.random.bits(jax.random.key(1), (5, 64), jnp.uint32) & jnp.uint32(0xFFFFFFF0)
+    got = np.asarray(jax.jit(lambda *a: sm._exact_slots(*a, small=False))(k1, k2, words, bound))
+    redraw = jax.jit(lambda stream: sm._blocks(k1, k2, stream, 5)[0])
+    redraws = [np.asarray(redraw(jnp.uint32(sm._SLOTS + a))).astype(object) for a in range(40)]
+    first = np.asarray(words).astype(object) >> 4
+    for q in range(4):
         for row in range(64):
+            product = first[q, row] * b
+            if product % 2**28 >= 2**28 % b:
+                assert got[q, row] == product >> 28
+                continue
             for attempt in range(40):
-                product = words[attempt][q, row] * b
+                product = redraws[attempt][q, row] * b
                 if product % 2**32 >= 2**32 % b:
                     assert got[q, row] == product >> 32
                     break
-    assert (got[:4] >= 2**30).mean() > 0.3 and (got[4] == 0).all()
+    assert (got[:4] >= 2**26).mean() > 0.3 and (got[4] == 0).all()
 
 
 def test_exact_statistics_match_the_research_tables():

@@ -49,9 +49,11 @@ from wakong._distribution import MAX_SPAN_LEN, PROPOSED_MASK_RATE, span_length_c
 
 _U32 = jnp.uint32
 # Random streams: threefry(row key, (stream, i // 2)) gives words 2i and 2i + 1 of a stream.
-_MISC, _PREFIX, _TAIL, _SLOTS = 0, 1, 2, 3  # slot redraw number a uses stream _SLOTS + a
+_MISC, _ENTRIES, _TAIL, _SLOTS = 0, 1, 2, 3  # slot redraw number a uses stream _SLOTS + a
 _TAIL_DRAWS = MAX_SPAN_LEN - 1  # once fewer than 10 budget units remain, at most 9 draws follow
 _NOWHERE = 1 << 24  # start of an entry that is not a span: beyond every word
+_CHUNK = 4  # loop steps fused into one pass
+_TILE = 512  # rows per tile
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
@@ -122,23 +124,18 @@ def _threefry2x32(k1: Array, k2: Array, x0: Array, x1: Array) -> tuple[Array, Ar
     return x0, x1
 
 
-def _words(k1: Array, k2: Array, stream, n: int, used=None) -> Array:
-    """``uint32[n, B]``: words ``0..n-1`` of ``stream`` (word ``i`` never depends on ``n``).
+def _blocks(k1: Array, k2: Array, stream: int, n: int) -> tuple[Array, Array]:
+    """``(lo, hi)``, each ``uint32[n, B]``: the two words of threefry blocks ``0..n-1`` of ``stream``."""
+    i = jnp.arange(n, dtype=_U32)[:, None]
+    return _threefry2x32(k1, k2, jnp.full_like(i, stream), i)
 
-    Generated block by block in a loop, so the words are computed once and stored (XLA:CPU would
-    otherwise fuse threefry into every consumer and recompute it there). With ``used`` (a traced
-    count), only the first ``used`` words are generated; the others are zero.
-    """
-    blocks = (n + 1) // 2
-    stream = jnp.asarray(stream, _U32)
 
-    def block(i, out):
-        lo, hi = _threefry2x32(k1, k2, stream, i.astype(_U32))
-        return lax.dynamic_update_slice_in_dim(out, jnp.stack([lo, hi]), 2 * i, axis=0)
-
-    stop = blocks if used is None else (used + 1) // 2
-    out = lax.fori_loop(0, stop, block, jnp.zeros((2 * blocks, k1.shape[0]), _U32))
-    return out[:n]
+def _materialised(one: Array, fn, *args):
+    """``fn(*args)``, in a branch XLA cannot remove (``one`` is a traced 1), so that its outputs are
+    stored: XLA:CPU would otherwise fuse cheap elementwise producers (threefry, the budget chain)
+    into every consumer and recompute them there, once per element of a larger array."""
+    zeros = lambda *a: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *a))
+    return lax.cond(one == 1, fn, zeros, *args)
 
 
 def _mul_wide(u: Array, r: Array, small: bool) -> tuple[Array, Array]:
@@ -154,67 +151,100 @@ def _mul_wide(u: Array, r: Array, small: bool) -> tuple[Array, Array]:
     return hi, u * r
 
 
-def _span_lengths(k1: Array, k2: Array, budget: Array, capacity: int) -> tuple[Array, ...]:
-    """Span lengths in draw order.
+def _draw_lengths(u: Array, cap: int) -> Array:
+    """``int32[...]``: span lengths for words ``u``, from the reference's table truncated at ``cap`` (1..10)."""
+    return sum((u >= _U32(t)).astype(jnp.int32) for t in _length_thresholds()[cap - 1, :cap])
+
+
+def _row_words(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int) -> Array:
+    """``uint32[capacity + 1 + 9, B]``: every random draw of a row that needs a threefry block.
+
+    Row ``q < capacity``: entry ``q``'s full-table length (low 4 bits, from the low word of block ``q``
+    of stream ``_ENTRIES``) and its 28-bit slot word (the top 28 bits of the high word). Row
+    ``capacity``: the budget, with the shift in the top bit. Then the 9 tail words. One output element
+    per block, so XLA evaluates each block once; entry ``q``'s draws never depend on ``capacity``.
+    """
+    lo, hi = _blocks(k1, k2, _ENTRIES, capacity)
+    entries = (hi & _U32(0xFFFFFFF0)) | _draw_lengths(lo, MAX_SPAN_LEN).astype(_U32)
+    fraction, shift = _blocks(k1, k2, _MISC, 1)
+    whole, thr = _budget_table(max_len)
+    budget = jnp.asarray(whole)[lengths] + (fraction[0] < jnp.asarray(thr)[lengths])
+    misc = budget.astype(_U32) | (shift[0] & _U32(1 << 31))
+    return jnp.concatenate([entries, misc[None], _blocks(k1, k2, _TAIL, _TAIL_DRAWS)[0]])
+
+
+def _iid_chain(budget: Array, full: Array) -> Array:
+    """``int32[B]``: ``n_iid | (left + 1) << 16`` after the reference's i.i.d. draws (while at least 10
+    budget units remain, entry ``q`` takes ``full[q]``). ``left >= 10`` means ``capacity`` was too small."""
+    left, n_iid = budget, jnp.zeros_like(budget)
+    for length in full:
+        iid = left >= MAX_SPAN_LEN
+        left, n_iid = jnp.where(iid, left - length - 1, left), n_iid + iid
+    return n_iid | (jnp.minimum(left, MAX_SPAN_LEN) + 1) << 16
+
+
+# Tail draw k leaves at most 9 - k units, so its length fits in _TAIL_BITS[k] bits; with the number of
+# draws (4 bits) and the final budget (1 bit) the whole tail packs into one int32 per row.
+_TAIL_BITS = tuple(int(9 - k).bit_length() for k in range(_TAIL_DRAWS))
+_TAIL_SHIFTS = tuple(int(x) for x in np.cumsum((5,) + _TAIL_BITS[:-1]))
+
+
+def _tail_draws(words: Array, left: Array) -> Array:
+    """The at most 9 draws once fewer than 10 budget units remain, each truncated at what is left.
+
+    Args:
+      words: ``uint32[9, B]`` tail words; ``left``: ``int32[B]`` budget left after the i.i.d. draws (0..9).
 
     Returns:
-      ``(lengths int32[capacity, B], count int32[B], left int32[B], fits bool[B])``: entries ``>= count``
-      are not spans (their lengths are garbage); ``left`` is the final budget (0 or -1), so the lengths
-      sum to ``budget - left - count``; ``fits`` is False when ``capacity`` was too small for the row.
+      ``int32[B]``: ``n_tail | (left_final + 1) << 4 | length_k << _TAIL_SHIFTS[k]`` (one element per
+      row, so that XLA runs the chain once): ``n_tail`` draws were made, ``left_final`` is 0 or -1.
     """
-    table = _length_thresholds()
-    u = _words(k1, k2, _PREFIX, capacity)
-    full = sum((u >= _U32(t)).astype(jnp.int32) for t in table[-1])  # draws with the full table
-
-    def iid_step(carry, length):  # the reference's loop while at least 10 budget units remain
-        left, n_iid = carry
-        iid = left >= MAX_SPAN_LEN
-        return (jnp.where(iid, left - length - 1, left), n_iid + iid), None
-
-    (left, n_iid), _ = lax.scan(iid_step, (budget, jnp.zeros_like(budget)), full)
-
-    truncated = jnp.asarray(table[:_TAIL_DRAWS, :_TAIL_DRAWS].T)  # [t, cap - 1] for caps 1..9
-    t = jnp.arange(_TAIL_DRAWS)[:, None]
-    tail_words = _words(k1, k2, _TAIL, _TAIL_DRAWS)
-
-    def tail_step(state):  # at most 9 draws, each from the table truncated at what is left
-        i, left, n_tail, lengths = state
-        u = lax.dynamic_index_in_dim(tail_words, i, keepdims=False)
-        thr = truncated[:, jnp.clip(left - 1, 0, _TAIL_DRAWS - 1)]  # [t, B]: this row's cap
-        length = jnp.sum((u >= thr) & (t < left), axis=0, dtype=jnp.int32)
+    packed = jnp.zeros_like(left)
+    for k, u in enumerate(words):
+        length = _draw_lengths(u, 1)
+        for cap in range(2, _TAIL_DRAWS - k + 1):  # draw k has at most 9 - k units left
+            length = jnp.where(left == cap, _draw_lengths(u, cap), length)
         active = left > 0
-        lengths = jnp.where(active & (entry == n_iid + n_tail), length, lengths)  # draw goes after the others
-        return i + 1, left - jnp.where(active, length + 1, 0), n_tail + active, lengths
-
-    fits = left < MAX_SPAN_LEN
-    entry = jnp.arange(capacity)[:, None]
-    init = (jnp.int32(0), jnp.where(fits, left, 0), jnp.zeros_like(left), full)
-    _, left, n_tail, lengths = lax.while_loop(lambda s: jnp.any(s[1] > 0), tail_step, init)
-    count = n_iid + n_tail
-    return lengths, count, left, fits & (count <= capacity)
+        packed = packed + active + (jnp.where(active, length, 0) << _TAIL_SHIFTS[k])
+        left = left - jnp.where(active, length + 1, 0)
+    return packed | (left + 1) << 4
 
 
-def _uniform_below(k1: Array, k2: Array, bound: Array, used: Array, small: bool) -> Array:
-    """``int32[n, B]``: independent uniform integers in ``[0, bound)`` (``bound >= 1``), exactly.
-
-    Lemire's method: ``hi, lo = u * bound``; ``hi`` is uniform unless ``lo < 2**32 mod bound``. That test
-    needs a division, so it only runs (in a rarely entered loop) when ``lo < bound``; rejected entries
-    are redrawn from the next stream, so every entry's value depends only on its own words.
-    """
-    n = bound.shape[0]
-    hi, lo = _mul_wide(_words(k1, k2, _SLOTS, n, used), bound, small)
+def _exact_slots(k1: Array, k2: Array, words: Array, bound: Array, small: bool) -> Array:
+    """``floor(u * bound / 2**28)`` for the 28-bit slot words ``u = words >> 4``, with Lemire's rejection
+    step: an entry whose remainder is below ``2**28 mod bound`` is redrawn from the (32-bit) low word of
+    its block of stream ``_SLOTS``, then ``_SLOTS + 1``, ..., so the result is exactly uniform."""
+    hi, lo = _mul_wide(words, bound, small)
+    reject = (lo >> 4) < _U32(1 << 28) % bound
 
     def body(state):
-        hi, lo, suspect, redraw = state
-        reject = suspect & (lo < (_U32(0) - bound) % bound)
-        redraw = redraw + 1
-        hi2, lo2 = _mul_wide(_words(k1, k2, _SLOTS + redraw, n, used), bound, small)
-        hi, lo = jnp.where(reject, hi2, hi), jnp.where(reject, lo2, lo)
-        return hi, lo, reject & (lo2 < bound), redraw
+        hi, reject, stream = state
+        hi2, lo2 = _mul_wide(_blocks(k1, k2, stream, bound.shape[0])[0], bound, small)
+        hi = jnp.where(reject, hi2, hi)
+        return hi, reject & (lo2 < (_U32(0) - bound) % bound), stream + 1
 
-    suspect = (lo < bound) & (bound > 1)  # 2**32 mod 1 == 0: a bound of 1 never rejects
-    hi, *_ = lax.while_loop(lambda s: jnp.any(s[2]), body, (hi, lo, suspect, jnp.uint32(0)))
-    return hi.astype(jnp.int32)
+    return lax.while_loop(lambda s: jnp.any(s[1]), body, (hi, reject, _U32(_SLOTS)))[0]
+
+
+def _loop(steps: Array, step, init):
+    """``init`` after ``step(i, acc)`` for ``i = 0 .. steps - 1`` (``steps`` traced).
+
+    ``_CHUNK`` steps run per loop iteration, fused into one pass over ``acc``; a step with
+    ``i >= steps`` must leave ``acc`` unchanged.
+    """
+
+    def body(state):
+        i, acc = state
+        for r in range(_CHUNK):
+            acc = step(i + r, acc)
+        return i + _CHUNK, acc
+
+    return lax.while_loop(lambda s: s[0] < steps, body, (jnp.int32(0), init))[1]
+
+
+def _row(x: Array, j: Array) -> Array:
+    """Row ``j`` of ``x`` (``[n, B]``), as ``[1, B]``; ``j`` is clamped to ``[0, n)``."""
+    return lax.dynamic_slice_in_dim(x, jnp.clip(j, 0, x.shape[0] - 1), 1, axis=0)
 
 
 def _decode(code: Array, count: Array) -> Array:
@@ -223,91 +253,130 @@ def _decode(code: Array, count: Array) -> Array:
     ``count`` (a scalar) bounds the number of real entries in the batch; entries ``>= count`` have a
     code larger than every slot, so they never shift another entry.
     """
-    q = jnp.arange(code.shape[0], dtype=code.dtype)[:, None]
+    q = jnp.arange(code.shape[0])[:, None]
+    big = jnp.iinfo(code.dtype).max
 
     def step(i, slots):
         j = count - 2 - i
-        pivot = lax.dynamic_index_in_dim(code, j, keepdims=True)
-        return slots + ((slots >= pivot) & (q > j.astype(code.dtype))).astype(code.dtype)
+        pivot = jnp.where(j >= 0, _row(code, j), big)
+        return slots + ((slots >= pivot) & (q > j)).astype(code.dtype)
 
-    return lax.fori_loop(0, count - 1, step, code)
+    return _loop(count - 1, step, code)
 
 
 def _offsets(slot: Array, width: Array, count: Array) -> Array:
     """``sum_{j: slot_j < slot_q} width_j`` for every entry ``q`` (entries ``>= count`` have width 0)."""
 
     def step(j, acc):
-        below = lax.dynamic_index_in_dim(slot, j, keepdims=True) < slot
-        return acc + jnp.where(below, lax.dynamic_index_in_dim(width, j, keepdims=True), 0).astype(acc.dtype)
+        return acc + jnp.where(_row(slot, j) < slot, jnp.where(j < count, _row(width, j), 0), 0)
 
-    return lax.fori_loop(0, count, step, jnp.zeros_like(slot))
+    return _loop(count, step, jnp.zeros_like(slot))
 
 
 def _pack(start: Array, span: Array, count: Array, max_len: int) -> tuple[Array, Array]:
-    """Bit-packed masks from the spans ``[n, B]`` (the first ``count`` entries are real, in any order).
+    """Bit-packed masks from the spans ``[n, T]`` (entries ``>= count`` are not spans; any order).
 
-    Returns ``(masked uint32[ceil(max_len / 32), B], inserted uint32[max_len // 32 + 1, B])``: bit
-    ``i % 32`` of word ``i // 32``. A span covers at most two words (it is shorter than 32), so each
-    contributes a low and a high part, set through a one-hot over the words.
+    Returns ``(masked uint32[ceil(max_len / 32), T], inserted uint32[max_len // 32 + 1, T])``: bit
+    ``i % 32`` of word ``i // 32``. A span is shorter than 32, so it sets a low part in word
+    ``start // 32`` and a high part in the next word; both are computed per entry before the loop,
+    which then only ORs them into the words through a one-hot.
     """
+    word = start >> 5
+    offset = (start & 31).astype(_U32)
+    run = (_U32(1) << span.astype(_U32)) - 1  # span <= 10
+    low = run << offset
+    high = jnp.where(offset == 0, _U32(0), run >> (32 - offset))
+    point = jnp.where(span == 0, _U32(1) << offset, _U32(0))
     masked_words = jnp.arange(-(-max_len // 32))[:, None]
     inserted_words = jnp.arange(max_len // 32 + 1)[:, None]
 
     def step(q, words):
         masked, inserted = words
-        p = lax.dynamic_index_in_dim(start, q, keepdims=True)
-        s = lax.dynamic_index_in_dim(span, q, keepdims=True).astype(_U32)
-        word, offset = p >> 5, (p & 31).astype(_U32)
-        run = (_U32(1) << s) - 1  # s <= 10
-        low = run << offset
-        high = jnp.where(offset == 0, _U32(0), run >> (32 - offset))
-        masked = masked | jnp.where(masked_words == word, low, jnp.where(masked_words == word + 1, high, _U32(0)))
-        point = jnp.where(s == 0, _U32(1) << offset, _U32(0))
-        inserted = inserted | jnp.where(inserted_words == word, point, _U32(0))
+        w = jnp.where(q < count, _row(word, q), _NOWHERE)
+        masked = masked | jnp.where(masked_words == w, _row(low, q), jnp.where(masked_words == w + 1, _row(high, q), 0))
+        inserted = inserted | jnp.where(inserted_words == w, _row(point, q), 0)
         return masked, inserted
 
-    batch = start.shape[1:]
-    init = (jnp.zeros(masked_words.shape[:1] + batch, _U32), jnp.zeros(inserted_words.shape[:1] + batch, _U32))
-    return lax.fori_loop(0, count, step, init)
+    tile = start.shape[1:]
+    init = (jnp.zeros(masked_words.shape[:1] + tile, _U32), jnp.zeros(inserted_words.shape[:1] + tile, _U32))
+    return _loop(count, step, init)
 
 
 def _draw(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int):
-    """Packed masks for one batch: ``(masked uint32[Wm, B], inserted uint32[Wi, B], fits bool[B])``."""
-    whole, thr = _budget_table(max_len)
-    misc = _words(k1, k2, _MISC, 2)
-    budget = jnp.asarray(whole)[lengths] + (misc[0] < jnp.asarray(thr)[lengths])
-    shift = (misc[1] >> 31).astype(jnp.int32)
+    """Packed masks for one tile: ``(masked uint32[Wm, T], inserted uint32[Wi, T], fits bool[T])``."""
+    one = (k1[0] >> 31).astype(jnp.int32) | 1  # a traced 1
+    words = _materialised(one, functools.partial(_row_words, max_len=max_len, capacity=capacity), k1, k2, lengths)
+    budget = (words[capacity] & _U32(0x7FFFFFFF)).astype(jnp.int32)
+    shift = (words[capacity] >> 31).astype(jnp.int32)
+    full = (words[:capacity] & 0xF).astype(jnp.int32)
+    chain = _materialised(one, _iid_chain, budget, full)
+    n_iid, left = chain & 0xFFFF, (chain >> 16) - 1
+    fits = left < MAX_SPAN_LEN
+    tail = _materialised(one, _tail_draws, words[capacity + 1 :], jnp.where(fits, left, 0))
+    count = n_iid + (tail & 15)
+    left = ((tail >> 4) & 1) - 1
 
-    span, count, left, fits = _span_lengths(k1, k2, budget, capacity)
-    most = jnp.minimum(jnp.max(count), capacity)  # loops below stop at the batch's largest count
     q = jnp.arange(capacity)[:, None]
     real = q < count
+    k = q - n_iid  # index among the tail draws
+    span = jnp.where(k < 0, full, 0)
+    for i, (bits, at) in enumerate(zip(_TAIL_BITS, _TAIL_SHIFTS)):
+        span = jnp.where(k == i, (tail >> at) & ((1 << bits) - 1), span)
     span = jnp.where(real, span, 0)
     slots = lengths - budget + left + 1  # P = L - S - n + 1 >= n for every L >= 2
     bound = jnp.where(real, slots - q, 1).astype(_U32)
+    small = max_len < (1 << 16) - 1
+    slot_words = words[:capacity] & _U32(0xFFFFFFF0)
+    hi, lo = _mul_wide(slot_words, bound, small)
+    suspect = (lo >> 4) < bound
+    hi = lax.cond(jnp.any(suspect & real), lambda: _exact_slots(k1, k2, slot_words, bound, small), lambda: hi)
     # Slots and offsets are < max_len + 2: int16 when that fits (twice the SIMD lanes of int32).
     narrow = jnp.int16 if max_len < (1 << 15) - 2 else jnp.int32
-    code = _uniform_below(k1, k2, bound, most, small=max_len < (1 << 16) - 1)
-    code = jnp.where(real, code, jnp.iinfo(narrow).max).astype(narrow)
+    code = jnp.where(real, hi, jnp.iinfo(narrow).max).astype(narrow)
+    most = jnp.minimum(jnp.max(count), capacity)  # loops below stop at the tile's largest count
     slot = _decode(code, most)
     before = _offsets(slot, jnp.where(real, span + 1, 0).astype(narrow), most)
     start = slot.astype(jnp.int32) + before.astype(jnp.int32) + shift
+    masked, inserted = _pack(start, span, most, max_len)
+    return masked, inserted, fits & (count <= capacity)
 
-    masked, inserted = _pack(jnp.where(real, start, _NOWHERE), span, most, max_len)
-    return masked, inserted, fits
 
-
-def _unpack(words: Array, width: int) -> Array:
-    """``uint32[W, B]`` -> ``bool[B, width]`` (bit ``i % 32`` of word ``i // 32``)."""
-    bits = (words.T[:, :, None] >> jnp.arange(32, dtype=_U32)) & 1
-    return bits.reshape(words.shape[1], -1)[:, :width].astype(bool)
+def _unpack(words: Array, rows: int, width: int) -> Array:
+    """``uint32[tiles, tile, W]`` -> ``bool[rows, width]`` (the first ``rows`` rows; bit ``i % 32`` of word ``i // 32``)."""
+    words = words.reshape(words.shape[0] * words.shape[1], words.shape[2])[:rows]
+    return ((words[:, :, None] >> jnp.arange(32, dtype=_U32)) & 1).reshape(rows, -1)[:, :width].astype(bool)
 
 
 def _key_words(key: KeyLike, batch_shape: tuple[int, ...]) -> tuple[Array, Array]:
-    """Two ``uint32[B]`` threefry key words per row (rows flattened), derived from the row keys."""
+    """The threefry key ``(k1, k2)`` of every row, ``uint32[B]`` each (rows flattened).
+
+    A threefry row key is used as is; a single threefry key is folded with the row index exactly as
+    ``jax.random.fold_in`` does (one threefry block), without materialising typed keys. Keys of other
+    PRNG implementations are hashed to two words with ``jax.random.bits``.
+    """
+    if not _noise.is_typed(key):
+        key = jnp.asarray(key)
+        if key.dtype == jnp.uint32 and key.shape in ((2,), tuple(batch_shape) + (2,)):
+            key = jax.random.wrap_key_data(key)
+    if _noise.is_typed(key) and str(jax.random.key_impl(key)) == "threefry2x32":
+        data = jax.random.key_data(key)
+        if key.shape == ():
+            n = math.prod(batch_shape)
+            rows = jnp.arange(n, dtype=_U32)
+            return _threefry2x32(data[0], data[1], jnp.zeros_like(rows), rows)
+        if key.shape == tuple(batch_shape):
+            data = data.reshape(-1, 2)
+            return data[:, 0], data[:, 1]
     keys = _noise.row_keys(key, batch_shape).reshape(-1)
     words = jax.vmap(lambda k: jax.random.bits(k, (2,), _U32))(keys)
     return words[:, 0], words[:, 1]
+
+
+def _tile_size(rows: int) -> int:
+    """Rows per tile: at most ``_TILE``, preferably a divisor of ``rows`` (no padding)."""
+    if rows <= _TILE:
+        return rows
+    return next((t for t in range(_TILE, _TILE // 2, -1) if rows % t == 0), _TILE)
 
 
 def _check_lengths(lengths: ArrayLike, max_len: int) -> Array:
@@ -356,18 +425,33 @@ def span_mask(key: KeyLike, lengths: ArrayLike, max_len: int) -> tuple[Array, Ar
     return _sample(key, lens, max_len, _capacities(max_len)[0])
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3))
 def _sample(key: KeyLike, lengths: Array, max_len: int, capacity: int) -> tuple[Array, Array]:
-    """:func:`span_mask` on checked ``int32`` lengths, with ``capacity`` span entries in the fast branch."""
+    """:func:`span_mask` on checked ``int32`` lengths, with ``capacity`` span entries in the fast branch.
+
+    The batch runs in tiles of at most ``_TILE`` rows (a loop), so that every intermediate stays small
+    and in cache; only the packed words and the outputs are batch-sized.
+    """
     batch_shape = lengths.shape
-    flat = lengths.reshape(-1)
-    if flat.shape[0] == 0:
+    rows = math.prod(batch_shape)
+    if rows == 0:
         return jnp.zeros(batch_shape + (max_len,), bool), jnp.zeros(batch_shape + (max_len + 1,), bool)
     k1, k2 = _key_words(key, batch_shape)
+    tile = _tile_size(rows)
+    tiles = -(-rows // tile)
+    pad = lambda x: jnp.pad(x.reshape(-1), (0, tiles * tile - rows)).reshape(tiles, tile)
     full = _capacities(max_len)[1]
-    masked, inserted, fits = _draw(k1, k2, flat, max_len, min(capacity, full))
-    if capacity < full:
-        masked, inserted = lax.cond(
-            jnp.all(fits), lambda: (masked, inserted), lambda: _draw(k1, k2, flat, max_len, full)[:2]
-        )
+    fast = min(capacity, full)
+
+    def one_tile(args):
+        k1, k2, lengths = args
+        masked, inserted, fits = _draw(k1, k2, lengths, max_len, fast)
+        if fast < full:
+            masked, inserted = lax.cond(
+                jnp.all(fits), lambda: (masked, inserted), lambda: _draw(k1, k2, lengths, max_len, full)[:2]
+            )
+        return masked.T, inserted.T
+
+    masked, inserted = lax.map(one_tile, (pad(k1), pad(k2), pad(lengths)))  # [tiles, tile, W]
     shape = batch_shape + (-1,)
-    return _unpack(masked, max_len).reshape(shape), _unpack(inserted, max_len + 1).reshape(shape)
+    return _unpack(masked, rows, max_len).reshape(shape), _unpack(inserted, rows, max_len + 1).reshape(shape)
