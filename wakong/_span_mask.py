@@ -45,7 +45,8 @@ from jax import lax
 
 from jaxsample import _noise, _validate
 from jaxsample._types import Array, ArrayLike, KeyLike
-from wakong._distribution import MAX_SPAN_LEN, PROPOSED_MASK_RATE, span_length_cdfs, span_length_pmfs
+from wakong import _exact
+from wakong._distribution import MAX_SPAN_LEN, PROPOSED_MASK_RATE, span_length_cdfs
 
 _U32 = jnp.uint32
 # Random streams: threefry(row key, (stream, i // 2)) gives words 2i and 2i + 1 of a stream.
@@ -53,7 +54,8 @@ _MISC, _ENTRIES, _TAIL, _SLOTS = 0, 1, 2, 3  # slot redraw number a uses stream 
 _TAIL_DRAWS = MAX_SPAN_LEN - 1  # once fewer than 10 budget units remain, at most 9 draws follow
 _NOWHERE = 1 << 24  # start of an entry that is not a span: beyond every word
 _CHUNK = 4  # loop steps fused into one pass
-_TILE = 512  # rows per tile
+_TILE = 1024  # rows per tile
+_FAST_MISS = 1e-7  # per-row probability that a row needs more span entries than the fast capacity
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
@@ -97,14 +99,15 @@ def _budget_table(max_len: int) -> tuple[np.ndarray, np.ndarray]:
 
 @functools.cache
 def _capacities(max_len: int) -> tuple[int, int]:
-    """``(fast, full)`` numbers of span entries: ``full`` fits every outcome, ``fast`` all but ~1e-9."""
+    """``(fast, full)`` numbers of span entries: ``full`` fits every outcome; ``fast`` fits a row of
+    ``max_len`` words except with probability below ``_FAST_MISS`` (exact, from :mod:`wakong._exact`),
+    so that a tile of ``_TILE`` rows takes the exact fallback about once in 10**4 tiles or less."""
     whole, thr = _budget_table(max_len)
     full = max(int((whole + (thr > 0)).max()), 1)
-    pmf = span_length_pmfs()[MAX_SPAN_LEN - 1]
-    mean = float(pmf @ np.arange(1, MAX_SPAN_LEN + 2))
-    var = float(pmf @ np.arange(1, MAX_SPAN_LEN + 2) ** 2) - mean**2
-    # n = #spans is about M / mean + 1/2 with sd sqrt(M var / mean^3); its upper tail is lighter than normal.
-    fast = math.ceil(full / mean + 0.5 + 6.5 * math.sqrt(full * var / mean**3) + 2)
+    if max_len < 2:
+        return full, full
+    beyond = np.cumsum(_exact.statistics(max_len).spans_pmf[::-1])[::-1]  # beyond[c] = P(#spans >= c)
+    fast = next((c for c in range(1, beyond.size - 1) if beyond[c + 1] < _FAST_MISS), full)
     return min(fast, full), full
 
 
@@ -156,13 +159,14 @@ def _draw_lengths(u: Array, cap: int) -> Array:
     return sum((u >= _U32(t)).astype(jnp.int32) for t in _length_thresholds()[cap - 1, :cap])
 
 
-def _row_words(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int) -> Array:
-    """``uint32[capacity + 1 + 9, B]``: every random draw of a row that needs a threefry block.
+def _row_words(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int) -> tuple[Array, Array]:
+    """Every random draw of a row that needs a threefry block, one output element per block (so XLA
+    evaluates each block once). Entry ``q``'s draws never depend on ``capacity``.
 
-    Row ``q < capacity``: entry ``q``'s full-table length (low 4 bits, from the low word of block ``q``
-    of stream ``_ENTRIES``) and its 28-bit slot word (the top 28 bits of the high word). Row
-    ``capacity``: the budget, with the shift in the top bit. Then the 9 tail words. One output element
-    per block, so XLA evaluates each block once; entry ``q``'s draws never depend on ``capacity``.
+    Returns:
+      ``entries uint32[capacity, B]``: entry ``q``'s full-table length (low 4 bits, from the low word of
+      block ``q`` of stream ``_ENTRIES``) and its 28-bit slot word (the top 28 bits of the high word);
+      ``misc uint32[B]``: the budget, with the shift in the top bit.
     """
     lo, hi = _blocks(k1, k2, _ENTRIES, capacity)
     entries = (hi & _U32(0xFFFFFFF0)) | _draw_lengths(lo, MAX_SPAN_LEN).astype(_U32)
@@ -170,7 +174,7 @@ def _row_words(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int
     whole, thr = _budget_table(max_len)
     budget = jnp.asarray(whole)[lengths] + (fraction[0] < jnp.asarray(thr)[lengths])
     misc = budget.astype(_U32) | (shift[0] & _U32(1 << 31))
-    return jnp.concatenate([entries, misc[None], _blocks(k1, k2, _TAIL, _TAIL_DRAWS)[0]])
+    return entries, misc
 
 
 def _iid_chain(budget: Array, full: Array) -> Array:
@@ -189,18 +193,20 @@ _TAIL_BITS = tuple(int(9 - k).bit_length() for k in range(_TAIL_DRAWS))
 _TAIL_SHIFTS = tuple(int(x) for x in np.cumsum((5,) + _TAIL_BITS[:-1]))
 
 
-def _tail_draws(words: Array, left: Array) -> Array:
+def _tail_draws(k1: Array, k2: Array, left: Array) -> Array:
     """The at most 9 draws once fewer than 10 budget units remain, each truncated at what is left.
 
     Args:
-      words: ``uint32[9, B]`` tail words; ``left``: ``int32[B]`` budget left after the i.i.d. draws (0..9).
+      k1, k2: row keys (draw ``k`` uses word ``k % 2`` of block ``k // 2`` of stream ``_TAIL``).
+      left: ``int32[B]`` budget left after the i.i.d. draws (0..9).
 
     Returns:
       ``int32[B]``: ``n_tail | (left_final + 1) << 4 | length_k << _TAIL_SHIFTS[k]`` (one element per
       row, so that XLA runs the chain once): ``n_tail`` draws were made, ``left_final`` is 0 or -1.
     """
     packed = jnp.zeros_like(left)
-    for k, u in enumerate(words):
+    words = jnp.stack(_blocks(k1, k2, _TAIL, (_TAIL_DRAWS + 1) // 2), axis=1).reshape(-1, left.shape[0])
+    for k, u in enumerate(words[:_TAIL_DRAWS]):
         length = _draw_lengths(u, 1)
         for cap in range(2, _TAIL_DRAWS - k + 1):  # draw k has at most 9 - k units left
             length = jnp.where(left == cap, _draw_lengths(u, cap), length)
@@ -305,14 +311,16 @@ def _pack(start: Array, span: Array, count: Array, max_len: int) -> tuple[Array,
 def _draw(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int):
     """Packed masks for one tile: ``(masked uint32[Wm, T], inserted uint32[Wi, T], fits bool[T])``."""
     one = (k1[0] >> 31).astype(jnp.int32) | 1  # a traced 1
-    words = _materialised(one, functools.partial(_row_words, max_len=max_len, capacity=capacity), k1, k2, lengths)
-    budget = (words[capacity] & _U32(0x7FFFFFFF)).astype(jnp.int32)
-    shift = (words[capacity] >> 31).astype(jnp.int32)
-    full = (words[:capacity] & 0xF).astype(jnp.int32)
+    entries, misc = _materialised(
+        one, functools.partial(_row_words, max_len=max_len, capacity=capacity), k1, k2, lengths
+    )
+    budget = (misc & _U32(0x7FFFFFFF)).astype(jnp.int32)
+    shift = (misc >> 31).astype(jnp.int32)
+    full = (entries & 0xF).astype(jnp.int32)
     chain = _materialised(one, _iid_chain, budget, full)
     n_iid, left = chain & 0xFFFF, (chain >> 16) - 1
     fits = left < MAX_SPAN_LEN
-    tail = _materialised(one, _tail_draws, words[capacity + 1 :], jnp.where(fits, left, 0))
+    tail = _materialised(one, _tail_draws, k1, k2, jnp.where(fits, left, 0))
     count = n_iid + (tail & 15)
     left = ((tail >> 4) & 1) - 1
 
@@ -326,7 +334,7 @@ def _draw(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int):
     slots = lengths - budget + left + 1  # P = L - S - n + 1 >= n for every L >= 2
     bound = jnp.where(real, slots - q, 1).astype(_U32)
     small = max_len < (1 << 16) - 1
-    slot_words = words[:capacity] & _U32(0xFFFFFFF0)
+    slot_words = entries & _U32(0xFFFFFFF0)
     hi, lo = _mul_wide(slot_words, bound, small)
     suspect = (lo >> 4) < bound
     hi = lax.cond(jnp.any(suspect & real), lambda: _exact_slots(k1, k2, slot_words, bound, small), lambda: hi)
