@@ -235,8 +235,9 @@ def _exact_slots(k1: Array, k2: Array, words: Array, bound: Array, small: bool) 
 def _loop(steps: Array, step, init):
     """``init`` after ``step(i, acc)`` for ``i = 0 .. steps - 1`` (``steps`` traced).
 
-    ``_CHUNK`` steps run per loop iteration, fused into one pass over ``acc``; a step with
-    ``i >= steps`` must leave ``acc`` unchanged.
+    ``_CHUNK`` steps run per loop iteration, fused into one pass over ``acc``, so the last iteration
+    may run up to ``_CHUNK - 1`` extra steps: callers pad their per-step rows so that those are no-ops
+    (padding instead of a per-element guard keeps the fused steps short).
     """
 
     def body(state):
@@ -249,56 +250,63 @@ def _loop(steps: Array, step, init):
 
 
 def _row(x: Array, j: Array) -> Array:
-    """Row ``j`` of ``x`` (``[n, B]``), as ``[1, B]``; ``j`` is clamped to ``[0, n)``."""
-    return lax.dynamic_slice_in_dim(x, jnp.clip(j, 0, x.shape[0] - 1), 1, axis=0)
+    """Row ``j`` of ``x`` (``[n, T]``), as ``[1, T]``."""
+    return lax.dynamic_slice_in_dim(x, j, 1, axis=0)
+
+
+def _padded(x: Array, value, front: bool = False) -> Array:
+    """``x`` with ``_CHUNK`` rows of ``value`` after (or before) it, for the extra steps of :func:`_loop`."""
+    pad = jnp.full((_CHUNK,) + x.shape[1:], value, x.dtype)
+    return jnp.concatenate([pad, x] if front else [x, pad])
 
 
 def _decode(code: Array, count: Array) -> Array:
-    """Slots ``[n, B]`` of the injection with Lehmer code ``code`` (see the module docstring).
+    """Slots ``[n, T]`` of the injection with Lehmer code ``code`` (see the module docstring).
 
-    ``count`` (a scalar) bounds the number of real entries in the batch; entries ``>= count`` have a
-    code larger than every slot, so they never shift another entry.
+    ``count`` (a scalar) bounds the number of real entries in the tile; entries ``>= count`` have a
+    code larger than every slot, so they never shift a real entry (their own slots are garbage).
     """
     q = jnp.arange(code.shape[0])[:, None]
-    big = jnp.iinfo(code.dtype).max
+    pivots = _padded(code, jnp.iinfo(code.dtype).max, front=True)  # step j < 0: no pivot
 
     def step(i, slots):
         j = count - 2 - i
-        pivot = jnp.where(j >= 0, _row(code, j), big)
-        return slots + ((slots >= pivot) & (q > j)).astype(code.dtype)
+        return slots + ((slots >= _row(pivots, j + _CHUNK)) & (q > j)).astype(code.dtype)
 
     return _loop(count - 1, step, code)
 
 
 def _offsets(slot: Array, width: Array, count: Array) -> Array:
     """``sum_{j: slot_j < slot_q} width_j`` for every entry ``q`` (entries ``>= count`` have width 0)."""
+    slot_rows, width_rows = _padded(slot, 0), _padded(width, 0)
 
     def step(j, acc):
-        return acc + jnp.where(_row(slot, j) < slot, jnp.where(j < count, _row(width, j), 0), 0)
+        return acc + jnp.where(_row(slot_rows, j) < slot, _row(width_rows, j), 0)
 
     return _loop(count, step, jnp.zeros_like(slot))
 
 
-def _pack(start: Array, span: Array, count: Array, max_len: int) -> tuple[Array, Array]:
-    """Bit-packed masks from the spans ``[n, T]`` (entries ``>= count`` are not spans; any order).
+def _pack(start: Array, span: Array, real: Array, count: Array, max_len: int) -> tuple[Array, Array]:
+    """Bit-packed masks from the spans ``[n, T]`` (where ``real``; the first ``count`` rows hold them all).
 
     Returns ``(masked uint32[ceil(max_len / 32), T], inserted uint32[max_len // 32 + 1, T])``: bit
     ``i % 32`` of word ``i // 32``. A span is shorter than 32, so it sets a low part in word
     ``start // 32`` and a high part in the next word; both are computed per entry before the loop,
     which then only ORs them into the words through a one-hot.
     """
-    word = start >> 5
+    word = jnp.where(real, start >> 5, _NOWHERE)
     offset = (start & 31).astype(_U32)
     run = (_U32(1) << span.astype(_U32)) - 1  # span <= 10
     low = run << offset
     high = jnp.where(offset == 0, _U32(0), run >> (32 - offset))
     point = jnp.where(span == 0, _U32(1) << offset, _U32(0))
+    word, low, high, point = _padded(word, _NOWHERE), _padded(low, 0), _padded(high, 0), _padded(point, 0)
     masked_words = jnp.arange(-(-max_len // 32))[:, None]
     inserted_words = jnp.arange(max_len // 32 + 1)[:, None]
 
     def step(q, words):
         masked, inserted = words
-        w = jnp.where(q < count, _row(word, q), _NOWHERE)
+        w = _row(word, q)
         masked = masked | jnp.where(masked_words == w, _row(low, q), jnp.where(masked_words == w + 1, _row(high, q), 0))
         inserted = inserted | jnp.where(inserted_words == w, _row(point, q), 0)
         return masked, inserted
@@ -345,7 +353,7 @@ def _draw(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int):
     slot = _decode(code, most)
     before = _offsets(slot, jnp.where(real, span + 1, 0).astype(narrow), most)
     start = slot.astype(jnp.int32) + before.astype(jnp.int32) + shift
-    masked, inserted = _pack(start, span, most, max_len)
+    masked, inserted = _pack(start, span, real, most, max_len)
     return masked, inserted, fits & (count <= capacity)
 
 
