@@ -54,7 +54,7 @@ _MISC, _ENTRIES, _TAIL, _SLOTS = 0, 1, 2, 3  # slot redraw number a uses stream 
 _TAIL_DRAWS = MAX_SPAN_LEN - 1  # once fewer than 10 budget units remain, at most 9 draws follow
 _NOWHERE = 1 << 24  # start of an entry that is not a span: beyond every word
 _CHUNK = 4  # loop steps fused into one pass
-_TILE = 1024  # rows per tile
+_TILE = 8192  # rows per tile: large enough for XLA to split fusions across threads, small enough for cache
 _FAST_MISS = 1e-7  # per-row probability that a row needs more span entries than the fast capacity
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
@@ -236,8 +236,8 @@ def _loop(steps: Array, step, init):
     """``init`` after ``step(i, acc)`` for ``i = 0 .. steps - 1`` (``steps`` traced).
 
     ``_CHUNK`` steps run per loop iteration, fused into one pass over ``acc``, so the last iteration
-    may run up to ``_CHUNK - 1`` extra steps: callers pad their per-step rows so that those are no-ops
-    (padding instead of a per-element guard keeps the fused steps short).
+    may run up to ``_CHUNK - 1`` extra steps: callers give their entry arrays ``_CHUNK`` spare rows
+    that are not spans, so that those steps are no-ops without a per-element guard.
     """
 
     def body(state):
@@ -254,12 +254,6 @@ def _row(x: Array, j: Array) -> Array:
     return lax.dynamic_slice_in_dim(x, j, 1, axis=0)
 
 
-def _padded(x: Array, value, front: bool = False) -> Array:
-    """``x`` with ``_CHUNK`` rows of ``value`` after (or before) it, for the extra steps of :func:`_loop`."""
-    pad = jnp.full((_CHUNK,) + x.shape[1:], value, x.dtype)
-    return jnp.concatenate([pad, x] if front else [x, pad])
-
-
 def _decode(code: Array, count: Array) -> Array:
     """Slots ``[n, T]`` of the injection with Lehmer code ``code`` (see the module docstring).
 
@@ -267,21 +261,20 @@ def _decode(code: Array, count: Array) -> Array:
     code larger than every slot, so they never shift a real entry (their own slots are garbage).
     """
     q = jnp.arange(code.shape[0])[:, None]
-    pivots = _padded(code, jnp.iinfo(code.dtype).max, front=True)  # step j < 0: no pivot
 
     def step(i, slots):
-        j = count - 2 - i
-        return slots + ((slots >= _row(pivots, j + _CHUNK)) & (q > j)).astype(code.dtype)
+        j = count - 2 - i  # an extra step has j < 0: it reads a spare row (code larger than every slot)
+        pivot = _row(code, jnp.where(j < 0, j + code.shape[0], j))
+        return slots + ((slots >= pivot) & (q > j)).astype(code.dtype)
 
     return _loop(count - 1, step, code)
 
 
 def _offsets(slot: Array, width: Array, count: Array) -> Array:
     """``sum_{j: slot_j < slot_q} width_j`` for every entry ``q`` (entries ``>= count`` have width 0)."""
-    slot_rows, width_rows = _padded(slot, 0), _padded(width, 0)
 
     def step(j, acc):
-        return acc + jnp.where(_row(slot_rows, j) < slot, _row(width_rows, j), 0)
+        return acc + jnp.where(_row(slot, j) < slot, _row(width, j), 0)
 
     return _loop(count, step, jnp.zeros_like(slot))
 
@@ -300,7 +293,6 @@ def _pack(start: Array, span: Array, real: Array, count: Array, max_len: int) ->
     low = run << offset
     high = jnp.where(offset == 0, _U32(0), run >> (32 - offset))
     point = jnp.where(span == 0, _U32(1) << offset, _U32(0))
-    word, low, high, point = _padded(word, _NOWHERE), _padded(low, 0), _padded(high, 0), _padded(point, 0)
     masked_words = jnp.arange(-(-max_len // 32))[:, None]
     inserted_words = jnp.arange(max_len // 32 + 1)[:, None]
 
@@ -332,7 +324,8 @@ def _draw(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int):
     count = n_iid + (tail & 15)
     left = ((tail >> 4) & 1) - 1
 
-    q = jnp.arange(capacity)[:, None]
+    q = jnp.arange(capacity + _CHUNK)[:, None]  # _CHUNK spare rows for the loops' extra steps
+    entries, full = jnp.pad(entries, ((0, _CHUNK), (0, 0))), jnp.pad(full, ((0, _CHUNK), (0, 0)))
     real = q < count
     k = q - n_iid  # index among the tail draws
     span = jnp.where(k < 0, full, 0)
