@@ -331,7 +331,7 @@ def _draw(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int):
     span = jnp.where(k < 0, full, 0)
     for i, (bits, at) in enumerate(zip(_TAIL_BITS, _TAIL_SHIFTS)):
         span = jnp.where(k == i, (tail >> at) & ((1 << bits) - 1), span)
-    span = jnp.where(real, span, 0)
+    span = _materialised(one, lambda x: x, jnp.where(real, span, 0).astype(jnp.int8))
     slots = lengths - budget + left + 1  # P = L - S - n + 1 >= n for every L >= 2
     bound = jnp.where(real, slots - q, 1).astype(_U32)
     small = max_len < (1 << 16) - 1
