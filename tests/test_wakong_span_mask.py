@@ -393,6 +393,27 @@ def test_result_does_not_depend_on_capacity_or_branch():
     np.testing.assert_array_equal(_masks(key, short, 64)[0][mixed != 64], default[0][mixed != 64])
 
 
+@pytest.mark.parametrize("rows", [20, 23])  # tiles of 5 rows; 23 rows pad to 3 tiles of 8
+def test_result_does_not_depend_on_tiling(monkeypatch, rows):
+    key, lengths = jax.random.key(11), jnp.arange(rows, dtype=jnp.int32) * 3 % 65
+    want = _masks(key, lengths, 64)
+    monkeypatch.setattr(sm, "_TILE", 8)
+    got = jax.jit(lambda k, n: sm._sample.__wrapped__(k, n, 64, sm._capacities(64)[0]))(key, lengths)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_other_prng_implementations_and_eager_calls():
+    # Keys of a non-threefry implementation are hashed to row words; a single key still means
+    # fold_in(key, row), and an eager call (no outer jit) gives the jitted result.
+    key = jax.random.key(3, impl="rbg")
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(8, dtype=jnp.uint32))
+    single, per_row = wakong.span_mask(key, LENGTHS8, 64), _masks(keys, LENGTHS8, 64)
+    for a, b in zip(single, per_row):
+        np.testing.assert_array_equal(a, b)
+    assert 0.1 < float(np.asarray(single[0]).sum()) / float(LENGTHS8.sum()) < 0.2
+
+
 @given(lengths=st.lists(st.integers(0, 64), min_size=12, max_size=12), seed=st.integers(0, 2**31 - 1))
 def test_invariants_for_any_lengths(lengths, seed):
     masked, inserted = (np.asarray(a) for a in _masks(jax.random.key(seed), jnp.array(lengths), 64))
