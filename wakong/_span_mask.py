@@ -62,7 +62,7 @@ _MISC, _ENTRIES, _TAIL, _SLOTS = 0, 1, 2, 3  # slot redraw number a uses stream 
 _TAIL_DRAWS = MAX_SPAN_LEN - 1  # once fewer than 10 budget units remain, at most 9 draws follow
 _NOWHERE = 1 << 24  # start of an entry that is not a span: beyond every word
 _CHUNK = 4  # loop steps fused into one pass
-_TILE = 8192  # rows per tile: large enough for XLA to split fusions across threads, small enough for cache
+_TILE = 8192  # rows per tile: few tiles (each has fixed loop and branch costs), intermediates still in cache
 _FAST_MISS = 1e-7  # per-row probability that a row needs more span entries than the fast capacity
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
@@ -109,7 +109,7 @@ def _budget_table(max_len: int) -> tuple[np.ndarray, np.ndarray]:
 def _capacities(max_len: int) -> tuple[int, int]:
     """``(fast, full)`` numbers of span entries: ``full`` fits every outcome; ``fast`` fits a row of
     ``max_len`` words except with probability below ``_FAST_MISS`` (exact, from :mod:`wakong._exact`),
-    so that a tile of ``_TILE`` rows takes the exact fallback about once in 10**4 tiles or less."""
+    so that a full tile of ``_TILE`` rows takes the exact fallback about once in 1000 tiles or less."""
     whole, thr = _budget_table(max_len)
     full = max(int((whole + (thr > 0)).max()), 1)
     if max_len < 2:
