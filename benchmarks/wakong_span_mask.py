@@ -5,7 +5,7 @@
 
 * reference: ``generate_mask_scheme(rng, seq_len)`` timed inside the reference's own interpreter
   (a subprocess of ``--reference-python``, default ``$WAKONG_REFERENCE_PYTHON``); without it, our
-  bit-exact port (same calls, same speed) timed in this process;
+  bit-exact port (same calls, same speed) timed by the same snippet with this checkout on the path;
 * ``span_mask``: one jitted call per batch of ``--batch`` rows of ``--seq-len`` words (masks for
   every row, blocked until ready), best of three runs of ``--calls`` calls after as many warm-up
   calls (steady-state throughput, as in a data pipeline).
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import random
 import subprocess
 import sys
 import time
@@ -44,26 +43,20 @@ print(best / n)
 """
 
 
-def reference_seconds(python: str, seq_len: int, n: int) -> float:
-    """Seconds per scheme of the real package, measured in its own interpreter (best of 3)."""
+def scheme_seconds(python: str, seq_len: int, n: int, path: str | None = None) -> float:
+    """Seconds per ``wakong.generate_mask_scheme`` call (best of 3 runs of ``n``), timed in a fresh
+    interpreter ``python`` importing ``wakong`` from its own environment, or from ``path`` if given."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if path is not None:
+        env["PYTHONPATH"] = path
     cmd = [python, "-c", REFERENCE_SNIPPET, str(seq_len), str(n)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd="/")
     return float(out.stdout.strip())
 
 
 def port_seconds(seq_len: int, n: int) -> float:
-    """Seconds per scheme of our bit-exact port (``wakong.generate_mask_scheme``), best of 3."""
-    import wakong
-
-    best = float("inf")
-    for rep in range(3):
-        rng = random.Random(rep)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            wakong.generate_mask_scheme(rng, seq_len)
-        best = min(best, time.perf_counter() - t0)
-    return best / n
+    """Seconds per scheme of our bit-exact port (this checkout's ``wakong``), timed the same way."""
+    return scheme_seconds(sys.executable, seq_len, n, path=str(pathlib.Path(__file__).resolve().parents[1]))
 
 
 def span_mask_timer(seq_len: int, batch: int, calls: int):
@@ -109,7 +102,7 @@ def main() -> None:
     load = tuple(round(x, 2) for x in os.getloadavg())
     print(f"load average {load}, {os.cpu_count()} CPUs, seq_len {args.seq_len}")
     port = port_seconds(args.seq_len, args.schemes)
-    print(f"bit-exact port (this process): {port * 1e6:.1f} us/scheme")
+    print(f"bit-exact port (same timing): {port * 1e6:.1f} us/scheme")
     timers = {}
     for batch in args.batch:
         compile_s, timers[batch] = span_mask_timer(args.seq_len, batch, args.calls)
@@ -117,7 +110,7 @@ def main() -> None:
     ratios = {batch: [] for batch in args.batch}
     for r in range(args.rounds):  # interleaved, so that both sides see the same machine load
         if args.reference_python:
-            base, label = reference_seconds(args.reference_python, args.seq_len, args.schemes), "reference"
+            base, label = scheme_seconds(args.reference_python, args.seq_len, args.schemes), "reference"
         else:
             base, label = port_seconds(args.seq_len, args.schemes), "port"
         line = [f"round {r}: {label} {base * 1e6:5.1f} us/scheme ({1 / base:8,.0f} seq/s)"]

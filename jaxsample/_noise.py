@@ -17,8 +17,21 @@ import numpy as np
 from jaxsample._types import Array, KeyLike
 
 
-def is_typed(key) -> bool:
+def _is_typed(key) -> bool:
     return jnp.issubdtype(jnp.result_type(key), jax.dtypes.prng_key)
+
+
+def typed_key(key: KeyLike) -> Array:
+    """A typed key (any shape) from a typed key or raw ``uint32[..., 2]`` key data, checked."""
+    if _is_typed(key):
+        return key
+    key = jnp.asarray(key)
+    if key.dtype != jnp.uint32 or key.ndim == 0 or key.shape[-1] != 2:
+        raise ValueError(
+            f"key must be a typed PRNG key or raw uint32 key data of shape [..., 2], "
+            f"got dtype {key.dtype} and shape {key.shape}"
+        )
+    return jax.random.wrap_key_data(key)
 
 
 def row_keys(key: KeyLike, batch_shape: tuple[int, ...]) -> Array:
@@ -33,14 +46,7 @@ def row_keys(key: KeyLike, batch_shape: tuple[int, ...]) -> Array:
     Returns:
       Typed keys of shape ``batch_shape``.
     """
-    if not is_typed(key):
-        key = jnp.asarray(key)
-        if key.dtype != jnp.uint32 or key.ndim == 0 or key.shape[-1] != 2:
-            raise ValueError(
-                f"key must be a typed PRNG key or raw uint32 key data of shape [..., 2], "
-                f"got dtype {key.dtype} and shape {key.shape}"
-            )
-        key = jax.random.wrap_key_data(key)
+    key = typed_key(key)
     if key.shape == tuple(batch_shape):
         return key
     if key.shape == ():

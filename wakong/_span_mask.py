@@ -371,11 +371,8 @@ def _key_words(key: KeyLike, batch_shape: tuple[int, ...]) -> tuple[Array, Array
     ``jax.random.fold_in`` does (one threefry block), without materialising typed keys. Keys of other
     PRNG implementations are hashed to two words with ``jax.random.bits``.
     """
-    if not _noise.is_typed(key):
-        key = jnp.asarray(key)
-        if key.dtype == jnp.uint32 and key.shape in ((2,), tuple(batch_shape) + (2,)):
-            key = jax.random.wrap_key_data(key)
-    if _noise.is_typed(key) and str(jax.random.key_impl(key)) == "threefry2x32":
+    key = _noise.typed_key(key)
+    if str(jax.random.key_impl(key)) == "threefry2x32":
         data = jax.random.key_data(key)
         if key.shape == ():
             n = math.prod(batch_shape)
