@@ -77,12 +77,12 @@ def test_sequence_bias_single_tokens():
 def test_classifier_free_guidance_forms():
     cond, uncond = _scores(7), _scores(8)
 
-    class Out(dict):  # HF reads `.logits` and calls `.get("past_key_values")`
+    class Out(dict):  # HF reads `.logits` and calls `.get("past_key_values")` (4.x) or `.get("cache")` (5.x)
         def __init__(self, logits):
             super().__init__()
             self.logits = logits
 
-    def model(input_ids, attention_mask=None, use_cache=True, past_key_values=None):
+    def model(input_ids, attention_mask=None, use_cache=True, **cache):  # `past_key_values=` or `cache=`
         return Out(torch.tensor(uncond)[:, None, :])
 
     proc = hf.UnbatchedClassifierFreeGuidanceLogitsProcessor(1.7, model, torch.zeros((B, 1), dtype=torch.long))
