@@ -41,6 +41,7 @@ class Checkpoint(NamedTuple):
     config: ModelConfig
     step: int
     opt_state: Any  # None unless requested
+    meta: dict | None = None  # the JSON ``meta`` saved with it (training loop state), if any
 
 
 def _manager(directory: str, max_to_keep: int | None = None) -> ocp.CheckpointManager:
@@ -66,11 +67,15 @@ def latest_step(directory: str) -> int | None:
 
 
 def save(directory: str, step: int, params: Any, config: ModelConfig, *, opt_state: Any = None,
-         max_to_keep: int | None = None) -> str:
+         max_to_keep: int | None = None, meta: dict | None = None) -> str:
     """Writes ``params`` (and ``opt_state``) with ``config`` as checkpoint ``step``; returns its path.
+
+    Parameters may be sharded ``jax.Array``s spanning several hosts: every process must call ``save``
+    (each writes its shards). ``meta`` (JSON-able) is written by process 0.
 
     Args:
       max_to_keep: keep only the newest ``max_to_keep`` checkpoints (``None`` keeps all).
+      meta: JSON-able training-loop state (data iterator states, best held-out loss, ...).
 
     Raises:
       ValueError: if ``step`` is negative or already saved in ``directory``.
@@ -83,6 +88,8 @@ def save(directory: str, step: int, params: Any, config: ModelConfig, *, opt_sta
     items = {"params": ocp.args.StandardSave(params), "config": ocp.args.JsonSave(config.to_dict())}
     if opt_state is not None:
         items["opt_state"] = ocp.args.StandardSave(opt_state)
+    if meta is not None:
+        items["meta"] = ocp.args.JsonSave(meta)
     with _manager(directory, max_to_keep) as manager:
         manager.save(step, args=ocp.args.Composite(**items), force=True)
         manager.wait_until_finished()
@@ -125,6 +132,7 @@ def restore(
     step: int | None = None,
     optimizer: optax.GradientTransformation | None = None,
     params_like: Any = None,
+    opt_state_like: Any = None,
 ) -> Checkpoint:
     """Loads a checkpoint, verifying it was written for ``config``.
 
@@ -133,7 +141,9 @@ def restore(
       step: which step (default: the latest complete one).
       optimizer: also restore the optimizer state, shaped like ``optimizer.init(params)``.
       params_like: abstract target (``jax.ShapeDtypeStruct`` leaves, possibly with shardings) to
-        restore into; default: single-device arrays shaped like the model's parameters.
+        restore into; default: single-device arrays shaped like the model's parameters. Any mesh
+        works, whatever the mesh the checkpoint was written from.
+      opt_state_like: the same for the optimizer state (default: single-device arrays).
 
     Raises:
       FileNotFoundError: no complete checkpoint (at ``step``) in ``directory``.
@@ -151,6 +161,12 @@ def restore(
         if optimizer is not None:
             if not os.path.isdir(os.path.join(directory, str(step), "opt_state")):
                 raise ValueError(f"checkpoint {directory}/{step} has no optimizer state")
-            items["opt_state"] = ocp.args.StandardRestore(_abstract(jax.eval_shape(optimizer.init, params_like)))
+            if opt_state_like is None:
+                opt_state_like = jax.eval_shape(optimizer.init, params_like)
+            items["opt_state"] = ocp.args.StandardRestore(_abstract(opt_state_like))
+        has_meta = os.path.isdir(os.path.join(directory, str(step), "meta"))
+        if has_meta:
+            items["meta"] = ocp.args.JsonRestore()
         restored = manager.restore(step, args=ocp.args.Composite(**items))
-    return Checkpoint(restored.params, saved, step, restored.opt_state if optimizer is not None else None)
+    return Checkpoint(restored.params, saved, step, restored.opt_state if optimizer is not None else None,
+                      restored.meta if has_meta else None)

@@ -30,6 +30,7 @@ import optax
 
 from jaxsample._types import Array
 from jaxsample.models import checkpoint as _checkpoint
+from jaxsample.models import parallel as _parallel
 from jaxsample.models.layers import positions_from_mask
 
 Batch = Mapping[str, Array]
@@ -164,7 +165,8 @@ def _uses_dropout(model) -> bool:
 
 
 def make_train_step(model, optimizer: optax.GradientTransformation, *, dropout: bool = True, donate: bool = False,
-                    loss_fn: Callable | None = None) -> Callable:
+                    loss_fn: Callable | None = None, grad_accum: int = 1,
+                    shardings: tuple[Any, Any, Any] | None = None) -> Callable:
     """Jitted ``(params, opt_state, batch, rng) -> (params, opt_state, metrics)``.
 
     Args:
@@ -173,6 +175,9 @@ def make_train_step(model, optimizer: optax.GradientTransformation, *, dropout: 
       dropout: apply the model's dropout (keyed by ``rng``); without dropout ``rng`` is unused.
       donate: donate ``params`` and ``opt_state`` buffers (in-place update on accelerators).
       loss_fn: ``(model, params, batch, dropout_rng) -> (loss, metrics)``; default :func:`loss_fn_for`.
+      grad_accum: micro-batches per step (:func:`jaxsample.models.parallel.accumulated_grads`).
+      shardings: ``(mesh, param_shardings, opt_state_shardings)`` to jit over a device mesh
+        (:mod:`jaxsample.models.parallel`); default: a plain ``jax.jit``.
 
     ``metrics`` holds ``loss``, ``accuracy``, ``tokens`` (masked positions) and ``grad_norm``
     (before clipping), all float32 scalars left on device.
@@ -180,26 +185,61 @@ def make_train_step(model, optimizer: optax.GradientTransformation, *, dropout: 
     loss_fn = loss_fn_for(model) if loss_fn is None else loss_fn
     use_dropout = dropout and _uses_dropout(model)
 
-    def step(params, opt_state, batch, rng):
-        def objective(p):
-            return loss_fn(model, p, batch, rng if use_dropout else None)
+    def objective(p, batch, rng):
+        return loss_fn(model, p, batch, rng if use_dropout else None)
 
-        (_, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    def step(params, opt_state, batch, rng):
+        grads, metrics = _parallel.accumulated_grads(objective, params, batch, rng, grad_accum)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return params, opt_state, {**metrics, "grad_norm": optax.tree.norm(grads)}
 
-    return jax.jit(step, donate_argnums=(0, 1) if donate else ())
+    if shardings is None:
+        return jax.jit(step, donate_argnums=(0, 1) if donate else ())
+    return _parallel.shard_step(step, *shardings, donate)
 
 
-def _loop_step(model, config: TrainConfig) -> Callable:
+def make_eval_step(model, loss_fn: Callable | None = None, shardings: tuple[Any, Any] | None = None) -> Callable:
+    """Jitted ``(params, batch) -> metrics`` (``loss``, ``accuracy``, ``tokens``) without dropout.
+
+    ``shardings``: ``(mesh, param_shardings)`` to run over a mesh like the train step.
+    """
+    loss_fn = loss_fn_for(model) if loss_fn is None else loss_fn
+
+    def evaluate(params, batch):
+        return loss_fn(model, params, batch, None)[1]
+
+    if shardings is None:
+        return jax.jit(evaluate)
+    mesh, p_sh = shardings
+    return jax.jit(evaluate, in_shardings=(p_sh, _parallel.batch_sharding(mesh)))
+
+
+def evaluate_batches(eval_step: Callable, params: Any, batches: Iterable[Batch]) -> dict[str, float]:
+    """Token-weighted mean ``loss`` / ``accuracy`` and total ``tokens`` of ``eval_step`` over ``batches``."""
+    sums = {"loss": 0.0, "accuracy": 0.0, "tokens": 0.0}
+    for metrics in [eval_step(params, b) for b in batches]:  # dispatch all, then read back
+        m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        sums["loss"] += m["loss"] * m["tokens"]
+        sums["accuracy"] += m["accuracy"] * m["tokens"]
+        sums["tokens"] += m["tokens"]
+    n = max(sums["tokens"], 1.0)
+    return {"loss": sums["loss"] / n, "accuracy": sums["accuracy"] / n, "tokens": sums["tokens"]}
+
+
+def _loop_step(model, config: TrainConfig, mesh=None, parallel: _parallel.ParallelConfig | None = None) -> Callable:
     """The donating step :func:`train` uses, cached so repeated runs of one setup compile once."""
-    return _cached_step(model, dataclasses.replace(config, seed=0, log_every=1))  # neither is compiled in
+    return _cached_step(model, dataclasses.replace(config, seed=0, log_every=1), mesh, parallel)  # neither is compiled in
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_step(model, config: TrainConfig) -> Callable:
-    return make_train_step(model, make_optimizer(config), dropout=config.dropout, donate=True)
+def _cached_step(model, config: TrainConfig, mesh, parallel) -> Callable:
+    optimizer = make_optimizer(config)
+    if mesh is None:
+        return make_train_step(model, optimizer, dropout=config.dropout, donate=True)
+    shardings = (mesh, *_parallel.state_shardings_of(model, optimizer, mesh, parallel))
+    return make_train_step(model, optimizer, dropout=config.dropout, donate=True, grad_accum=parallel.grad_accum,
+                           shardings=shardings)
 
 
 class TrainResult(NamedTuple):
@@ -210,6 +250,8 @@ class TrainResult(NamedTuple):
     step: int  # steps completed (``start_step`` + steps run)
     history: dict[str, np.ndarray]  # per step: "step", "loss", "accuracy", "tokens", "grad_norm", "learning_rate"
     seconds: float  # wall time of the loop, first step (compilation) included
+    evals: list[dict[str, float]] = []  # per evaluation: "step", "loss", "accuracy", "tokens"
+    stopped_early: bool = False  # early stopping ended the run before ``num_steps``
 
 
 def train(
@@ -223,32 +265,66 @@ def train(
     callback: Callable[[int, dict[str, float]], None] | None = None,
     checkpoint_dir: str | None = None,
     checkpoint_every: int = 0,
+    mesh=None,
+    parallel: _parallel.ParallelConfig | None = None,
+    evaluate: Callable[[Any], dict[str, float]] | None = None,
+    eval_every: int = 0,
+    early_stopping: int = 0,
+    on_eval: Callable[[int, dict[str, float]], None] | None = None,
+    data_state: Callable[[], Any] | None = None,
+    best_eval: float | None = None,
 ) -> TrainResult:
     """Runs the jitted step from ``start_step`` to ``config.num_steps`` (or until ``batches`` runs out).
 
     Args:
       params: initial parameters (not modified: the loop donates its own copy).
-      batches: iterable of batch dicts (see the module docstring); consumed one per step.
+      batches: iterable of batch dicts (see the module docstring); consumed one per step. With a
+        ``mesh`` these are this host's rows of the global batch.
       opt_state: resume from this optimizer state (default: a fresh one).
       start_step: first step index (schedule position and dropout key); use with ``opt_state``.
       callback: ``callback(step, metrics)`` every ``config.log_every`` steps and after the last,
         ``metrics`` being host floats of that step (``step`` counts completed steps).
-      checkpoint_dir, checkpoint_every: save params, optimizer state and config with orbax every
-        ``checkpoint_every`` steps and at the end (see :mod:`jaxsample.models.checkpoint`).
+      checkpoint_dir, checkpoint_every: save params, optimizer state, config and ``data_state()`` with
+        orbax every ``checkpoint_every`` steps and at the end (see :mod:`jaxsample.models.checkpoint`).
+      mesh, parallel: run sharded over ``mesh`` (default :func:`~jaxsample.models.parallel.make_mesh`
+        when only ``parallel`` is given) with :class:`~jaxsample.models.parallel.ParallelConfig`.
+      evaluate: ``evaluate(params) -> {"loss", "accuracy", ...}`` (held-out data), called every
+        ``eval_every`` steps and after the last step; results go to ``on_eval(step, metrics)`` and
+        :attr:`TrainResult.evals`.
+      early_stopping: stop after this many evaluations in a row without a lower held-out loss than
+        ``best_eval`` (the best so far; carried across resumes); 0 disables.
+      data_state: returns the data iterator's state after the batches consumed so far (saved in
+        each checkpoint so a resumed run continues with exactly the next batch).
 
     Returns:
       :class:`TrainResult`; metrics are only copied to the host every ``log_every`` steps, so the
       device runs ahead of Python in between.
     """
+    if early_stopping < 0 or eval_every < 0 or checkpoint_every < 0:
+        raise ValueError("early_stopping, eval_every and checkpoint_every must be >= 0")
+    if early_stopping and not (evaluate and eval_every):
+        raise ValueError("early_stopping needs evaluate and eval_every")
+    if parallel is not None and mesh is None:
+        mesh = _parallel.make_mesh()
+    if mesh is not None and parallel is None:
+        parallel = _parallel.ParallelConfig()
     optimizer = make_optimizer(config)
-    step_fn = _loop_step(model, config)
-    params = jax.tree.map(jnp.copy, params)
-    opt_state = optimizer.init(params) if opt_state is None else jax.tree.map(jnp.copy, opt_state)
+    step_fn = _loop_step(model, config, mesh, parallel)
+    if mesh is None:
+        params = jax.tree.map(jnp.copy, params)
+        opt_state = optimizer.init(params) if opt_state is None else jax.tree.map(jnp.copy, opt_state)
+    else:
+        p_sh, o_sh = _parallel.state_shardings_of(model, optimizer, mesh, parallel)
+        params = _parallel.place(params, p_sh)
+        opt_state = (jax.jit(optimizer.init, out_shardings=o_sh)(params) if opt_state is None
+                     else _parallel.place(opt_state, o_sh))
     lr = schedule(config)
     base = jax.random.key(config.seed)
     pending: list[dict[str, Array]] = []
     rows: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
     step = start_step
+    stale = 0
 
     def flush():
         host = jax.device_get(pending)
@@ -259,25 +335,51 @@ def train(
         if callback is not None and host:
             callback(step, rows[-1])
 
+    def run_eval() -> None:
+        nonlocal best_eval, stale
+        metrics = {"step": step, **evaluate(params)}
+        evals.append(metrics)
+        if best_eval is None or metrics["loss"] < best_eval:
+            best_eval, stale = metrics["loss"], 0
+        else:
+            stale += 1
+        if on_eval is not None:
+            on_eval(step, metrics)
+
+    def save() -> None:
+        meta = {"best_eval": best_eval}
+        if data_state is not None:
+            meta["data_state"] = data_state()
+        _checkpoint.save(checkpoint_dir, step, params, model.config, opt_state=opt_state, meta=meta)
+
     start = time.perf_counter()
     stream = iter(batches)
+    stopped = False
     while step < config.num_steps:
         batch = next(stream, None)
         if batch is None:
             break
+        if mesh is not None:
+            batch = _parallel.global_batch(batch, mesh)
         params, opt_state, metrics = step_fn(params, opt_state, batch, jax.random.fold_in(base, step))
         pending.append(metrics)
         step += 1
         if (step - start_step) % config.log_every == 0:
             flush()
+        if evaluate is not None and eval_every and step % eval_every == 0:
+            run_eval()
         if checkpoint_dir and checkpoint_every and step % checkpoint_every == 0:
-            _checkpoint.save(checkpoint_dir, step, params, model.config, opt_state=opt_state)
+            save()
+        if early_stopping and stale >= early_stopping:
+            stopped = True
+            break
     flush()
+    if evaluate is not None and step > start_step and not (evals and evals[-1]["step"] == step):
+        run_eval()
     jax.block_until_ready(params)
     seconds = time.perf_counter() - start
     if checkpoint_dir and step > start_step and not (checkpoint_every and step % checkpoint_every == 0):
-        _checkpoint.save(checkpoint_dir, step, params, model.config, opt_state=opt_state)
+        save()
     keys = rows[0].keys() if rows else ("step", "loss", "accuracy", "tokens", "grad_norm", "learning_rate")
     history = {k: np.asarray([r[k] for r in rows], np.int64 if k == "step" else np.float64) for k in keys}
-    return TrainResult(params, opt_state, step, history, seconds)
-
+    return TrainResult(params, opt_state, step, history, seconds, evals, stopped)
