@@ -10,11 +10,13 @@ Examples::
 
 Every command takes ``--config FILE`` (a versioned YAML file of its kind) and ``--set key=value``
 overrides (values parsed as YAML, nested keys dotted). Invalid input prints one line and exits
-with code 2. ``eval`` runs on several hosts with JAX's distributed runtime: ``--distributed`` (or
-``JAXSAMPLE_DISTRIBUTED=1``, which ``tpu_scripts/launch.sh`` sets; the cluster is detected) or an
-explicit ``--coordinator HOST:PORT --num-processes N --process-id I``. Each host decodes its rows
-on its own devices, rows are gathered and process 0 writes the results (identical to one process).
-``demo``, ``showcase`` and ``train`` run on one host.
+with code 2. ``train`` and ``eval`` run on several hosts with JAX's distributed runtime:
+``--distributed`` (or ``JAXSAMPLE_DISTRIBUTED=1``, which ``tpu_scripts/launch.sh`` sets; the cluster
+is detected) or an explicit ``--coordinator HOST:PORT --num-processes N --process-id I``. ``eval``:
+each host decodes its rows on its own devices, rows are gathered and process 0 writes the results
+(identical to one process). ``train``: one jitted step over the mesh of every host's devices, each
+host feeding its slice of the global batch (identical losses to one process). ``demo`` and
+``showcase`` run on one host.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
                            description="Trains a BART (config kind 'train'), with checkpoints, history and loss.png.")
     _common(train, "train", "configs/train/pydoc_bart.yaml")
     _training(train, "run directory", "seed of data order and init")
+    distributed.add_arguments(train)
 
     ev = sub.add_parser("eval", help="evaluate decoding configs on a checkpoint and a dataset",
                         description="Runs the evaluation runner (config kind 'eval'): metrics per decoding config "
@@ -133,11 +136,14 @@ def _showcase(args) -> int:
 
 
 def _train(args) -> int:
+    process = distributed.from_args(args)  # before anything touches JAX
     from jaxsample.jobs import train
 
     path = args.config or _default("train/pydoc_bart.yaml")
     cfg = _with_steps(train.load(path, _flags(args, out="out", seed="seed")), args.steps)
-    done = train.run(cfg, relative_to=path, progress=not args.no_progress)
+    done = train.run(cfg, relative_to=path, progress=not args.no_progress, log=print if not process.index else None)
+    if process.index:
+        return 0
     state = "reused" if done.reused else f"trained in {done.seconds:.0f} s"
     print(f"checkpoint step {done.step} ({state}): {os.path.abspath(done.checkpoint)}")
     return 0

@@ -46,8 +46,9 @@ def build(cls: type[T], data: Mapping, prefix: str = "") -> T:
     kwargs = {}
     for key, value in data.items():
         hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            kwargs[key] = build(hint, value or {}, f"{prefix}{key}.")
+        nested = _dataclass_option(hint)
+        if nested is not None and (value is not None or nested is hint):
+            kwargs[key] = build(nested, value or {}, f"{prefix}{key}.")
         else:
             kwargs[key] = _coerce(f"{prefix}{key}", value, hint)
     try:
@@ -56,6 +57,16 @@ def build(cls: type[T], data: Mapping, prefix: str = "") -> T:
         if not prefix or str(err).startswith(prefix):
             raise
         raise ValueError(f"{prefix}{err}") from None
+
+
+def _dataclass_option(hint) -> type | None:
+    """The dataclass of a ``Section`` or ``Section | None`` field, else ``None``."""
+    if dataclasses.is_dataclass(hint):
+        return hint
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        found = [o for o in typing.get_args(hint) if dataclasses.is_dataclass(o)]
+        return found[0] if len(found) == 1 else None
+    return None
 
 
 def _coerce(name: str, value: Any, hint) -> Any:

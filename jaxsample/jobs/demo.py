@@ -39,6 +39,7 @@ class DemoConfig:
       model, train, batch_size: as in the ``train`` job.
       eval: the ``eval`` config (name in ``configs/eval`` or a path); its checkpoint and dataset
         are replaced by this run's; ``eval_set`` overrides it.
+      eval_every: held-out loss / token accuracy every N training steps (drawn in ``loss.png``).
     """
 
     out: str = "runs/demo"
@@ -50,6 +51,7 @@ class DemoConfig:
     batch_size: int = 32
     eval: str = "demo"
     eval_set: tuple[str, ...] = ()
+    eval_every: int = 250
 
     def __post_init__(self):
         if not self.out:
@@ -79,8 +81,10 @@ def run(cfg: DemoConfig, *, relative_to: str | None = None, progress: bool = Tru
     from jaxsample.jobs import train as train_job
 
     wall, cpu = time.perf_counter(), time.process_time()
+    tokenizer = os.path.join(cfg.out, "data", "train", "tokenizer.json")
     job = TrainJobConfig(out=cfg.out, seed=cfg.seed, data=_data(cfg, "train"), model=cfg.model, train=cfg.train,
-                         batch_size=cfg.batch_size)
+                         batch_size=cfg.batch_size, heldout=_data(cfg, "heldout", tokenizer=tokenizer),
+                         eval_every=cfg.eval_every)
     trained = train_job.run(job, relative_to=relative_to, progress=progress, log=log)
     if trained.reused:
         log(f"reusing the checkpoint at step {trained.step} in {trained.checkpoint}")
@@ -88,7 +92,6 @@ def run(cfg: DemoConfig, *, relative_to: str | None = None, progress: bool = Tru
 
     eval_file = C.resolve(cfg.eval, "eval", relative_to)
     ev = C.load_eval(eval_file, cfg.eval_set)
-    tokenizer = os.path.join(cfg.out, "data", "train", "tokenizer.json")
     ev = dataclasses.replace(
         ev, checkpoint=trained.checkpoint, seed=cfg.seed, output_dir=os.path.join(cfg.out, "eval"),
         dataset=_data(cfg, "heldout", tokenizer=tokenizer, max_rows=ev.dataset.max_rows))

@@ -1,21 +1,32 @@
-"""The ``train`` job: a BART on a wakong dataset, with a progress bar, checkpoints and a loss curve.
+"""The ``train`` job: a BART on a wakong dataset, sharded over every device of every host, resumable,
+with held-out evaluation in the loop, checkpoints, metrics and a loss plot.
 
 Config kind ``train``::
 
     version: 1
     kind: train
-    out: runs/train                 # checkpoint/, train_history.json, loss.png
+    out: runs/train                 # checkpoint/, train_history.json, metrics.jsonl, loss.png, tensorboard/
     data: {path: runs/train/data, corpus: pydoc, build: demo, split: train}
-    model: {arch: bart, size: tiny, overrides: {d_model: 128}}
+    heldout: {path: runs/train/heldout, corpus: pydoc, build: demo, split: heldout}   # optional
+    model: {arch: bart, size: tiny, overrides: {d_model: 128, dtype: bfloat16}}
     train: {num_steps: 600, learning_rate: 0.003, warmup_steps: 60}   # jaxsample.models.train.TrainConfig
-    batch_size: 32
+    parallel: {mode: fsdp, grad_accum: 2}                              # jaxsample.models.parallel.ParallelConfig
+    batch_size: 32                  # global: every host reads batch_size / hosts rows per step
+    eval_every: 100                 # held-out loss / token accuracy every N steps (and at the end)
+    early_stopping: 0               # stop after N evaluations without a lower held-out loss
+    checkpoint_every: 200           # and at the end; a killed run resumes from the newest one
 
-The model's vocabulary size and special ids come from the dataset's tokenizer. A run whose
-``out/checkpoint`` already holds ``num_steps`` steps is reused as is; one holding fewer resumes
-from there (optimizer state restored; the data order restarts with ``seed + step``). Training
-batches re-noise every epoch (:func:`wakong.reader.batches` with ``renoise``) unless
-``renoise: false``. Single host for now (the batches are sharded by ``jax.process_index()`` but
-parameters are not synchronised across hosts).
+The model's vocabulary size and special ids come from the dataset's tokenizer (a held-out set is
+tokenized with the training set's tokenizer). A run whose ``out/checkpoint`` already holds
+``num_steps`` steps is reused as is; one holding fewer resumes from there exactly: parameters,
+optimizer state, step and every host's data-iterator state come from the checkpoint, so the next
+batch and (on the same mesh) the loss trajectory are those of an uninterrupted run. The checkpoint
+restores onto any mesh. Training batches re-noise every epoch (:func:`wakong.reader.batches` with
+``renoise``) unless ``renoise: false``.
+
+Several hosts: run the same command on each with ``--distributed`` (or ``--coordinator``,
+``--num-processes``, ``--process-id``), as for ``eval``; process 0 builds missing data, writes the
+history, metrics and plot, and every process writes its shards of each checkpoint.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import sys
 from typing import Any, Callable, NamedTuple
 
 from jaxsample.evaluation.configs import DatasetConfig
+from jaxsample.models.parallel import ParallelConfig
 from jaxsample.models.train import TrainConfig
 
 KIND = "train"
@@ -69,12 +81,25 @@ class TrainJobConfig:
     train: TrainConfig = TrainConfig(num_steps=600, learning_rate=3e-3, warmup_steps=60, log_every=10)
     batch_size: int = 32
     renoise: bool = True
+    parallel: ParallelConfig = ParallelConfig()
+    heldout: DatasetConfig | None = None
+    eval_every: int = 0
+    early_stopping: int = 0
+    checkpoint_every: int = 0
+    keep_checkpoints: int | None = None
 
     def __post_init__(self):
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not self.out:
             raise ValueError("out is required (the run directory)")
+        for name in ("eval_every", "early_stopping", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.early_stopping and not (self.heldout and self.eval_every):
+            raise ValueError("early_stopping needs heldout and eval_every")
+        if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1 or null, got {self.keep_checkpoints}")
 
 
 def load(path: str | None, overrides=()) -> TrainJobConfig:
@@ -87,7 +112,7 @@ class Trained(NamedTuple):
     checkpoint: str  # directory
     step: int
     reused: bool  # nothing was trained
-    history: dict  # "step", "loss", "accuracy", ... lists (all steps so far)
+    history: dict  # "step", "loss", "accuracy", ... lists (all steps so far); "eval": held-out rows
     seconds: float  # training loop wall time of this run (0 when reused)
 
 
@@ -97,12 +122,30 @@ def model_config(job: TrainJobConfig, tokenizer):
     return job.model.build(tokenizer.vocab_size, ids)
 
 
-def _batches(path: str, job: TrainJobConfig, start: int, noise):
+def _data_stream(path: str, job: TrainJobConfig, local_rows: int, noise, state):
+    """``(iterator of this host's batches, get_state)``, resumed from ``state`` when given."""
     from wakong.reader import batches
 
-    for batch in batches(path, batch_size=job.batch_size, seed=job.seed + start, num_epochs=None,
-                         renoise=noise if job.renoise else None):
-        yield {k: batch[k] for k in _BART_KEYS}
+    it = iter(batches(path, batch_size=local_rows, seed=job.seed, num_epochs=None,
+                      renoise=noise if job.renoise else None))
+    if state is not None:
+        it.set_state(state)
+    return ({k: b[k] for k in _BART_KEYS} for b in it), it.get_state
+
+
+def _heldout_batches(path: str, local_rows: int) -> list[dict]:
+    """This host's held-out batches, padded (``loss_mask`` False) to the same count on every host."""
+    import json as _json
+
+    import numpy as np
+
+    from jaxsample import distributed
+    from wakong.reader import batches
+
+    local = [{k: b[k] for k in _BART_KEYS} for b in batches(path, batch_size=local_rows, shuffle=False)]
+    counts = [_json.loads(c) for c in distributed.allgather_bytes(_json.dumps(len(local)).encode())]
+    pad = {k: np.zeros_like(v) for k, v in local[0].items()}
+    return local + [pad] * (max(counts) - len(local))
 
 
 def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool = True,
@@ -110,55 +153,159 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
     """Builds (or reuses) the data, trains (or reuses / resumes) the model, writes history and plot."""
     import jax
 
+    from jaxsample import distributed
     from jaxsample.evaluation import data as _data
     from jaxsample.models import checkpoint as ckpt
     from jaxsample.models import make_model
+    from jaxsample.models import parallel as P
     from jaxsample.models import train as T
     from wakong.config import config_from_dict
     from wakong.reader import open_dataset
 
-    path = _data.prepare(job.data, relative_to=relative_to, log=log)
+    main, hosts = distributed.is_main(), distributed.process_count()
+    mesh = P.make_mesh()
+    P.check_batch_size(job.batch_size, mesh, job.parallel)
+    if job.batch_size % hosts:
+        raise ValueError(f"batch_size {job.batch_size} must be divisible by the number of hosts ({hosts})")
+    quiet = log if main and log is not None else (lambda _: None)
+    with distributed.together("train: prepare the data"):  # process 0 builds missing datasets first
+        if main:
+            path = _data.prepare(job.data, relative_to=relative_to, log=log)
+            if job.heldout is not None:
+                _data.prepare(_with_tokenizer(job.heldout, path), relative_to=relative_to, log=log)
+    path = job.data.path
     info, tokenizer = open_dataset(path)
     config = model_config(job, tokenizer)
     model = make_model(config)
     directory = os.path.join(job.out, "checkpoint")
     history_file = os.path.join(job.out, "train_history.json")
     tc = dataclasses.replace(job.train, seed=job.seed)
+    optimizer = T.make_optimizer(tc)
     latest = ckpt.latest_step(directory) or 0
     history = _read_history(history_file)
     if latest >= tc.num_steps:
         ckpt.check_config(directory, config, step=latest)
         return Trained(directory, latest, True, history, 0.0)
+    p_sh, o_sh = P.state_shardings_of(model, optimizer, mesh, job.parallel)
+    state, best = None, None
     if latest:
-        restored = ckpt.restore(directory, config, step=latest, optimizer=T.make_optimizer(tc))
+        like = jax.eval_shape(model.init, jax.random.key(0))
+        restored = ckpt.restore(directory, config, step=latest, optimizer=optimizer,
+                                params_like=_with_shardings(like, p_sh),
+                                opt_state_like=_with_shardings(jax.eval_shape(optimizer.init, like), o_sh))
         params, opt_state = restored.params, restored.opt_state
-        log(f"resuming from step {latest} in {directory}")
+        meta = restored.meta or {}
+        states, best = meta.get("data_state"), meta.get("best_eval")
+        if states is not None and len(states) == hosts:
+            state = states[distributed.process_index()]
+        else:
+            quiet(f"the checkpoint has no data state for {hosts} host(s): the data order restarts")
+        quiet(f"resuming from step {latest} in {directory}")
     else:
-        params, opt_state = model.init(jax.random.key(job.seed)), None
-    noise = config_from_dict(info["config"]).noise
+        params, opt_state = P.init_sharded(model, jax.random.key(job.seed), mesh, job.parallel), None
+    local_rows = job.batch_size // hosts
+    stream, get_state = _data_stream(path, job, local_rows, config_from_dict(info["config"]).noise, state)
+    evaluate = None
+    if job.heldout is not None:
+        held = _heldout_batches(job.heldout.path, local_rows)
+        eval_step = T.make_eval_step(model, shardings=(mesh, p_sh))
+        evaluate = lambda p: T.evaluate_batches(eval_step, p, [P.global_batch(b, mesh) for b in held])  # noqa: E731
     n_params = sum(x.size for x in jax.tree.leaves(params))
-    log(f"training bart ({n_params:,} parameters, d_model {config.d_model}, vocab {config.vocab_size}) "
-        f"for {tc.num_steps - latest} steps of {job.batch_size} examples on {path}")
-    bar = _bar(tc.num_steps, latest, progress)
+    quiet(f"training bart ({n_params:,} parameters, d_model {config.d_model}, vocab {config.vocab_size}, "
+          f"{config.dtype}) for {tc.num_steps - latest} steps of {job.batch_size} examples on {path}; "
+          f"{job.parallel.mode} over {mesh.size} device(s) on {hosts} host(s)"
+          + (f", {job.parallel.grad_accum} micro-batches per step" if job.parallel.grad_accum > 1 else ""))
+    bar = _bar(tc.num_steps, latest, progress and main)
+    metrics_log = _MetricsLog(job.out, enabled=main)
 
     def callback(step: int, metrics: dict) -> None:
         bar.update(step - bar.n)
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
+        metrics_log.write("train", step, metrics)
+
+    def on_eval(step: int, metrics: dict) -> None:
+        bar.write(f"step {step}: held-out loss {metrics['loss']:.3f}, token accuracy {metrics['accuracy']:.3f}") \
+            if main else None
+        metrics_log.write("heldout", step, metrics)
+
+    def data_state() -> list:
+        import json as _json
+
+        mine = _json.dumps(get_state()).encode()
+        return [_json.loads(s) for s in distributed.allgather_bytes(mine)]
 
     try:
-        result = T.train(model, params, _batches(path, job, latest, noise), tc, opt_state=opt_state,
-                         start_step=latest, callback=callback, checkpoint_dir=directory)
+        result = T.train(model, params, stream, tc, opt_state=opt_state, start_step=latest, callback=callback,
+                         checkpoint_dir=directory, checkpoint_every=job.checkpoint_every, mesh=mesh,
+                         parallel=job.parallel, evaluate=evaluate, eval_every=job.eval_every,
+                         early_stopping=job.early_stopping, on_eval=on_eval, data_state=data_state, best_eval=best,
+                         keep_checkpoints=job.keep_checkpoints)
     finally:
         bar.close()
+        metrics_log.close()
     for key, values in result.history.items():
         history.setdefault(key, []).extend(values.tolist())
-    os.makedirs(job.out, exist_ok=True)
-    with open(history_file, "w", encoding="utf-8") as f:
-        json.dump(history, f)
-    plot_loss(history, os.path.join(job.out, "loss.png"))
+    history.setdefault("eval", []).extend(result.evals)
+    if result.stopped_early:
+        quiet(f"early stopping at step {result.step}: no better held-out loss in {job.early_stopping} evaluations")
+    if main:
+        os.makedirs(job.out, exist_ok=True)
+        with open(history_file, "w", encoding="utf-8") as f:
+            json.dump(history, f)
+        plot_loss(history, os.path.join(job.out, "loss.png"))
     return Trained(directory, result.step, False, history, result.seconds)
 
 
+def _with_tokenizer(spec: DatasetConfig, train_path: str) -> DatasetConfig:
+    """A held-out spec tokenized with the training set's tokenizer unless it names one."""
+    return spec if spec.tokenizer else dataclasses.replace(spec, tokenizer=os.path.join(train_path, "tokenizer.json"))
+
+
+def _with_shardings(abstract, shardings):
+    import jax
+
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+
+
+class _MetricsLog:
+    """``metrics.jsonl`` (one line per logged step and per evaluation) and TensorBoard scalars when a
+    writer is installed (``tensorboardX``, or ``torch.utils.tensorboard`` with ``tensorboard``)."""
+
+    def __init__(self, out: str, enabled: bool):
+        self.file = self.board = None
+        if not enabled:
+            return
+        os.makedirs(out, exist_ok=True)
+        self.file = open(os.path.join(out, "metrics.jsonl"), "a", encoding="utf-8")
+        writer = _summary_writer()
+        self.board = writer(os.path.join(out, "tensorboard")) if writer else None
+
+    def write(self, split: str, step: int, metrics: dict) -> None:
+        if self.file is None:
+            return
+        row = {"split": split, "step": step, **{k: v for k, v in metrics.items() if k != "step"}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.board is not None:
+            for key, value in row.items():
+                if key not in ("split", "step"):
+                    self.board.add_scalar(f"{split}/{key}", value, step)
+
+    def close(self) -> None:
+        for f in (self.file, self.board):
+            if f is not None:
+                f.close()
+
+
+def _summary_writer():
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return None
+    return SummaryWriter
 def _read_history(path: str) -> dict:
     if not os.path.isfile(path):
         return {}
@@ -174,7 +321,8 @@ def _bar(total: int, initial: int, enabled: bool):
 
 
 def plot_loss(history: dict, path: str) -> None:
-    """PNG of the training loss (per step, and a 20-step moving average) and token accuracy."""
+    """PNG of the training loss (per step, and a 20-step moving average) and token accuracy, with the
+    held-out loss and accuracy of every evaluation (``history["eval"]``) next to them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -191,8 +339,15 @@ def plot_loss(history: dict, path: str) -> None:
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
+    evals = history.get("eval") or []
+    if evals:
+        ax.plot([e["step"] for e in evals], [e["loss"] for e in evals], "o-", color="C2", ms=4,
+                label="held-out loss")
     twin = ax.twinx()
-    twin.plot(step, history["accuracy"], lw=0.8, color="C1", alpha=0.6, label="token accuracy")
+    twin.plot(step, history["accuracy"], lw=0.8, color="C1", alpha=0.6, label="token accuracy (train)")
+    if evals:
+        twin.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "s--", color="C3", ms=4,
+                  label="token accuracy (held-out)")
     twin.set_ylabel("teacher-forced token accuracy")
     twin.set_ylim(0, 1)
     lines = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]

@@ -273,6 +273,7 @@ def train(
     on_eval: Callable[[int, dict[str, float]], None] | None = None,
     data_state: Callable[[], Any] | None = None,
     best_eval: float | None = None,
+    keep_checkpoints: int | None = None,
 ) -> TrainResult:
     """Runs the jitted step from ``start_step`` to ``config.num_steps`` (or until ``batches`` runs out).
 
@@ -295,6 +296,7 @@ def train(
         ``best_eval`` (the best so far; carried across resumes); 0 disables.
       data_state: returns the data iterator's state after the batches consumed so far (saved in
         each checkpoint so a resumed run continues with exactly the next batch).
+      keep_checkpoints: keep only the newest this many checkpoints (``None``: all).
 
     Returns:
       :class:`TrainResult`; metrics are only copied to the host every ``log_every`` steps, so the
@@ -350,7 +352,8 @@ def train(
         meta = {"best_eval": best_eval}
         if data_state is not None:
             meta["data_state"] = data_state()
-        _checkpoint.save(checkpoint_dir, step, params, model.config, opt_state=opt_state, meta=meta)
+        _checkpoint.save(checkpoint_dir, step, params, model.config, opt_state=opt_state, meta=meta,
+                         max_to_keep=keep_checkpoints)
 
     start = time.perf_counter()
     stream = iter(batches)
