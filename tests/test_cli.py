@@ -128,7 +128,7 @@ def test_full_demo_from_a_cold_process(tmp_path):
     assert greedy["faithful"] > 0.1 and greedy["token_accuracy"] > 0.3  # the model learned to copy (some)
     assert greedy["infill_exact_match"] > 0.05  # ... and fills some masks right
     top_p = results["configs"]["top_p"]
-    assert top_p["self_bleu"] < 100 and top_p["distinct_2"] > greedy["distinct_2"]
+    assert top_p["self_bleu"] < results["configs"]["beam"]["self_bleu"]  # sampled returns differ more than beams
     warm = subprocess.run([sys.executable, "-m", "jaxsample", "--out", out, "--no-progress"], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=1800)
     assert warm.returncode == 0 and "reusing the checkpoint" in warm.stdout

@@ -68,6 +68,8 @@ def test_heldout_evaluation_metrics_and_plot(uninterrupted):
     assert [r["step"] for r in rows if r["split"] == "heldout"] == [e["step"] for e in evals]
     assert [r["step"] for r in rows if r["split"] == "train"] == list(range(1, 41))
     assert os.path.getsize(out / "loss.png") > 10_000
+    pytest.importorskip("tensorboardX")
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(out / "tensorboard"))
     from jaxsample.models import checkpoint as ckpt
 
     meta = ckpt.restore(str(out / "checkpoint"), step=39).meta

@@ -49,8 +49,16 @@ _EIGHT = textwrap.dedent("""
     import numpy as np, jax
     assert jax.device_count() == 8, jax.devices()
     sys.path.insert(0, {tests!r})
-    from test_train_parallel import run, P
+    from test_train_parallel import run, P, BART, TC, T, ckpt
     out = {{}}
+    # a checkpoint written on one device restores onto the 8-device FSDP mesh
+    fsdp = P.ParallelConfig(mode="fsdp", fsdp_min_size=256)
+    p_sh, o_sh = P.state_shardings_of(BART, T.make_optimizer(TC), P.make_mesh(), fsdp)
+    like = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        jax.eval_shape(BART.init, jax.random.key(0)), p_sh)
+    restored = ckpt.restore(sys.argv[2], BART.config, params_like=like)
+    out["restored_sharded"] = sum(1 for x in jax.tree.leaves(restored.params) if not x.sharding.is_fully_replicated)
+    out["restored_sum"] = float(sum(np.asarray(x, np.float64).sum() for x in jax.tree.leaves(restored.params)))
     for name, par in [("data", P.ParallelConfig()), ("fsdp", P.ParallelConfig(mode="fsdp", fsdp_min_size=256)),
                       ("fsdp_accum", P.ParallelConfig(mode="fsdp", grad_accum=2, fsdp_min_size=256))]:
         res = run(par)
@@ -71,7 +79,9 @@ def test_one_and_eight_devices_give_the_same_losses_data_parallel_and_fsdp(one_d
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": ROOT}
     target = tmp_path / "eight.json"
-    proc = subprocess.run([sys.executable, "-c", _EIGHT.format(tests=os.path.join(ROOT, "tests")), str(target)],
+    ckpt.save(str(tmp_path / "ckpt"), STEPS, one_device.params, BART.config)
+    proc = subprocess.run([sys.executable, "-c", _EIGHT.format(tests=os.path.join(ROOT, "tests")), str(target),
+                           str(tmp_path / "ckpt")],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     eight = json.loads(target.read_text())
@@ -81,6 +91,9 @@ def test_one_and_eight_devices_give_the_same_losses_data_parallel_and_fsdp(one_d
         np.testing.assert_allclose(eight[name], want.history["loss"], rtol=2e-5, atol=2e-5, err_msg=name)
         np.testing.assert_allclose(eight[name + "_param0"], np.asarray(jax.tree.leaves(want.params)[0]).ravel()[:8],
                                    rtol=1e-4, atol=1e-5, err_msg=name)
+    assert eight["restored_sharded"] > 0
+    assert eight["restored_sum"] == pytest.approx(sum(np.asarray(x, np.float64).sum()
+                                                      for x in jax.tree.leaves(one_device.params)), rel=1e-12)
     assert eight["data_sharded"] == 0  # replicated parameters
     assert eight["fsdp_sharded"] > 0 and eight["fsdp_accum_sharded"] == eight["fsdp_sharded"]
 
