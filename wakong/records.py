@@ -425,6 +425,27 @@ def verify_shards(info: dict) -> int:
     return checked
 
 
+def read_shard(file: str, limit: int | None = None) -> list[dict]:
+    """The first ``limit`` (default: all) decoded records of a shard.
+
+    Raises:
+      DatasetError: naming the file, when it cannot be read or a record does not decode (corruption).
+    """
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    try:
+        reader = ArrayRecordReader(file)
+        try:
+            n = reader.num_records() if limit is None else min(reader.num_records(), limit)
+            data = reader.read(list(range(n))) if n else []
+        finally:
+            reader.close()
+        return [decode_record(d) for d in data]
+    except Exception as err:  # ArrayRecord raises RuntimeError/ValueError, decoding struct.error/ValueError
+        reason = " ".join(str(err).split())[:300]
+        raise DatasetError(f"shard {file} is corrupt or unreadable: {reason}") from None
+
+
 def _add_counts(total: dict, counts: dict) -> None:
     for key, value in counts.items():
         if isinstance(value, dict):
