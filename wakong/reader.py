@@ -260,7 +260,8 @@ class _TiedIterator(grain.DatasetIterator):
         try:
             self._parent.set_state(state["grain"])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
-            raise ValueError(f"the reader state is damaged: grain cannot restore it ({type(err).__name__}: {err})") from None
+            reason = f"{type(err).__name__}: {err}"
+            raise ValueError(f"the reader state is damaged: grain cannot restore it ({reason})") from None
 
 
 def _short(value) -> str:

@@ -205,7 +205,8 @@ class ShardWriter:
             for tmp, name, count in zip(self._tmp, self.names, self.counts):
                 os.replace(tmp, os.path.join(self.out_dir, name))
                 path = os.path.join(self.out_dir, name)
-                shards.append({"file": name, "records": count, "bytes": os.path.getsize(path), "sha256": file_sha256(path)})
+                size, digest = os.path.getsize(path), file_sha256(path)
+                shards.append({"file": name, "records": count, "bytes": size, "sha256": digest})
         except OSError as err:
             raise _write_error(os.path.join(self.out_dir, name), err) from err
         return shards

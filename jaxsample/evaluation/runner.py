@@ -1,9 +1,10 @@
 """The evaluation runner: checkpoint + dataset + named decoding configs -> per-config metrics.
 
-:func:`evaluate` restores a BART checkpoint, reads the dataset's examples (refused when the checkpoint
-recorded another tokenizer than the dataset's: :func:`jaxsample.models.checkpoint.check_tokenizer`), scores the references
-(teacher-forced log-likelihood and perplexity: a property of the model, the same for every
-decoding config), then for each decoding config decodes every row data-parallel over the devices
+:func:`evaluate` restores a BART checkpoint, reads the dataset's examples (refused when the
+checkpoint recorded another tokenizer than the dataset's:
+:func:`jaxsample.models.checkpoint.check_tokenizer`), scores the references (teacher-forced
+log-likelihood and perplexity: a property of the model, the same for every decoding config),
+then for each decoding config decodes every row data-parallel over the devices
 (:mod:`jaxsample.evaluation.sharding`; a row's outputs never depend on the device or host count),
 rescores the first output of each row under the model, and computes the metrics of
 :mod:`jaxsample.evaluation.metrics`. Process 0 writes ``results.json`` (metrics, settings,
