@@ -406,16 +406,22 @@ def _read_part(path: str) -> dict | None:
         return None
 
 
-def _complete(manifest: dict | None, identity: dict, where: str) -> bool:
-    """``manifest`` is this command's part and every file it lists is in ``where`` (shards with their size)."""
+def _complete(manifest: dict | None, identity: dict, where: str, moved_to: str | None = None) -> bool:
+    """``manifest`` is this command's part and every file it lists is in ``where`` (shards with their
+    size), or in ``moved_to`` for a staged part whose commit was interrupted."""
+
+    def find(name: str) -> str:
+        path = os.path.join(where, name)
+        return path if moved_to is None or os.path.exists(path) else os.path.join(moved_to, name)
+
     try:
         if _identity(manifest) != identity or "counts" not in manifest:
             return False
         for shard in manifest["shards"]:
-            file = os.path.join(where, shard["file"])
+            file = find(shard["file"])
             if not os.path.isfile(file) or os.path.getsize(file) != shard["bytes"]:
                 return False
-        tokenizer = os.path.join(where, "tokenizer.json")
+        tokenizer = find("tokenizer.json")
         return os.path.isfile(tokenizer) and records.file_sha256(tokenizer) == manifest["tokenizer"]["sha256"]
     except (KeyError, TypeError, AttributeError):  # not a part manifest (None, damaged, another format)
         return False
@@ -462,10 +468,10 @@ def prepare_dir(
     name = records.manifest_name(process_index, process_count)
     if os.path.isdir(staging):
         staged = _read_part(os.path.join(staging, name))
-        if identity is not None and _complete(staged, identity, staging):
+        if identity is not None and _complete(staged, identity, staging, out_dir):
             commit_part(out_dir, staging, staged)
             return staged
-        if _complete(staged, _try_identity(staged), staging) and not overwrite:
+        if _complete(staged, _try_identity(staged), staging, out_dir) and not overwrite:
             raise FileExistsError(
                 f"{out_dir} holds a build with other settings that was killed while replacing the dataset; "
                 "rerun that command to finish it, or use overwrite"
@@ -506,6 +512,7 @@ def commit_part(out_dir: str, staging: str, manifest: dict) -> None:
         for name in moved:
             if os.path.exists(os.path.join(staging, name)):
                 os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+                _phase("replacing")
         _fsync_dir(out_dir)
         shutil.rmtree(staging)
     except OSError as err:
