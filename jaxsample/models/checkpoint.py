@@ -146,6 +146,18 @@ def _restore_json(directory: str, step: int, item: str) -> Any:
         raise _unreadable(os.path.join(os.path.abspath(directory), str(step)), [item], err) from None
 
 
+def _damaged(directory: str, step: int, items: dict) -> list[str]:
+    """The items that fail to restore on their own (all of them if none does alone)."""
+    bad = []
+    for name, args in items.items():
+        try:
+            with _manager(directory) as manager:
+                manager.restore(step, args=ocp.args.Composite(**{name: args}))
+        except Exception:
+            bad.append(name)
+    return bad or sorted(items)
+
+
 def read_metadata(directory: str, step: int | None = None) -> dict:
     """The ``metadata`` saved with a checkpoint (default: the latest); ``{}`` if it was saved without."""
     _, step = check_config(directory, step=step)
@@ -193,7 +205,8 @@ def restore(
         with _manager(directory) as manager:
             restored = manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as err:  # orbax/tensorstore raise assorted errors for truncated or damaged files
-        raise _unreadable(os.path.join(os.path.abspath(directory), str(step)), sorted(items), err) from None
+        raise _unreadable(os.path.join(os.path.abspath(directory), str(step)), _damaged(directory, step, items),
+                          err) from None
     opt_state = restored.opt_state if optimizer is not None else None
     return Checkpoint(restored.params, saved, step, opt_state, metadata)
 
