@@ -8,12 +8,14 @@ Examples::
     wakong build corpus/*.txt --out /shared/data/ --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
     wakong build docs.jsonl --format jsonl --set input.field=body --tokenizer tokenizer.json --out data/
     wakong train-tokenizer corpus/*.txt --vocab-size 32000 --out tokenizer.json
-    wakong inspect data/
+    wakong inspect data/ --verify                                 # also check every shard's sha256
     wakong mask "the quick brown fox jumps over the lazy dog" --seed 1
 
 Settings come from ``--config`` (YAML), then the dedicated flags, then ``--set section.key=value``.
-Errors (missing files, corrupt tokenizer, invalid settings, full disk, a failed host) print one line
-and exit 1. ``build`` on several processes (``--distributed``/``--coordinator ...``, see
+Errors (missing files, corrupt tokenizer or dataset, invalid settings, full disk, a failed host) print
+one line and exit 1; nonsensical numbers (``--workers -1``) are argparse errors naming the flag (exit 2);
+Ctrl-C exits 130. ``build`` checks everything before it changes ``--out`` and replaces an earlier
+dataset only with a complete new one (:func:`wakong.pipeline.build`). ``build`` on several processes (``--distributed``/``--coordinator ...``, see
 :mod:`jaxsample.distributed`) builds a part per process and merges them (:mod:`wakong.multihost`);
 process 0 prints the report.
 """
@@ -212,11 +214,13 @@ def _build(args: argparse.Namespace) -> int:
 
     def reading() -> None:  # a record read to train the tokenizer (the trainer's own bars need a terminal)
         if "tokenizer" not in bars:
-            bars["tokenizer"] = _tqdm(len(source), "tokenizer", processes.is_main and not args.no_progress)
+            bars["tokenizer"] = _tqdm(len(source), "tokenizer", processes.is_main)
         bars["tokenizer"].update(1)
 
     def update(outcome) -> None:
         if "build" not in bars:
+            if "tokenizer" in bars:
+                bars.pop("tokenizer").close()
             bars["build"] = _progress(total, not args.no_progress)
         bars["build"][1](outcome)
 
@@ -229,7 +233,7 @@ def _build(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=update,
             processes=processes,
-            tokenizer_progress=reading,
+            tokenizer_progress=None if args.no_progress else reading,
         )
     finally:
         for bar in bars.values():

@@ -503,12 +503,12 @@ def commit_part(out_dir: str, staging: str, manifest: dict) -> None:
         name = os.path.basename(path)
         return name != records.DATASET_MANIFEST, not name.startswith("manifest")
 
-    for path in sorted(_replaced(out_dir, i, n), key=order):
-        if os.path.basename(path) not in new:
-            with contextlib.suppress(FileNotFoundError):  # another host sharing the directory removed it
-                os.remove(path)
     moved = sorted(new) + ["tokenizer.json", records.manifest_name(i, n)]
     try:
+        for path in sorted(_replaced(out_dir, i, n), key=order):
+            if os.path.basename(path) not in new:
+                with contextlib.suppress(FileNotFoundError):  # another host sharing the directory removed it
+                    os.remove(path)
         for name in moved:
             if os.path.exists(os.path.join(staging, name)):
                 os.replace(os.path.join(staging, name), os.path.join(out_dir, name))

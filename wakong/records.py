@@ -8,6 +8,7 @@ Layout of a dataset directory (one part per process that built it)::
     manifest-00000-of-00002.json     a part's manifest: its settings, input, shards, counts
     manifest-00001-of-00002.json
     manifest.json                    the dataset manifest (wakong build): every part, checked and summed
+    .staging-part-00000-of-00002/    only while part 0 is built: its files before they replace the old ones
 
 A record is ``encode_record``'s compact binary form of one example: its global record index, its part
 number within the record, ``input_ids`` and ``labels`` with BOS/EOS (uint16 when the vocabulary fits,
