@@ -67,6 +67,15 @@ def test_sample_examples_hitting_damage_give_one_line(copy, capsys):
         records.read_shard(shard)
 
 
+def test_damaged_record_bytes_are_a_dataset_error(built):  # noqa: F811
+    data = records.encode_record(3, 0, [0, 7, 2], [0, 7, 8, 2], [0, 1, 1, 0], [0, 1, 0, 0])
+    assert records.decode_record(data)["index"] == 3
+    for damaged, message in ((data[:-1], "damaged"), (data + b"x", "damaged"), (data[:10], "shorter than its header"),
+                             (b"XXXX" + data[4:], "not a wakong example record")):
+        with pytest.raises(records.DatasetError, match=message):
+            records.decode_record(damaged)
+
+
 def test_truncated_or_missing_shard_is_named(copy, capsys):
     shard = records.read_manifests(str(copy))["files"][2]
     with open(shard, "r+b") as f:

@@ -81,10 +81,15 @@ def encode_record(
 
 
 def decode_record(data: bytes) -> dict[str, Any]:
-    """Inverse of :func:`encode_record`; ids come back as int32."""
+    """Inverse of :func:`encode_record`; ids come back as int32 (``DatasetError`` for damaged bytes)."""
+    if len(data) < _HEADER.size:
+        raise DatasetError(f"not a wakong example record ({len(data)} bytes, shorter than its header)")
     magic, width, index, part, n_src, n_tgt = _HEADER.unpack_from(data)
     if magic != _MAGIC or width not in (2, 4):
         raise DatasetError(f"not a wakong example record (header {data[:8]!r})")
+    size = _HEADER.size + (n_src + n_tgt) * width + 2 * ((n_tgt + 7) // 8) if n_src >= 0 and n_tgt >= 0 else -1
+    if size != len(data):
+        raise DatasetError(f"damaged wakong example record: {len(data)} bytes, its header describes {size}")
     dtype, at = (np.int32 if width == 4 else np.uint16), _HEADER.size
     src = np.frombuffer(data, dtype, n_src, at).astype(np.int32)
     at += n_src * width
