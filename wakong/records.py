@@ -87,7 +87,7 @@ def decode_record(data: bytes) -> dict[str, Any]:
     magic, width, index, part, n_src, n_tgt = _HEADER.unpack_from(data)
     if magic != _MAGIC or width not in (2, 4):
         raise DatasetError(f"not a wakong example record (header {data[:8]!r})")
-    size = _HEADER.size + (n_src + n_tgt) * width + 2 * ((n_tgt + 7) // 8) if n_src >= 0 and n_tgt >= 0 else -1
+    size = _HEADER.size + (n_src + n_tgt) * width + 2 * ((n_tgt + 7) // 8)  # the counts are unsigned
     if size != len(data):
         raise DatasetError(f"damaged wakong example record: {len(data)} bytes, its header describes {size}")
     dtype, at = (np.int32 if width == 4 else np.uint16), _HEADER.size
