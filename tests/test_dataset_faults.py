@@ -67,6 +67,13 @@ def test_sample_examples_hitting_damage_give_one_line(copy, capsys):
         records.read_shard(shard)
 
 
+def test_training_batches_hitting_damage_name_the_shard(copy):
+    shard = records.read_manifests(str(copy))["files"][1]
+    _flip(shard, 70)
+    with pytest.raises(records.DatasetError, match=f"shard {shard} is corrupt or unreadable"):
+        list(batches(str(copy), batch_size=8, shuffle=False, process_index=0, process_count=1))
+
+
 def test_damaged_record_bytes_are_a_dataset_error(built):  # noqa: F811
     data = records.encode_record(3, 0, [0, 7, 2], [0, 7, 8, 2], [0, 1, 1, 0], [0, 1, 0, 0])
     assert records.decode_record(data)["index"] == 3

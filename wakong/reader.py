@@ -80,6 +80,27 @@ def _generator(seed: int, epoch: int, index: int, part: int) -> random.Random:
     return random.Random(int(state[0]) << 64 | int(state[1]))
 
 
+class ShardSource:
+    """grain's ``ArrayRecordDataSource`` over a dataset's shards (``open_dataset``'s ``info``); a read
+    that fails (a corrupt shard) raises ``DatasetError`` naming the shard."""
+
+    def __init__(self, info: dict):
+        self.files = list(info["files"])
+        self._ends = np.cumsum([s["records"] for p in info["parts"] for s in p["shards"]])
+        self._source = grain.sources.ArrayRecordDataSource(self.files)
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, index: int) -> bytes:
+        try:
+            return self._source[index]
+        except Exception as err:  # ArrayRecord/riegeli raise RuntimeError for damaged chunks
+            file = self.files[min(int(np.searchsorted(self._ends, index, side="right")), len(self.files) - 1)]
+            reason = " ".join(str(err).split())[:300]
+            raise records.DatasetError(f"shard {file} is corrupt or unreadable: {reason}") from None
+
+
 class _Decode(grain.transforms.MapWithIndex):
     """Stream position + record bytes -> record dict, re-noised for the position's epoch if asked."""
 
@@ -188,7 +209,7 @@ def batches(
             f"max_source_len/max_target_len {source_len}/{target_len} are below the build's "
             f"{built.max_source_len}/{built.max_target_len}; rebuild the dataset for shorter examples"
         )
-    ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(info["files"]))
+    ds = grain.MapDataset.source(ShardSource(info))
     n_records = len(ds)
     if n_records == 0:
         raise records.DatasetError(f"{path} holds no examples")
