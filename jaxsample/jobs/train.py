@@ -12,7 +12,11 @@ Config kind ``train``::
 
 The model's vocabulary size and special ids come from the dataset's tokenizer. A run whose
 ``out/checkpoint`` already holds ``num_steps`` steps is reused as is; one holding fewer resumes
-from there (optimizer state restored; the data order restarts with ``seed + step``). Training
+from there (optimizer state restored; the data order restarts with ``seed + step``). Checkpoints
+record the dataset tokenizer's sha256 and vocabulary size (``metadata["tokenizer"]``); reusing or
+resuming one on data built with another tokenizer is refused, and so is evaluating it on such data
+(:mod:`jaxsample.evaluation.runner`). A truncated or corrupt checkpoint fails with one line naming
+it (:class:`jaxsample.models.checkpoint.CheckpointError`). Training
 batches re-noise every epoch (:func:`wakong.reader.batches` with ``renoise``) unless
 ``renoise: false``. Single host for now (the batches are sharded by ``jax.process_index()`` but
 parameters are not synchronised across hosts).
@@ -126,8 +130,10 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
     tc = dataclasses.replace(job.train, seed=job.seed)
     latest = ckpt.latest_step(directory) or 0
     history = _read_history(history_file)
-    if latest >= tc.num_steps:
+    if latest:
         ckpt.check_config(directory, config, step=latest)
+        ckpt.check_tokenizer(ckpt.read_metadata(directory, latest), tokenizer, f"{directory}/{latest}", path)
+    if latest >= tc.num_steps:
         return Trained(directory, latest, True, history, 0.0)
     if latest:
         restored = ckpt.restore(directory, config, step=latest, optimizer=T.make_optimizer(tc))
@@ -147,7 +153,8 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
 
     try:
         result = T.train(model, params, _batches(path, job, latest, noise), tc, opt_state=opt_state,
-                         start_step=latest, callback=callback, checkpoint_dir=directory)
+                         start_step=latest, callback=callback, checkpoint_dir=directory,
+                         checkpoint_metadata={"tokenizer": ckpt.tokenizer_metadata(tokenizer)})
     finally:
         bar.close()
     for key, values in result.history.items():

@@ -223,6 +223,7 @@ def train(
     callback: Callable[[int, dict[str, float]], None] | None = None,
     checkpoint_dir: str | None = None,
     checkpoint_every: int = 0,
+    checkpoint_metadata: dict | None = None,
 ) -> TrainResult:
     """Runs the jitted step from ``start_step`` to ``config.num_steps`` (or until ``batches`` runs out).
 
@@ -234,7 +235,8 @@ def train(
       callback: ``callback(step, metrics)`` every ``config.log_every`` steps and after the last,
         ``metrics`` being host floats of that step (``step`` counts completed steps).
       checkpoint_dir, checkpoint_every: save params, optimizer state and config with orbax every
-        ``checkpoint_every`` steps and at the end (see :mod:`jaxsample.models.checkpoint`).
+        ``checkpoint_every`` steps and at the end (see :mod:`jaxsample.models.checkpoint`), with
+        ``checkpoint_metadata`` (e.g. the tokenizer's sha256).
 
     Returns:
       :class:`TrainResult`; metrics are only copied to the host every ``log_every`` steps, so the
@@ -271,12 +273,14 @@ def train(
         if (step - start_step) % config.log_every == 0:
             flush()
         if checkpoint_dir and checkpoint_every and step % checkpoint_every == 0:
-            _checkpoint.save(checkpoint_dir, step, params, model.config, opt_state=opt_state)
+            _checkpoint.save(checkpoint_dir, step, params, model.config, opt_state=opt_state,
+                             metadata=checkpoint_metadata)
     flush()
     jax.block_until_ready(params)
     seconds = time.perf_counter() - start
     if checkpoint_dir and step > start_step and not (checkpoint_every and step % checkpoint_every == 0):
-        _checkpoint.save(checkpoint_dir, step, params, model.config, opt_state=opt_state)
+        _checkpoint.save(checkpoint_dir, step, params, model.config, opt_state=opt_state,
+                             metadata=checkpoint_metadata)
     keys = rows[0].keys() if rows else ("step", "loss", "accuracy", "tokens", "grad_norm", "learning_rate")
     history = {k: np.asarray([r[k] for r in rows], np.int64 if k == "step" else np.float64) for k in keys}
     return TrainResult(params, opt_state, step, history, seconds)
