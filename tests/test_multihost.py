@@ -22,7 +22,7 @@ from jaxsample.distributed import DistributedError, ProcessInfo
 from wakong import multihost, records
 from wakong.cli import main
 from wakong.config import load_config
-from wakong.pipeline import build, prepare_dir
+from wakong.pipeline import build, commit_part, prepare_dir
 from wakong.reader import batches
 from wakong.sources import TextSource
 
@@ -446,7 +446,7 @@ def test_hosts_without_a_shared_directory_read_their_own_part(tmp_path, parts):
         batches(str(host0), batch_size=2, part=0, process_count=1)
 
 
-def test_prepare_dir_replaces_only_what_the_part_owns(tmp_path):
+def test_prepare_dir_and_commit_replace_only_what_the_part_owns(tmp_path):
     def touch(*names):
         for name in names:
             (tmp_path / name).write_text("x")
@@ -455,12 +455,23 @@ def test_prepare_dir_replaces_only_what_the_part_owns(tmp_path):
     other = ["manifest-00000-of-00002.json", "part-00000-of-00002-shard-00000-of-00001.array_record"]
     stale = ["manifest-00000-of-00003.json", "part-00002-of-00003-shard-00000-of-00001.array_record",
              records.DATASET_MANIFEST]
-    touch(*mine, *other, *stale, ".part-00001-of-00002-shard-00000-of-00001.array_record.tmp-1-ab")
+    temporary = [".part-00001-of-00002-shard-00000-of-00001.array_record.tmp-1-ab", ".manifest-00001-of-00002.json.tmp-1-cd"]
+    touch(*mine, *other, *stale, *temporary, ".manifest-00000-of-00002.json.tmp-1-ef")
     with pytest.raises(FileExistsError, match="already holds a dataset"):
         prepare_dir(str(tmp_path), 1, 2)
-    prepare_dir(str(tmp_path), 1, 2, overwrite=True)
-    assert sorted(os.listdir(tmp_path)) == sorted(other)  # the other host's part of this build stays
-    prepare_dir(str(tmp_path), 1, 2)  # nothing of its own left: no complaint
+    assert prepare_dir(str(tmp_path), 1, 2, overwrite=True) is None  # only temporary files go now
+    kept = sorted(mine + other + stale + [".manifest-00000-of-00002.json.tmp-1-ef"])  # the other part's temporary stays
+    assert sorted(os.listdir(tmp_path)) == kept
+    staging = records.staging_dir(str(tmp_path), 1, 2)
+    os.mkdir(staging)
+    shard = "part-00001-of-00002-shard-00000-of-00002.array_record"
+    for name in (shard, "tokenizer.json", "manifest-00001-of-00002.json"):
+        with open(os.path.join(staging, name), "w") as f:
+            f.write("new")
+    commit_part(str(tmp_path), staging, {"process_index": 1, "process_count": 2, "shards": [{"file": shard}]})
+    assert sorted(os.listdir(tmp_path)) == sorted(other + [shard, "tokenizer.json", "manifest-00001-of-00002.json",
+                                                           ".manifest-00000-of-00002.json.tmp-1-ef"])
+    assert (tmp_path / "manifest-00001-of-00002.json").read_text() == "new"  # the other host's part stays
 
 
 def test_two_processes_evaluate_exactly_like_one(tmp_path):

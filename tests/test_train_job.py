@@ -72,7 +72,7 @@ def test_heldout_evaluation_metrics_and_plot(uninterrupted):
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(out / "tensorboard"))
     from jaxsample.models import checkpoint as ckpt
 
-    meta = ckpt.restore(str(out / "checkpoint"), step=39).meta
+    meta = ckpt.restore(str(out / "checkpoint"), step=39).metadata
     assert len(meta["data_state"]) == 1 and meta["best_eval"] == min(e["loss"] for e in evals if e["step"] <= 36)
 
 

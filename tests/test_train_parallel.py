@@ -150,7 +150,7 @@ def test_resume_onto_another_mesh_restores_the_same_values(one_device, tmp_path)
     fsdp = P.ParallelConfig(mode="fsdp", fsdp_min_size=256)
     half = run(fsdp, steps=STEPS // 2, checkpoint_dir=str(tmp_path), data_state=lambda: {"next": STEPS // 2})
     saved = ckpt.restore(str(tmp_path), BART.config, optimizer=T.make_optimizer(TC))
-    assert saved.step == STEPS // 2 and saved.meta["data_state"] == {"next": STEPS // 2}
+    assert saved.step == STEPS // 2 and saved.metadata["data_state"] == {"next": STEPS // 2}
     # onto an explicit (here one-device) mesh with FSDP shardings
     mesh = P.make_mesh(jax.devices()[:1])
     p_sh, o_sh = P.state_shardings_of(BART, T.make_optimizer(TC), mesh, fsdp)

@@ -8,12 +8,14 @@ Examples::
     wakong build corpus/*.txt --out /shared/data/ --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
     wakong build docs.jsonl --format jsonl --set input.field=body --tokenizer tokenizer.json --out data/
     wakong train-tokenizer corpus/*.txt --vocab-size 32000 --out tokenizer.json
-    wakong inspect data/
+    wakong inspect data/ --verify                                 # also check every shard's sha256
     wakong mask "the quick brown fox jumps over the lazy dog" --seed 1
 
 Settings come from ``--config`` (YAML), then the dedicated flags, then ``--set section.key=value``.
-Errors (missing files, corrupt tokenizer, invalid settings, full disk, a failed host) print one line
-and exit 1. ``build`` on several processes (``--distributed``/``--coordinator ...``, see
+Errors (missing files, corrupt tokenizer or dataset, invalid settings, full disk, a failed host) print
+one line and exit 1; nonsensical numbers (``--workers -1``) are argparse errors naming the flag (exit 2);
+Ctrl-C exits 130. ``build`` checks everything before it changes ``--out`` and replaces an earlier
+dataset only with a complete new one (:func:`wakong.pipeline.build`). ``build`` on several processes (``--distributed``/``--coordinator ...``, see
 :mod:`jaxsample.distributed`) builds a part per process and merges them (:mod:`wakong.multihost`);
 process 0 prints the report.
 """
@@ -39,6 +41,21 @@ _FLAGS = {  # flag attribute -> config key
 }
 
 
+def _at_least(minimum: int):
+    """argparse ``type``: an int >= ``minimum`` (argparse names the flag in its error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wakong",
@@ -51,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     def inputs(p: argparse.ArgumentParser) -> None:
         p.add_argument("inputs", nargs="*", help="input files (text, JSONL or ArrayRecord)")
         p.add_argument("--corpus", choices=["pydoc"], help="built-in corpus instead of files: Python's docs")
-        p.add_argument("--repeat", type=int, default=1, help="use the built-in corpus N times (benchmarks)")
+        p.add_argument("--repeat", type=_at_least(1), default=1, help="use the built-in corpus N times (benchmarks)")
         p.add_argument("--config", help="YAML config (e.g. configs/wakong/article.yaml)")
         p.add_argument("--format", choices=["text", "jsonl", "array_record"], help="input format")
         p.add_argument("--split", choices=["line", "paragraph", "file"], help="one text record per ...")
@@ -62,10 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     inputs(build)
     build.add_argument("--out", required=True, help="dataset directory")
     build.add_argument("--tokenizer", help="tokenizer.json to use (default: train a byte-level BPE)")
-    build.add_argument("--vocab-size", type=int, help="vocabulary size of a trained tokenizer")
+    build.add_argument("--vocab-size", type=_at_least(1), help="vocabulary size of a trained tokenizer")
     build.add_argument("--seed", type=int, help="mask seed")
-    build.add_argument("--num-shards", type=int, help="ArrayRecord shards per host")
-    build.add_argument("--workers", type=int, default=0, help="grain worker processes (0: in process)")
+    build.add_argument("--num-shards", type=_at_least(1), help="ArrayRecord shards per host")
+    build.add_argument("--workers", type=_at_least(0), default=0, help="grain worker processes (0: in process)")
     build.add_argument("--overwrite", action="store_true", help="replace an earlier build in --out")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
     build.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -74,11 +91,12 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train-tokenizer", help="train a byte-level BPE with BART's special tokens")
     inputs(train)
     train.add_argument("--out", required=True, help="tokenizer.json to write")
-    train.add_argument("--vocab-size", type=int, help="vocabulary size")
+    train.add_argument("--vocab-size", type=_at_least(1), help="vocabulary size")
 
     inspect = sub.add_parser("inspect", help="summarise a dataset and show decoded examples")
     inspect.add_argument("path", help="dataset directory")
-    inspect.add_argument("--examples", type=int, default=3, help="examples to show")
+    inspect.add_argument("--examples", type=_at_least(0), default=3, help="examples to show")
+    inspect.add_argument("--verify", action="store_true", help="check every shard's sha256 against the manifest")
 
     mask = sub.add_parser("mask", help="mask the words of a text with Wakong (word-level infilling)")
     mask.add_argument("text", help="text to mask")
@@ -110,10 +128,14 @@ def _source(args: argparse.Namespace, config):
     return open_source(config.input.format, args.inputs, split=config.input.split, repeat=args.repeat)
 
 
-def _progress(total: int, enabled: bool):
+def _tqdm(total: int, desc: str | None, enabled: bool):
     from tqdm import tqdm
 
-    bar = tqdm(total=total, unit="rec", disable=not enabled, dynamic_ncols=True, file=sys.stderr)
+    return tqdm(total=total, unit="rec", desc=desc, disable=not enabled, dynamic_ncols=True, file=sys.stderr)
+
+
+def _progress(total: int, enabled: bool):
+    bar = _tqdm(total, None, enabled)
     state = {"tokens": 0, "start": None, "shown": 0.0}
 
     def update(outcome) -> None:
@@ -188,7 +210,20 @@ def _build(args: argparse.Namespace) -> int:
         print(f"training a byte-level BPE tokenizer ({size:,} tokens) on {len(source):,} records",
               file=sys.stderr)
     total = len(range(processes.index, len(source), processes.count))
-    bar, update = _progress(total, not args.no_progress)
+    bars: dict = {}
+
+    def reading() -> None:  # a record read to train the tokenizer (the trainer's own bars need a terminal)
+        if "tokenizer" not in bars:
+            bars["tokenizer"] = _tqdm(len(source), "tokenizer", processes.is_main)
+        bars["tokenizer"].update(1)
+
+    def update(outcome) -> None:
+        if "build" not in bars:
+            if "tokenizer" in bars:
+                bars.pop("tokenizer").close()
+            bars["build"] = _progress(total, not args.no_progress)
+        bars["build"][1](outcome)
+
     try:
         manifest = multihost.build(
             source,
@@ -198,9 +233,11 @@ def _build(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=update,
             processes=processes,
+            tokenizer_progress=None if args.no_progress else reading,
         )
     finally:
-        bar.close()
+        for bar in bars.values():
+            (bar[0] if isinstance(bar, tuple) else bar).close()
     if not processes.is_main:
         c, i = manifest["parts"][processes.index]["counts"], processes.index
         print(f"process {i} of {processes.count}: built part {i} ({c['records_in']:,} records, "
@@ -246,8 +283,6 @@ def _train_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from array_record.python.array_record_module import ArrayRecordReader
-
     from wakong import records
     from wakong.reader import open_dataset
 
@@ -258,19 +293,18 @@ def _inspect(args: argparse.Namespace) -> int:
     print(f"records  in {c['records_in']:,}, written {c['records_written']:,}, dropped {dropped:,}")
     print(f"examples {c['examples']:,}; tokens {c['tokens']:,}; seed {info['seed']}")
     print(f"tokenizer sha256 {tok.sha256}")
+    if args.verify:
+        checked = records.verify_shards(info)
+        print(f"verified {len(info['files'])} shard(s), {checked:,} bytes: every sha256 matches the manifest")
     left = args.examples
     for file in info["files"]:
-        reader = ArrayRecordReader(file)
-        wanted = list(range(min(reader.num_records(), left)))
-        for data in reader.read(wanted) if wanted else []:
-            rec = records.decode_record(data)
+        if left <= 0:
+            break
+        for rec in records.read_shard(file, left):
             print(f"\n[record {rec['index']} part {rec['part']}]")
             print("  source:", tok.decode(rec["input_ids"]))
             print("  target:", tok.decode(rec["labels"]))
-        reader.close()
-        left -= len(wanted)
-        if left <= 0:
-            break
+            left -= 1
     return 0
 
 

@@ -4,13 +4,16 @@
 :func:`jaxsample.distributed.initialize`). Steps, each ending with :func:`jaxsample.distributed.together`
 so that an error on one process stops every process with a clear message instead of a hang:
 
-1. ``prepare``: each process clears what its part replaces in ``out_dir`` (or refuses without
-   ``overwrite``; see :func:`wakong.pipeline.prepare_dir`).
-2. ``tokenizer``: a given or configured ``tokenizer.json`` is loaded by every process; otherwise
+1. ``tokenizer``: a given or configured ``tokenizer.json`` is loaded by every process; otherwise
    process 0 alone trains the BPE and broadcasts its JSON, so nothing races on a shared directory
    and hosts without one get the same bytes (the parts' tokenizer sha256 are checked in step 4).
+   Nothing in ``out_dir`` is touched before this step succeeded everywhere.
+2. ``prepare``: each process checks what its part would replace in ``out_dir`` (refusing without
+   ``overwrite``) and finishes or reuses its part of an identical killed build
+   (:func:`wakong.pipeline.prepare_dir`); nothing is removed yet.
 3. ``build``: process ``i`` builds records ``i, i + n, ...`` of the source into part ``i``
-   (:func:`wakong.pipeline.build`). The examples of a record depend only on ``(seed, record index)``,
+   (:func:`wakong.pipeline.build`: staged, then it replaces what the part replaces in ``out_dir``, or
+   refuses without ``overwrite``). The examples of a record depend only on ``(seed, record index)``,
    so the union of the parts equals a one-process build.
 4. ``manifest``: every process receives every part manifest and merges them identically
    (:func:`merge`: same settings, tokenizer and input everywhere, every input record read and
@@ -60,16 +63,22 @@ def merge(parts: Sequence[dict], config: BuildConfig) -> dict:
     }
 
 
-def _tokenizer(config, source, tokenizer, info: distributed.ProcessInfo, step) -> TextTokenizer:
+def _tokenizer(config, source, tokenizer, info: distributed.ProcessInfo, step, progress) -> TextTokenizer:
     """The tokenizer every process uses: given, loaded by each, or trained on process 0 and broadcast."""
     if tokenizer is not None or config.tokenizer.path or info.count == 1:
         with step("tokenizer"):
-            return pipeline.resolve_tokenizer(config, source, tokenizer)
+            return pipeline.resolve_tokenizer(config, source, tokenizer, progress=progress)
     with step("tokenizer"):
-        trained = pipeline.resolve_tokenizer(config, source) if info.is_main else None
-    payload = f"{trained.origin}\n{trained.json_text}".encode() if trained is not None else None
-    origin, _, text = distributed.broadcast_bytes(payload).decode().partition("\n")
-    return trained or TextTokenizer(text, config.tokenizer.special, origin=origin)
+        trained = pipeline.resolve_tokenizer(config, source, progress=progress) if info.is_main else None
+    payload = None
+    if trained is not None:
+        payload = f"{trained.origin}\n{json.dumps(trained.training)}\n{trained.json_text}".encode()
+    origin, training, text = distributed.broadcast_bytes(payload).decode().split("\n", 2)
+    if trained is not None:
+        return trained
+    received = TextTokenizer(text, config.tokenizer.special, origin=origin)
+    received.training = json.loads(training)
+    return received
 
 
 def _dumps(data: dict) -> bytes:
@@ -94,6 +103,7 @@ def build(
     overwrite: bool = False,
     progress: Callable[[pipeline.Outcome], Any] | None = None,
     processes: distributed.ProcessInfo | None = None,
+    tokenizer_progress: Callable[[], Any] | None = None,
 ) -> dict:
     """Builds the dataset with every process of the job; returns the dataset manifest (on every process).
 
@@ -101,6 +111,7 @@ def build(
       source, out_dir, config, tokenizer, workers, overwrite, progress: as :func:`wakong.pipeline.build`
         (the same on every process; ``progress`` sees this process's records).
       processes: this process's place in the job (default: JAX's, :func:`jaxsample.distributed.current`).
+      tokenizer_progress: called per record read to train a tokenizer (see ``resolve_tokenizer``).
 
     Raises:
       jaxsample.distributed.DistributedError: another process failed (this one raises its own error).
@@ -114,9 +125,11 @@ def build(
         )
     step = distributed.together if info.count > 1 else lambda name: contextlib.nullcontext()
     out_dir = os.fspath(out_dir)
-    with step("prepare"):
-        pipeline.prepare_dir(out_dir, info.index, info.count, overwrite)
-    tok = _tokenizer(config, source, tokenizer, info, step)
+    pipeline.check_workers(workers)
+    tok = _tokenizer(config, source, tokenizer, info, step, tokenizer_progress)
+    with step("prepare"):  # every process refuses (or finishes a killed build) before any builds
+        identity = pipeline.part_identity(source, config, tok, info.index, info.count)
+        pipeline.prepare_dir(out_dir, info.index, info.count, overwrite, identity, resume=True)
     with step("build"):
         part = _dumps(
             pipeline.build(
@@ -129,6 +142,7 @@ def build(
                 process_count=info.count,
                 overwrite=overwrite,
                 progress=progress,
+                resume=True,  # a part built by a run killed before the dataset manifest is reused
             )
         )
     parts = distributed.allgather_bytes(part) if info.count > 1 else [part]

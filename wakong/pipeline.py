@@ -35,6 +35,7 @@ import json
 import os
 import random
 import re
+import shutil
 import time
 from typing import Any, Callable, Sequence
 
@@ -66,6 +67,7 @@ __all__ = [  # the pipeline's entry points, including those that live in sibling
     "make_examples",
     "open_dataset",
     "open_source",
+    "commit_part",
     "prepare_dir",
     "resolve_tokenizer",
     "train_tokenizer",
@@ -295,62 +297,235 @@ def build_dataset(
     return ds[process_index::process_count]
 
 
-def training_texts(source: Sequence[bytes], config: BuildConfig):
-    """The normalised text of every usable record (what the tokenizer is trained on)."""
+#: Longest piece of a word fed to tokenizer training: BPE training time grows with the square of a
+#: word's length (a 256 KiB word took minutes), so longer words are cut into pieces (counted).
+MAX_TRAINING_PIECE = 256
+
+
+def training_texts(source: Sequence[bytes], config: BuildConfig, stats: dict | None = None):
+    """The normalised text of every usable record (what the tokenizer is trained on).
+
+    Words longer than :data:`MAX_TRAINING_PIECE` characters are cut into pieces of that length.
+    ``stats`` (if given) receives the counts ``records`` (texts yielded), ``records_skipped`` (dropped
+    by :func:`record_text`) and ``long_words_cut``.
+    """
+    stats = {} if stats is None else stats
+    stats.update(records=0, records_skipped=0, long_words_cut=0)
+    n = MAX_TRAINING_PIECE
     for i in range(len(source)):
         text, reason = record_text(source[i], config, {})
-        if reason is None:
-            yield " ".join(text.split())
+        if reason is not None:
+            stats["records_skipped"] += 1
+            continue
+        words = text.split()
+        if len(text) > n and max(map(len, words), default=0) > n:
+            long = [w for w in words if len(w) > n]
+            stats["long_words_cut"] += len(long)
+            words = [" ".join(w[k : k + n] for k in range(0, len(w), n)) if len(w) > n else w for w in words]
+        stats["records"] += 1
+        yield " ".join(words)
 
 
 def resolve_tokenizer(
-    config: BuildConfig, source: Sequence[bytes], tokenizer: TextTokenizer | None = None
+    config: BuildConfig,
+    source: Sequence[bytes],
+    tokenizer: TextTokenizer | None = None,
+    *,
+    progress: Callable[[], Any] | None = None,
 ) -> TextTokenizer:
-    """The given tokenizer, the one at ``config.tokenizer.path``, or a BPE trained on ``source``."""
+    """The given tokenizer, the one at ``config.tokenizer.path``, or a BPE trained on ``source``.
+
+    A trained tokenizer carries its training counts (:func:`training_texts`) as ``.training``;
+    ``progress`` is called once per record read for training (and turns on the trainer's own bars).
+    """
     cfg = config.tokenizer
     if tokenizer is not None:
         return tokenizer
     if cfg.path:
         return load_tokenizer(cfg.path, cfg.special)
-    texts = training_texts(source, config)
-    return train_tokenizer(
-        texts, vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, specials=cfg.special
+    stats: dict = {}
+    texts = training_texts(source, config, stats)
+    if progress is not None:
+        texts = _calling(texts, progress)
+    tok = train_tokenizer(
+        texts,
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        specials=cfg.special,
+        show_progress=progress is not None,
     )
+    tok.training = stats
+    return tok
 
 
-_PART_FILE = re.compile(r"(?:part|manifest)-(\d+)-of-(\d+)\b")
+def _calling(items, fn: Callable[[], Any]):
+    for item in items:
+        fn()
+        yield item
 
 
-def prepare_dir(out_dir: str, process_index: int = 0, process_count: int = 1, overwrite: bool = False):
-    """Makes ``out_dir`` ready for one part: refuses to mix with an earlier build unless ``overwrite``.
+_PART_FILE = re.compile(r"\.?(?:part|manifest)-(\d+)-of-(\d+)\b")
 
-    What the part replaces -- its own manifest and shards, the dataset manifest, and every file of a
-    build with another number of parts -- raises ``FileExistsError``, or with ``overwrite`` is removed
-    (manifests first). The other parts of the same layout are left alone (other hosts write them).
-    """
-    os.makedirs(out_dir, exist_ok=True)
+
+def _replaced(out_dir: str, process_index: int, process_count: int) -> list[str]:
+    """Files of ``out_dir`` that a build of this part replaces: its own manifest and shards, the
+    dataset manifest, and every file of a build with another number of parts."""
 
     def replaced(path: str) -> bool:
         match = _PART_FILE.match(os.path.basename(path))
         return match is None or int(match[2]) != process_count or int(match[1]) == process_index
 
-    existing = [p for p in records.existing_parts(out_dir) if replaced(p)]
+    return [p for p in records.existing_parts(out_dir) if replaced(p)]
+
+
+def part_identity(source, config: BuildConfig, tok: TextTokenizer, process_index: int = 0,
+                  process_count: int = 1) -> dict:
+    """What identifies the part a build command makes (for :func:`prepare_dir`)."""
+    return _identity(_part_manifest(source, config, tok, process_index, process_count))
+
+
+def _identity(manifest: dict) -> dict:
+    """What makes two part manifests the output of the same command (not the timing)."""
+    keys = ("version", "process_index", "process_count", "seed", "config_fingerprint")
+    source = records._source_identity(manifest["source"])
+    return {**{k: manifest.get(k) for k in keys}, "tokenizer": manifest["tokenizer"]["sha256"], "source": source}
+
+
+def _try_identity(manifest) -> dict | None:
+    try:
+        return _identity(manifest)
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+def _read_part(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _complete(manifest: dict | None, identity: dict, where: str, moved_to: str | None = None) -> bool:
+    """``manifest`` is this command's part and every file it lists is in ``where`` (shards with their
+    size), or in ``moved_to`` for a staged part whose commit was interrupted."""
+
+    def find(name: str) -> str:
+        path = os.path.join(where, name)
+        return path if moved_to is None or os.path.exists(path) else os.path.join(moved_to, name)
+
+    try:
+        if _identity(manifest) != identity or "counts" not in manifest:
+            return False
+        for shard in manifest["shards"]:
+            file = find(shard["file"])
+            if not os.path.isfile(file) or os.path.getsize(file) != shard["bytes"]:
+                return False
+        tokenizer = find("tokenizer.json")
+        return os.path.isfile(tokenizer) and records.file_sha256(tokenizer) == manifest["tokenizer"]["sha256"]
+    except (KeyError, TypeError, AttributeError):  # not a part manifest (None, damaged, another format)
+        return False
+
+
+def _remove_temporaries(out_dir: str, process_index: int, process_count: int) -> None:
+    """Temporary files a killed build of this part (or, for process 0, of the dataset manifest) left."""
+    for name in os.listdir(out_dir):
+        if ".tmp-" not in name:
+            continue
+        match = _PART_FILE.match(name)
+        if match is not None:
+            ours = int(match[2]) != process_count or int(match[1]) == process_index
+        else:
+            ours = name.startswith("tokenizer.json") or (
+                name.startswith(f".{records.DATASET_MANIFEST}") and process_index == 0
+            )
+        if ours:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, name))
+
+
+def prepare_dir(
+    out_dir: str,
+    process_index: int = 0,
+    process_count: int = 1,
+    overwrite: bool = False,
+    identity: dict | None = None,
+    resume: bool = False,
+) -> dict | None:
+    """Makes ``out_dir`` ready for one part, touching no file of an earlier build.
+
+    Removes temporary files and the staging directory of an earlier build of this part that was
+    killed. Returns the part's manifest when this very part (``identity``: the same settings,
+    tokenizer and input) is already complete there: staged by a build killed while committing it
+    (the commit is finished now), or, with ``resume``, committed by a build that stopped before the
+    dataset manifest was written.
+    Otherwise raises ``FileExistsError`` if ``out_dir`` holds what the part would replace (see
+    :func:`commit_part`) and ``overwrite`` is not set, and returns ``None``.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    _remove_temporaries(out_dir, process_index, process_count)
+    staging = records.staging_dir(out_dir, process_index, process_count)
+    name = records.manifest_name(process_index, process_count)
+    if os.path.isdir(staging):
+        staged = _read_part(os.path.join(staging, name))
+        if identity is not None and _complete(staged, identity, staging, out_dir):
+            commit_part(out_dir, staging, staged)
+            return staged
+        if _complete(staged, _try_identity(staged), staging, out_dir) and not overwrite:
+            raise FileExistsError(
+                f"{out_dir} holds a build with other settings that was killed while replacing the dataset; "
+                "rerun that command to finish it, or use overwrite"
+            )
+        shutil.rmtree(staging)
+    existing = _replaced(out_dir, process_index, process_count)
+    if resume and identity is not None and not os.path.exists(os.path.join(out_dir, records.DATASET_MANIFEST)):
+        committed = _read_part(os.path.join(out_dir, name))
+        if _complete(committed, identity, out_dir):
+            return committed  # built; the dataset manifest was not written yet
     if existing and not overwrite:
         first = os.path.basename(existing[0])
         raise FileExistsError(f"{out_dir} already holds a dataset ({first} ...); use overwrite")
+    return None
+
+
+def commit_part(out_dir: str, staging: str, manifest: dict) -> None:
+    """Replaces what the part replaces in ``out_dir`` by the complete part in ``staging``.
+
+    Order: the dataset manifest and replaced part manifests are removed first (the old dataset is then
+    no longer readable as one), replaced shards not overwritten next, then the staged shards, the
+    tokenizer and last the part manifest are renamed into place. Every step can be repeated, so a build
+    killed in between is finished by :func:`prepare_dir` on the next run of the same command.
+    """
+    i, n = manifest["process_index"], manifest["process_count"]
+    new = {shard["file"] for shard in manifest["shards"]}
 
     def order(path: str) -> tuple[bool, bool]:  # the dataset manifest, part manifests, then shards
         name = os.path.basename(path)
         return name != records.DATASET_MANIFEST, not name.startswith("manifest")
 
-    for path in sorted(existing, key=order):
-        with contextlib.suppress(FileNotFoundError):  # another host sharing the directory removed it
-            os.remove(path)
-    prefix = records.part_prefix(process_index, process_count)
-    for name in os.listdir(out_dir):
-        if name.startswith(f".{prefix}") and ".tmp-" in name:  # left by a crashed build
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(out_dir, name))
+    moved = sorted(new) + ["tokenizer.json", records.manifest_name(i, n)]
+    try:
+        for path in sorted(_replaced(out_dir, i, n), key=order):
+            if os.path.basename(path) not in new:
+                with contextlib.suppress(FileNotFoundError):  # another host sharing the directory removed it
+                    os.remove(path)
+        for name in moved:
+            if os.path.exists(os.path.join(staging, name)):
+                os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+                _phase("replacing")
+        _fsync_dir(out_dir)
+        shutil.rmtree(staging)
+    except OSError as err:
+        raise records.DatasetWriteError(err.errno or 0, f"replacing the dataset in {out_dir} failed: {err}") from err
+
+
+def _fsync_dir(path: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _outcomes(ds: grain.MapDataset, workers: int):
@@ -370,6 +545,7 @@ def build(
     process_count: int = 1,
     overwrite: bool = False,
     progress: Callable[[Outcome], Any] | None = None,
+    resume: bool = False,
 ) -> dict:
     """Builds this process's part of a dataset in ``out_dir`` and returns the part's manifest.
 
@@ -384,18 +560,93 @@ def build(
       process_index, process_count: this host's slice of the records (``record_index % count``).
       overwrite: replace an earlier build in ``out_dir`` (otherwise ``FileExistsError``).
       progress: called with every :class:`Outcome`, in record order.
+      resume: return the part's manifest if ``out_dir`` holds this very part (same settings, tokenizer
+        and input) but no dataset manifest yet (:func:`wakong.multihost.build` writes it last).
+
+    Safety: the tokenizer, settings and ``out_dir`` are checked first; the part is then built into a
+    staging directory (``out_dir/.staging-part-*``: tokenizer, shards, and the part manifest last) and
+    only a complete part replaces what it replaces (:func:`commit_part`). A failure, an interruption
+    or a kill before that leaves an earlier dataset untouched; a kill during the replacement (renames
+    only) is finished by the next run of the same command (:func:`prepare_dir`).
 
     Raises:
-      records.DatasetWriteError: a write failed (e.g. disk full); no manifest is written.
+      records.DatasetWriteError: a write failed (e.g. disk full); nothing is replaced.
     """
     start = time.perf_counter()
     out_dir = os.fspath(out_dir)
-    prepare_dir(out_dir, process_index, process_count, overwrite)
-    tok = resolve_tokenizer(config, source, tokenizer)
+    check_workers(workers)
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index must be in [0, {process_count}), got {process_index}")
+    tok = resolve_tokenizer(config, source, tokenizer)  # everything is checked before out_dir is touched
+    manifest = _part_manifest(source, config, tok, process_index, process_count)
+    reused = prepare_dir(out_dir, process_index, process_count, overwrite, _identity(manifest), resume)
+    if reused is not None:
+        return reused
+    staging = records.staging_dir(out_dir, process_index, process_count)
     try:
-        tok.save(os.path.join(out_dir, "tokenizer.json"))
+        os.makedirs(staging)
     except OSError as err:
-        raise records.DatasetWriteError(err.errno or 0, f"writing the tokenizer failed: {err}") from err
+        raise records._write_error(staging, err) from err
+    try:
+        _phase("staging")
+        try:
+            tok.save(os.path.join(staging, "tokenizer.json"))
+        except OSError as err:
+            raise records._write_error(os.path.join(staging, "tokenizer.json"), err) from err
+        _write_part(source, staging, config, tok, manifest, workers, progress, start)
+        _phase("staged")
+    except BaseException:  # a failure or an interruption: the old dataset is untouched
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    commit_part(out_dir, staging, manifest)
+    _phase("committed")
+    return manifest
+
+
+def check_workers(workers: int) -> None:
+    """``workers`` must be an int >= 0 (``ValueError`` naming it)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"workers must be an integer >= 0 (0: in process), got {workers!r}")
+
+
+def _phase(name: str) -> None:
+    """Marks a phase of :func:`build` (tests replace it to inject failures and kills)."""
+
+
+def _part_manifest(source, config: BuildConfig, tok: TextTokenizer, process_index: int, process_count: int) -> dict:
+    """The part manifest's settings, tokenizer and input (shards, counts and timing come with the build)."""
+    tokenizer = {
+        "file": "tokenizer.json",
+        "sha256": tok.sha256,
+        "origin": tok.origin,
+        "vocab_size": tok.vocab_size,
+        "ids": {
+            "bos": tok.bos_id,
+            "pad": tok.pad_id,
+            "eos": tok.eos_id,
+            "unk": tok.unk_id,
+            "mask": tok.mask_id,
+            "decoder_start": tok.decoder_start_id,
+        },
+    }
+    if getattr(tok, "training", None) is not None:
+        tokenizer["training"] = tok.training
+    return {
+        "version": records.MANIFEST_VERSION,
+        "process_index": process_index,
+        "process_count": process_count,
+        "seed": config.seed,
+        "config": config.to_dict(),
+        "config_fingerprint": config.fingerprint(),
+        "tokenizer": tokenizer,
+        "source": {**getattr(source, "describe", dict)(), "records": len(source)},
+    }
+
+
+def _write_part(source, staging: str, config: BuildConfig, tok: TextTokenizer, manifest: dict, workers: int,
+                progress, start: float) -> None:
+    """Builds the part's shards in ``staging``, completes ``manifest`` and writes it there last."""
+    process_index, process_count = manifest["process_index"], manifest["process_count"]
     ds = build_dataset(source, config, tok, process_index=process_index, process_count=process_count)
     n_local, num_shards = len(ds), config.output.num_shards
     dropped = dict.fromkeys(DROP_REASONS, 0)
@@ -404,7 +655,7 @@ def build(
     stats = MaskStats(config.noise.spans)
     loop_start = time.perf_counter()
     prefix = records.part_prefix(process_index, process_count)
-    with records.ShardWriter(out_dir, prefix, num_shards) as writer:
+    with records.ShardWriter(staging, prefix, num_shards) as writer:
         for j, outcome in enumerate(_outcomes(ds, workers)):
             shard = j * num_shards // n_local
             for data in outcome.records:
@@ -423,43 +674,22 @@ def build(
                 stats.add(n, scheme)
             if progress is not None:
                 progress(outcome)
+            if j == n_local // 2:
+                _phase("shards")
         if counts["records_in"] != n_local:  # each record in is counted once, as written or dropped
             raise RuntimeError(f"record accounting is off: {counts}, dropped {dropped}, expected {n_local}")
         shards = writer.commit()
     loop_seconds = time.perf_counter() - loop_start
     seconds = time.perf_counter() - start
-    manifest = {
-        "version": records.MANIFEST_VERSION,
-        "process_index": process_index,
-        "process_count": process_count,
-        "seed": config.seed,
-        "config": config.to_dict(),
-        "config_fingerprint": config.fingerprint(),
-        "tokenizer": {
-            "file": "tokenizer.json",
-            "sha256": tok.sha256,
-            "origin": tok.origin,
-            "vocab_size": tok.vocab_size,
-            "ids": {
-                "bos": tok.bos_id,
-                "pad": tok.pad_id,
-                "eos": tok.eos_id,
-                "unk": tok.unk_id,
-                "mask": tok.mask_id,
-                "decoder_start": tok.decoder_start_id,
-            },
-        },
-        "source": {**getattr(source, "describe", dict)(), "records": len(source)},
-        "shards": shards,
-        "counts": {**counts, "records_dropped": dropped, "events": dict(sorted(events.items()))},
-        "mask_stats": stats.state(),
-        "timing": {
+    manifest.update(
+        shards=shards,
+        counts={**counts, "records_dropped": dropped, "events": dict(sorted(events.items()))},
+        mask_stats=stats.state(),
+        timing={
             "seconds": seconds,
             "loop_seconds": loop_seconds,
             "tokens_per_second": counts["tokens"] / max(seconds, 1e-9),
             "workers": workers,
         },
-    }
-    manifest_path = os.path.join(out_dir, records.manifest_name(process_index, process_count))
-    records.write_json_atomic(manifest_path, manifest)
-    return manifest
+    )
+    records.write_json_atomic(os.path.join(staging, records.manifest_name(process_index, process_count)), manifest)

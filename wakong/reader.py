@@ -8,6 +8,13 @@ and ``set_state()`` resumes exactly after the last batch returned (no duplicates
     batch = next(it)            # dict of numpy arrays, shapes fixed for jit
     state = it.get_state()      # save with the model checkpoint; later: it.set_state(state)
 
+A state records the pipeline it belongs to -- the dataset (its manifest's shards, tokenizer and
+settings), ``batch_size``, ``seed``, ``shuffle``, ``num_epochs``, the host share or ``part``,
+``drop_remainder``, ``renoise``, the padded lengths and ``workers`` -- and ``set_state`` refuses a state
+of another pipeline with a ``ValueError`` naming what differs (restore with the same arguments; a
+state cannot move between worker counts, whose grain states differ), or one that is not a state of
+this reader at all.
+
 Pipeline: ArrayRecord shards -> shuffle(seed) (a fresh permutation per epoch) -> repeat(num_epochs) ->
 decode (and optionally re-noise) -> ``[process_index::process_count]`` -> pad to fixed shapes -> batch.
 Re-noising (``renoise=NoiseConfig(...)``) draws new masks every epoch from the stored original tokens,
@@ -28,7 +35,10 @@ numbers of examples, so train with ``num_epochs=None`` there too).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import json
 import os
 import random
 
@@ -68,6 +78,27 @@ def record_example(record: dict) -> list[list[tuple[int, ...]]]:
 def _generator(seed: int, epoch: int, index: int, part: int) -> random.Random:
     state = np.random.SeedSequence([seed, epoch, index, part]).generate_state(2, np.uint64)
     return random.Random(int(state[0]) << 64 | int(state[1]))
+
+
+class ShardSource:
+    """grain's ``ArrayRecordDataSource`` over a dataset's shards (``open_dataset``'s ``info``); a read
+    that fails (a corrupt shard) raises ``DatasetError`` naming the shard."""
+
+    def __init__(self, info: dict):
+        self.files = list(info["files"])
+        self._ends = np.cumsum([s["records"] for p in info["parts"] for s in p["shards"]])
+        self._source = grain.sources.ArrayRecordDataSource(self.files)
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, index: int) -> bytes:
+        try:
+            return self._source[index]
+        except Exception as err:  # ArrayRecord/riegeli raise RuntimeError for damaged chunks
+            file = self.files[min(int(np.searchsorted(self._ends, index, side="right")), len(self.files) - 1)]
+            reason = " ".join(str(err).split())[:300]
+            raise records.DatasetError(f"shard {file} is corrupt or unreadable: {reason}") from None
 
 
 class _Decode(grain.transforms.MapWithIndex):
@@ -178,7 +209,7 @@ def batches(
             f"max_source_len/max_target_len {source_len}/{target_len} are below the build's "
             f"{built.max_source_len}/{built.max_target_len}; rebuild the dataset for shorter examples"
         )
-    ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(info["files"]))
+    ds = grain.MapDataset.source(ShardSource(info))
     n_records = len(ds)
     if n_records == 0:
         raise records.DatasetError(f"{path} holds no examples")
@@ -192,7 +223,82 @@ def batches(
     ds = ds.map(features)
     batch_fn = functools.partial(_stack_padded, batch_size=batch_size, empty=features.empty())
     ds = ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn).to_iter_dataset()
-    return mp_prefetch(ds, workers) if workers > 0 else ds
+    ds = mp_prefetch(ds, workers) if workers > 0 else ds
+    pipeline = {
+        "dataset": dataset_id(info),
+        "batch_size": batch_size,
+        "seed": seed,
+        "shuffle": shuffle,
+        "num_epochs": num_epochs,
+        "process_index": process_index,
+        "process_count": process_count,
+        "part": part,
+        "drop_remainder": drop_remainder,
+        "renoise": None if renoise is None else _digest(dataclasses.asdict(renoise)),
+        "max_source_len": source_len,
+        "max_target_len": target_len,
+        "workers": workers,
+    }
+    return _Tied(ds, pipeline)
+
+
+def _digest(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def dataset_id(info: dict) -> str:
+    """A short hash of what a dataset's examples depend on: its parts' shards, tokenizer and settings."""
+    parts = [(p["process_index"], p["process_count"], p["shards"]) for p in info["parts"]]
+    return _digest([parts, info["tokenizer"]["sha256"], info["config_fingerprint"], info["seed"]])
+
+
+class _TiedIterator(grain.DatasetIterator):
+    """Batches of the parent; states carry the pipeline's description and are checked on restore."""
+
+    def __init__(self, parent: grain.DatasetIterator, pipeline: dict):
+        super().__init__(parent)
+        self._pipeline = pipeline
+
+    def __next__(self):
+        return next(self._parent)
+
+    def get_state(self) -> dict:
+        return {"wakong_reader": dict(self._pipeline), "grain": self._parent.get_state()}
+
+    def set_state(self, state) -> None:
+        if not isinstance(state, dict) or not isinstance(state.get("wakong_reader"), dict) or "grain" not in state:
+            raise ValueError(
+                "not a state of wakong.reader.batches (expected a dict with 'wakong_reader' and 'grain', from "
+                f"get_state()); got {_short(state)}"
+            )
+        saved = state["wakong_reader"]
+        differ = [f"{k} {saved.get(k)!r} != {v!r}" for k, v in self._pipeline.items() if saved.get(k) != v]
+        if differ:
+            raise ValueError(
+                "the state was saved by another reader pipeline (saved != this one): " + "; ".join(differ)
+                + ". Restore it into batches() with the same dataset and arguments"
+            )
+        try:
+            self._parent.set_state(state["grain"])
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+            reason = f"{type(err).__name__}: {err}"
+            raise ValueError(f"the reader state is damaged: grain cannot restore it ({reason})") from None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class _Tied(grain.IterDataset):
+    """``parent`` whose iterators tie their states to ``pipeline`` (see :class:`_TiedIterator`)."""
+
+    def __init__(self, parent: grain.IterDataset, pipeline: dict):
+        super().__init__(parent)
+        self._pipeline = pipeline
+
+    def __iter__(self) -> _TiedIterator:
+        return _TiedIterator(self._parent.__iter__(), self._pipeline)
 
 
 def mp_prefetch(ds: grain.IterDataset, workers: int, **options) -> grain.IterDataset:

@@ -8,6 +8,7 @@ Layout of a dataset directory (one part per process that built it)::
     manifest-00000-of-00002.json     a part's manifest: its settings, input, shards, counts
     manifest-00001-of-00002.json
     manifest.json                    the dataset manifest (wakong build): every part, checked and summed
+    .staging-part-00000-of-00002/    only while part 0 is built: its files before they replace the old ones
 
 A record is ``encode_record``'s compact binary form of one example: its global record index, its part
 number within the record, ``input_ids`` and ``labels`` with BOS/EOS (uint16 when the vocabulary fits,
@@ -15,14 +16,18 @@ else int32), and bitmaps of word and sentence starts over ``labels`` (for dynami
 
 Writes are atomic: shards are written under temporary names and renamed only after every shard closed
 without error, and the manifest is written last (also atomically). Any write error -- a full disk, a
-read-only directory -- raises :class:`DatasetWriteError` and removes the temporary files, so a manifest
-never claims records that are not on disk. Temporary names are unique across hosts, so processes on
-several hosts may share the directory.
+read-only directory -- raises :class:`DatasetWriteError` naming the file and the real cause, and
+removes the temporary files, so a manifest never claims records that are not on disk; an interruption
+(``KeyboardInterrupt``) removes them too and is re-raised as it is. Temporary names are unique across
+hosts, so processes on several hosts may share the directory. The manifest records each shard's size
+and sha256; :func:`verify_shards` checks them.
 """
 
 from __future__ import annotations
 
+import errno as _errno
 import glob
+import hashlib
 import json
 import os
 import secrets
@@ -76,10 +81,15 @@ def encode_record(
 
 
 def decode_record(data: bytes) -> dict[str, Any]:
-    """Inverse of :func:`encode_record`; ids come back as int32."""
+    """Inverse of :func:`encode_record`; ids come back as int32 (``DatasetError`` for damaged bytes)."""
+    if len(data) < _HEADER.size:
+        raise DatasetError(f"not a wakong example record ({len(data)} bytes, shorter than its header)")
     magic, width, index, part, n_src, n_tgt = _HEADER.unpack_from(data)
     if magic != _MAGIC or width not in (2, 4):
         raise DatasetError(f"not a wakong example record (header {data[:8]!r})")
+    size = _HEADER.size + (n_src + n_tgt) * width + 2 * ((n_tgt + 7) // 8)  # the counts are unsigned
+    if size != len(data):
+        raise DatasetError(f"damaged wakong example record: {len(data)} bytes, its header describes {size}")
     dtype, at = (np.int32 if width == 4 else np.uint16), _HEADER.size
     src = np.frombuffer(data, dtype, n_src, at).astype(np.int32)
     at += n_src * width
@@ -111,16 +121,37 @@ def manifest_name(process_index: int, process_count: int) -> str:
     return f"manifest-{process_index:05d}-of-{process_count:05d}.json"
 
 
+def staging_dir(out_dir: str, process_index: int, process_count: int) -> str:
+    """Where a part is built before it replaces anything in ``out_dir`` (see :func:`wakong.pipeline.build`)."""
+    return os.path.join(out_dir, f".staging-{part_prefix(process_index, process_count)}")
+
+
 def _array_record_writer(path: str):
     from array_record.python.array_record_module import ArrayRecordWriter
 
     return ArrayRecordWriter(path, "group_size:1")
 
 
-def _write_error(path: str, err: BaseException) -> DatasetWriteError:
-    errno = getattr(err, "errno", None)
-    hint = " (is the disk full or the directory read-only?)"
-    return DatasetWriteError(errno or 0, f"writing {path} failed: {err}{hint}")
+_CAUSES = {  # errno -> what it means for a dataset write
+    _errno.ENOSPC: "the disk is full",
+    _errno.EDQUOT: "the disk quota is exceeded",
+    _errno.EROFS: "the file system is read-only",
+    _errno.EACCES: "no permission to write there",
+    _errno.EPERM: "no permission to write there",
+}
+
+
+def _write_error(path: str, err: Exception) -> DatasetWriteError:
+    """A :class:`DatasetWriteError` naming ``path`` and the real cause of ``err`` (an ``Exception``).
+
+    The errno comes from ``err`` (``OSError``) or, for ArrayRecord's ``RuntimeError``, from the
+    system message it carries ("No space left on device", ...).
+    """
+    code = err.errno if isinstance(err, OSError) else None
+    if code is None:
+        code = next((c for c in _CAUSES if os.strerror(c) in str(err)), None)
+    cause = f" ({_CAUSES[code]})" if code in _CAUSES else ""
+    return DatasetWriteError(code or 0, f"writing {path} failed: {err}{cause}")
 
 
 class ShardWriter:
@@ -146,38 +177,51 @@ class ShardWriter:
         try:
             for path in self._tmp:
                 self._writers.append(opener(path))
-        except BaseException as err:
+        except Exception as err:
             self.abort()
             raise _write_error(path, err) from err
+        except BaseException:  # an interruption: clean up, re-raise as is
+            self.abort()
+            raise
 
     def write(self, shard: int, data: bytes) -> None:
         try:
             self._writers[shard].write(data)
-        except BaseException as err:
+        except Exception as err:
             self.abort()
             raise _write_error(self._tmp[shard], err) from err
+        except BaseException:
+            self.abort()
+            raise
         self.counts[shard] += 1
 
     def commit(self) -> list[dict]:
         for k, writer in enumerate(self._writers):
             try:
                 writer.close()
-            except BaseException as err:
+            except Exception as err:
                 self.abort()
                 raise _write_error(self._tmp[k], err) from err
-        shards = []
-        for tmp, name, count in zip(self._tmp, self.names, self.counts):
-            os.replace(tmp, os.path.join(self.out_dir, name))
-            size = os.path.getsize(os.path.join(self.out_dir, name))
-            shards.append({"file": name, "records": count, "bytes": size})
+            except BaseException:
+                self.abort()
+                raise
         self._writers = []
+        shards = []
+        try:
+            for tmp, name, count in zip(self._tmp, self.names, self.counts):
+                os.replace(tmp, os.path.join(self.out_dir, name))
+                path = os.path.join(self.out_dir, name)
+                size, digest = os.path.getsize(path), file_sha256(path)
+                shards.append({"file": name, "records": count, "bytes": size, "sha256": digest})
+        except OSError as err:
+            raise _write_error(os.path.join(self.out_dir, name), err) from err
         return shards
 
     def abort(self) -> None:
         for writer in self._writers:
             try:
                 writer.close()
-            except BaseException:  # already failing; the temporary file is removed below
+            except Exception:  # already failing; the temporary file is removed below
                 pass
         self._writers = []
         for path in self._tmp:
@@ -193,6 +237,15 @@ class ShardWriter:
         return False
 
 
+def file_sha256(path: str) -> str:
+    """sha256 of a file's bytes (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def write_json_atomic(path: str, data: dict) -> None:
     """Writes ``data`` as JSON under a temporary name, fsyncs, then renames (raises DatasetWriteError)."""
     tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}{temp_suffix()}"
@@ -203,10 +256,12 @@ def write_json_atomic(path: str, data: dict) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as err:
+    except BaseException as err:
         if os.path.lexists(tmp):
             os.remove(tmp)
-        raise _write_error(path, err) from err
+        if isinstance(err, OSError):
+            raise _write_error(path, err) from err
+        raise
 
 
 def existing_parts(out_dir: str) -> list[str]:
@@ -315,6 +370,11 @@ def read_manifests(path: str, part: int | None = None) -> dict:
     dataset_file = os.path.join(path, DATASET_MANIFEST)
     dataset = _load_json(dataset_file) if os.path.isfile(dataset_file) else None
     if not names:
+        if glob.glob(os.path.join(path, ".staging-*", "manifest-*-of-*.json")):
+            raise DatasetError(
+                f"{path}: its build was interrupted while replacing the dataset; run the same `wakong build` "
+                "again to finish it"
+            )
         what = "no manifest-*.json" if part is None else f"no manifest of part {part}"
         raise DatasetError(f"{path} holds {what}: not a dataset directory, or its build did not finish")
     parts = [_load_json(name) for name in names]
@@ -346,6 +406,51 @@ def read_manifests(path: str, part: int | None = None) -> dict:
                 raise DatasetError(f"shard {file} is missing or its size differs from the manifest")
             files.append(file)
     return {**info, "files": files}
+
+
+def verify_shards(info: dict) -> int:
+    """Checks every shard of :func:`read_manifests`' result against the sha256 in its manifest.
+
+    Returns the number of bytes checked.
+
+    Raises:
+      DatasetError: naming the first shard whose bytes differ, or that its manifest holds no sha256
+        (datasets built before hashes were recorded: rebuild them to verify).
+    """
+    shards = [shard for p in info["parts"] for shard in p["shards"]]
+    checked = 0
+    for file, shard in zip(info["files"], shards):
+        if "sha256" not in shard:
+            raise DatasetError(f"{file}: its manifest records no sha256 (built by an older wakong); rebuild to verify")
+        try:
+            digest = file_sha256(file)
+        except OSError as err:
+            raise DatasetError(f"shard {file} cannot be read: {err}") from None
+        if digest != shard["sha256"]:
+            raise DatasetError(f"shard {file} is corrupt: its sha256 differs from the manifest's")
+        checked += shard["bytes"]
+    return checked
+
+
+def read_shard(file: str, limit: int | None = None) -> list[dict]:
+    """The first ``limit`` (default: all) decoded records of a shard.
+
+    Raises:
+      DatasetError: naming the file, when it cannot be read or a record does not decode (corruption).
+    """
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    try:
+        reader = ArrayRecordReader(file)
+        try:
+            n = reader.num_records() if limit is None else min(reader.num_records(), limit)
+            data = reader.read(list(range(n))) if n else []
+        finally:
+            reader.close()
+        return [decode_record(d) for d in data]
+    except Exception as err:  # ArrayRecord raises RuntimeError/ValueError, decoding struct.error/ValueError
+        reason = " ".join(str(err).split())[:300]
+        raise DatasetError(f"shard {file} is corrupt or unreadable: {reason}") from None
 
 
 def _add_counts(total: dict, counts: dict) -> None:

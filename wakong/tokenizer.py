@@ -53,6 +53,7 @@ class TextTokenizer:
         except Exception as err:  # tokenizers raises a bare Exception for malformed files
             raise TokenizerError(f"{origin} is not a valid tokenizers JSON file: {err}") from None
         self.json_text, self.specials, self.origin = json_text, specials, origin
+        self.training: dict | None = None  # training counts of a trained tokenizer (wakong.pipeline)
         self.sha256 = hashlib.sha256(json_text.encode()).hexdigest()
         ids = {}
         for role, token in dataclasses.asdict(specials).items():
@@ -72,10 +73,10 @@ class TextTokenizer:
         self._body = Tokenizer.from_str(json.dumps(spec))
 
     def __reduce__(self):
-        return (TextTokenizer, (self.json_text, self.specials), {"origin": self.origin})
+        return (TextTokenizer, (self.json_text, self.specials), {"origin": self.origin, "training": self.training})
 
     def __setstate__(self, state):
-        self.origin = state["origin"]
+        self.origin, self.training = state["origin"], state.get("training")
 
     def encode_words(self, words: Sequence[str]) -> list[tuple[int, ...]]:
         """Token ids of ``' '.join(words)`` grouped by word (a word without tokens gives ``()``).
@@ -137,12 +138,14 @@ def train_tokenizer(
     vocab_size: int = 8192,
     min_frequency: int = 2,
     specials: SpecialTokens = SpecialTokens(),
+    show_progress: bool = False,
 ) -> TextTokenizer:
     """Trains a byte-level BPE (GPT-2/BART style) on ``texts``; special tokens get ids ``0..4``.
 
     The mask token strips the space before it (as BART's does); a template post-processor adds
     ``<s> ... </s>`` for users calling the tokenizer directly (the pipeline adds them itself).
-    Training is deterministic for a given text order.
+    Training is deterministic for a given text order. ``show_progress``: the trainer's own progress
+    bars (on a terminal).
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -160,7 +163,7 @@ def train_tokenizer(
         min_frequency=min_frequency,
         special_tokens=special,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        show_progress=show_progress,
     )
     tok.train_from_iterator(texts, trainer)
     tok.post_processor = processors.TemplateProcessing(

@@ -1,8 +1,10 @@
 """The evaluation runner: checkpoint + dataset + named decoding configs -> per-config metrics.
 
-:func:`evaluate` restores a BART checkpoint, reads the dataset's examples, scores the references
-(teacher-forced log-likelihood and perplexity: a property of the model, the same for every
-decoding config), then for each decoding config decodes every row data-parallel over the devices
+:func:`evaluate` restores a BART checkpoint, reads the dataset's examples (refused when the
+checkpoint recorded another tokenizer than the dataset's:
+:func:`jaxsample.models.checkpoint.check_tokenizer`), scores the references (teacher-forced
+log-likelihood and perplexity: a property of the model, the same for every decoding config),
+then for each decoding config decodes every row data-parallel over the devices
 (:mod:`jaxsample.evaluation.sharding`; a row's outputs never depend on the device or host count),
 rescores the first output of each row under the model, and computes the metrics of
 :mod:`jaxsample.evaluation.metrics`. Process 0 writes ``results.json`` (metrics, settings,
@@ -178,6 +180,7 @@ def evaluate(config: EvalConfig, *, config_path: str | None = None, devices: lis
                            max_target_len=config.max_target_len)
     tok, a = rows.tokenizer, rows.arrays
     ckpt = _checkpoint.restore(config.checkpoint, step=config.step)
+    _checkpoint.check_tokenizer(ckpt.metadata, tok, f"{config.checkpoint}/{ckpt.step}", path)
     model = make_model(ckpt.config)
     n_new = config.max_new_tokens or a["labels"].shape[1]
     _check_model(model, tok, a, n_new)

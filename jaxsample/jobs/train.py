@@ -21,8 +21,12 @@ tokenized with the training set's tokenizer). A run whose ``out/checkpoint`` alr
 ``num_steps`` steps is reused as is; one holding fewer resumes from there exactly: parameters,
 optimizer state, step and every host's data-iterator state come from the checkpoint, so the next
 batch and (on the same mesh) the loss trajectory are those of an uninterrupted run. The checkpoint
-restores onto any mesh. Training batches re-noise every epoch (:func:`wakong.reader.batches` with
-``renoise``) unless ``renoise: false``.
+restores onto any mesh. Checkpoints record the dataset tokenizer's sha256 and vocabulary size
+(``metadata["tokenizer"]``); reusing or resuming one on data built with another tokenizer is
+refused, and so is evaluating it on such data (:mod:`jaxsample.evaluation.runner`). A truncated or
+corrupt checkpoint fails with one line naming it (:class:`jaxsample.models.checkpoint.CheckpointError`).
+Training batches re-noise every epoch (:func:`wakong.reader.batches` with ``renoise``) unless
+``renoise: false``.
 
 Several hosts: run the same command on each with ``--distributed`` (or ``--coordinator``,
 ``--num-processes``, ``--process-id``), as for ``eval``; process 0 builds missing data, writes the
@@ -183,8 +187,10 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
     optimizer = T.make_optimizer(tc)
     latest = ckpt.latest_step(directory) or 0
     history = _read_history(history_file)
-    if latest >= tc.num_steps:
+    if latest:
         ckpt.check_config(directory, config, step=latest)
+        ckpt.check_tokenizer(ckpt.read_metadata(directory, latest), tokenizer, f"{directory}/{latest}", path)
+    if latest >= tc.num_steps:
         return Trained(directory, latest, True, history, 0.0)
     p_sh, o_sh = P.state_shardings_of(model, optimizer, mesh, job.parallel)
     state, best = None, None
@@ -194,8 +200,7 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
                                 params_like=_with_shardings(like, p_sh),
                                 opt_state_like=_with_shardings(jax.eval_shape(optimizer.init, like), o_sh))
         params, opt_state = restored.params, restored.opt_state
-        meta = restored.meta or {}
-        states, best = meta.get("data_state"), meta.get("best_eval")
+        states, best = restored.metadata.get("data_state"), restored.metadata.get("best_eval")
         if states is not None and len(states) == hosts:
             state = states[distributed.process_index()]
         else:
@@ -239,7 +244,8 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
                          checkpoint_dir=directory, checkpoint_every=job.checkpoint_every, mesh=mesh,
                          parallel=job.parallel, evaluate=evaluate, eval_every=job.eval_every,
                          early_stopping=job.early_stopping, on_eval=on_eval, data_state=data_state, best_eval=best,
-                         keep_checkpoints=job.keep_checkpoints)
+                         keep_checkpoints=job.keep_checkpoints,
+                         checkpoint_metadata={"tokenizer": ckpt.tokenizer_metadata(tokenizer)})
     finally:
         bar.close()
         metrics_log.close()

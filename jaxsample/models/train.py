@@ -274,6 +274,7 @@ def train(
     data_state: Callable[[], Any] | None = None,
     best_eval: float | None = None,
     keep_checkpoints: int | None = None,
+    checkpoint_metadata: dict | None = None,
 ) -> TrainResult:
     """Runs the jitted step from ``start_step`` to ``config.num_steps`` (or until ``batches`` runs out).
 
@@ -285,8 +286,9 @@ def train(
       start_step: first step index (schedule position and dropout key); use with ``opt_state``.
       callback: ``callback(step, metrics)`` every ``config.log_every`` steps and after the last,
         ``metrics`` being host floats of that step (``step`` counts completed steps).
-      checkpoint_dir, checkpoint_every: save params, optimizer state, config and ``data_state()`` with
-        orbax every ``checkpoint_every`` steps and at the end (see :mod:`jaxsample.models.checkpoint`).
+      checkpoint_dir, checkpoint_every: save params, optimizer state and config with orbax every
+        ``checkpoint_every`` steps and at the end (see :mod:`jaxsample.models.checkpoint`), with
+        ``checkpoint_metadata`` (e.g. the tokenizer's sha256), ``best_eval`` and ``data_state()``.
       mesh, parallel: run sharded over ``mesh`` (default :func:`~jaxsample.models.parallel.make_mesh`
         when only ``parallel`` is given) with :class:`~jaxsample.models.parallel.ParallelConfig`.
       evaluate: ``evaluate(params) -> {"loss", "accuracy", ...}`` (held-out data), called every
@@ -349,10 +351,10 @@ def train(
             on_eval(step, metrics)
 
     def save() -> None:
-        meta = {"best_eval": best_eval}
+        metadata = {**(checkpoint_metadata or {}), "best_eval": best_eval}
         if data_state is not None:
-            meta["data_state"] = data_state()
-        _checkpoint.save(checkpoint_dir, step, params, model.config, opt_state=opt_state, meta=meta,
+            metadata["data_state"] = data_state()
+        _checkpoint.save(checkpoint_dir, step, params, model.config, opt_state=opt_state, metadata=metadata,
                          max_to_keep=keep_checkpoints)
 
     start = time.perf_counter()
