@@ -33,8 +33,8 @@ STRATEGIES = ("greedy", "sample", "beam", "beam_sample", "group_beam", "contrast
 METRICS = ("reference", "exact_match", "infill", "token_accuracy", "distinct", "self_bleu", "length", "logprob")
 PARALLEL = ("mesh", "pmap")
 
-#: The ``configs/`` directory of this checkout (shipped sampler / decoding / eval files).
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+#: The shipped configs directory (sampler / decoding / eval files; see :func:`jaxsample.config.shipped_configs`).
+CONFIGS_DIR = _config.shipped_configs()
 
 _BUILDERS: dict[str, Callable] = {
     "llama.cpp": presets.llama_cpp,

@@ -21,6 +21,7 @@ parameters are not synchronised across hosts).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -155,7 +156,8 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
     os.makedirs(job.out, exist_ok=True)
     with open(history_file, "w", encoding="utf-8") as f:
         json.dump(history, f)
-    plot_loss(history, os.path.join(job.out, "loss.png"))
+    if not plot_loss(history, os.path.join(job.out, "loss.png")):
+        print("loss.png skipped: matplotlib is not installed (pip install 'jaxsample[plots]')", file=sys.stderr)
     return Trained(directory, result.step, False, history, result.seconds)
 
 
@@ -173,8 +175,13 @@ def _bar(total: int, initial: int, enabled: bool):
                 desc="train")
 
 
-def plot_loss(history: dict, path: str) -> None:
-    """PNG of the training loss (per step, and a 20-step moving average) and token accuracy."""
+def plot_loss(history: dict, path: str) -> bool:
+    """PNG of the training loss (per step, and a 20-step moving average) and token accuracy.
+
+    Returns False (and writes nothing) when matplotlib, an optional dependency, is not installed.
+    """
+    if importlib.util.find_spec("matplotlib") is None:
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
@@ -201,3 +208,4 @@ def plot_loss(history: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    return True
