@@ -156,7 +156,8 @@ def test_hf_processor_order_and_validation():
         (dict(min_length=5, eos_token_id=0), "prompt_length"),
         (dict(forced_eos_token_id=0), "max_new_tokens"),
         (dict(guidance_scale=1.5), "guidance_scale"),
-        (dict(num_beams=4), "num_beams"),
+        (dict(num_beams=4, num_return_sequences=5), "num_return_sequences"),  # num_beams itself is accepted
+        (dict(foo=1), "foo"),
     ]:
         with pytest.raises(ValueError, match=field):
             presets.hf(**kwargs)
