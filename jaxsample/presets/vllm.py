@@ -41,8 +41,9 @@ TEXT_FIELDS = ("stop", "include_stop_str_in_output", "detokenize", "skip_special
 #: Scoring fields (prompt log-probs, log-probs of given token ids): recorded for the scoring API.
 SCORING_FIELDS = ("prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start", "logprob_token_ids",
                   "flat_logprobs")
-#: Engine-only fields with no effect on the tokens (accepted and ignored, as a single request in vLLM).
-INERT_FIELDS = ("skip_clone", "skip_reading_prefix_cache", "extra_args", "routed_experts_prompt_start")
+#: Engine-only or derived fields with no effect on the tokens (accepted and ignored).
+INERT_FIELDS = ("skip_clone", "skip_reading_prefix_cache", "extra_args", "routed_experts_prompt_start",
+                "output_text_buffer_length")  # the last one: derived by vLLM from `stop`
 #: Fields whose feature is not available here: accepted only at their "off" value.
 _UNAVAILABLE = {
     "structured_outputs": (None, "compile the constraint with jaxsample.structured (regex / JSON schema / GBNF) "
@@ -195,7 +196,12 @@ def vllm(config: Any = None, /, **fields: Any) -> Preset:
         "prompt_logprobs": prompt_logprobs,
         **{k: get(k) for k in ("prompt_logprob_token_ids", "prompt_logprob_start", "logprob_token_ids")
            if get(k) is not None},
-        **{k: get(k) for k in TEXT_FIELDS if k != "stop" and k in data},
+        "include_stop_str_in_output": get("include_stop_str_in_output", False),
+        "detokenize": detokenize,
+        "skip_special_tokens": get("skip_special_tokens", True),
+        "spaces_between_special_tokens": get("spaces_between_special_tokens", True),
+        "output_kind": _output_kind(get("output_kind")),
+        "stream_interval": stream_interval,
     }
     return Preset(preset.sampler, preset.values, request)
 
@@ -209,6 +215,21 @@ def _logprobs(name: str, value: Any) -> int | None:
     value = _fields.integer(name, value)
     _check(value == -1 or value >= 0, name, "must be non-negative or -1", value)
     return value
+
+
+_OUTPUT_KINDS = ("CUMULATIVE", "DELTA", "FINAL_ONLY")  # vLLM's RequestOutputKind, by value
+
+
+def _output_kind(value: Any) -> str:
+    """vLLM ``RequestOutputKind`` (an enum, its value or its name) -> its name; ``None`` -> CUMULATIVE."""
+    if value is None:
+        return "CUMULATIVE"
+    name = getattr(value, "name", None)
+    if name is None:
+        name = _OUTPUT_KINDS[value] if isinstance(value, int) and 0 <= value < 3 else str(value).upper()
+    if name not in _OUTPUT_KINDS:
+        raise ValueError(f"output_kind must be one of {', '.join(_OUTPUT_KINDS)}, got {value!r}")
+    return name
 
 
 def _int_like(key: Any) -> bool:
