@@ -26,7 +26,7 @@ def test_llama_default_chain_order_and_values():
     assert v["top_k"].tolist() == [40, 40] and v["penalty_last_n"].tolist() == [64, 64]
     np.testing.assert_allclose(v["temperature"], 0.8)
     np.testing.assert_allclose(v["min_p"], 0.05)
-    assert p.sampler.history_size() == -1  # dry_penalty_last_n = -1: the context
+    assert p.sampler.history_size() == 64  # upstream dry_penalty_last_n = 64 (common.h @ 001d906; was -1)
 
 
 def test_llama_sequence_aliases_logit_bias_and_mirostat():
