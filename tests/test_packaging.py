@@ -135,3 +135,18 @@ def test_second_process_loads_the_showcase_from_the_persistent_cache(tmp_path):
     assert os.listdir(cache)
     warm = seconds()
     assert warm < cold / 2, (cold, warm)
+
+
+def test_plots_are_skipped_without_matplotlib(monkeypatch, tmp_path):
+    """matplotlib is the optional `plots` extra: without it the loss plot is skipped, not an error."""
+    import importlib.util
+
+    from jaxsample.jobs import train
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    history = {"step": [0, 1], "loss": [2.0, 1.5], "accuracy": [0.1, 0.2]}
+    assert train.plot_loss(history, str(tmp_path / "loss.png")) is False
+    assert not (tmp_path / "loss.png").exists()
+    monkeypatch.undo()
+    assert train.plot_loss(history, str(tmp_path / "loss.png")) is True and (tmp_path / "loss.png").exists()
