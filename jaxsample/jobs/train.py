@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from typing import Any, Callable, NamedTuple
 
 from jaxsample.evaluation.configs import DatasetConfig
@@ -140,9 +141,15 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
     n_params = sum(x.size for x in jax.tree.leaves(params))
     log(f"training bart ({n_params:,} parameters, d_model {config.d_model}, vocab {config.vocab_size}) "
         f"for {tc.num_steps - latest} steps of {job.batch_size} examples on {path}")
+    log("compiling the training step ... (the first step waits for XLA; later runs read the compile cache)")
     bar = _bar(tc.num_steps, latest, progress)
+    started, first = time.perf_counter(), []
 
     def callback(step: int, metrics: dict) -> None:
+        if not first:
+            first.append(step)
+            bar.write(f"compiled; first {step - latest} step(s) done in {time.perf_counter() - started:.1f} s",
+                      file=sys.stderr)
         bar.update(step - bar.n)
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
 
