@@ -7,6 +7,7 @@ Examples::
     python -m jaxsample showcase --set context="the value of the"
     python -m jaxsample train --config configs/train/pydoc_bart.yaml --set train.num_steps=3000
     python -m jaxsample eval --config configs/eval/infill.yaml --set dataset.max_rows=256
+    python -m jaxsample configs samplers         # the shipped configs (installed with the package)
 
 Every command takes ``--config FILE`` (a versioned YAML file of its kind) and ``--set key=value``
 overrides (values parsed as YAML, nested keys dotted). Invalid input prints one line and exits
@@ -16,7 +17,9 @@ is detected) or an explicit ``--coordinator HOST:PORT --num-processes N --proces
 each host decodes its rows on its own devices, rows are gathered and process 0 writes the results
 (identical to one process). ``train``: one jitted step over the mesh of every host's devices, each
 host feeding its slice of the global batch (identical losses to one process). ``demo`` and
-``showcase`` run on one host.
+``showcase`` run on one host. The jobs keep compiled programs in JAX's
+persistent compilation cache (``--compile-cache DIR``, ``--no-compile-cache``; see
+:mod:`jaxsample.compile_cache`), so only the first run of a configuration compiles.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ import json
 import os
 import sys
 
-from jaxsample import distributed
+from jaxsample import compile_cache, distributed
 
-COMMANDS = ("demo", "showcase", "train", "eval")
+COMMANDS = ("demo", "showcase", "train", "eval", "configs")
 
 
 def _common(p: argparse.ArgumentParser, kind: str, default: str | None) -> None:
@@ -36,6 +39,7 @@ def _common(p: argparse.ArgumentParser, kind: str, default: str | None) -> None:
     p.add_argument("--config", help=f"YAML config of kind '{kind}'{where}")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (repeatable), e.g. --set train.num_steps=100")
+    compile_cache.add_arguments(p)
 
 
 def _training(p: argparse.ArgumentParser, out: str, seed: str) -> None:
@@ -82,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--parallel", choices=["mesh", "pmap"], help="data-parallel path")
     ev.add_argument("--json", action="store_true", help="print results.json to stdout instead of the table")
     distributed.add_arguments(ev)
+
+    cf = sub.add_parser("configs", help="list the shipped configs (kind, name, summary)",
+                        description="Lists the YAML configs shipped with the package (jaxsample.configs), the "
+                        "names that --config, sampler and decoding references resolve to.")
+    cf.add_argument("folder", nargs="?", help="only this folder (samplers, decoding, eval, demo, train, models, wakong)")
+    cf.add_argument("--path", action="store_true", help="print the directory of the shipped configs and exit")
     return parser
 
 
@@ -168,6 +178,28 @@ def _eval(args) -> int:
     return 0
 
 
+def _configs(args) -> int:
+    import yaml
+
+    from jaxsample.config import shipped_configs
+
+    root = shipped_configs()
+    if args.path:
+        print(root)
+        return 0
+    folders = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("_"))
+    if args.folder is not None and args.folder not in folders:
+        raise ValueError(f"folder: no shipped config folder {args.folder!r} (folders: {', '.join(folders)})")
+    for folder in [args.folder] if args.folder else folders:
+        for name in sorted(f for f in os.listdir(os.path.join(root, folder)) if f.endswith(".yaml")):
+            with open(os.path.join(root, folder, name), encoding="utf-8") as f:
+                text = f.read()
+            kind = (yaml.safe_load(text) or {}).get("kind", "?")
+            summary = next((line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#")), "")
+            print(f"{folder}/{name[:-5]:<22} {kind:<13} {summary[:90]}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m jaxsample`` and the ``jaxsample`` script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -177,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     try:
-        return {"demo": _demo, "showcase": _showcase, "train": _train, "eval": _eval}[args.command](args)
+        if args.command != "configs":
+            compile_cache.from_args(args)
+        commands = {"demo": _demo, "showcase": _showcase, "train": _train, "eval": _eval, "configs": _configs}
+        return commands[args.command](args)
     except (ValueError, FileNotFoundError, yaml.YAMLError) as err:  # DatasetError/TokenizerError are ValueErrors
         kind = "invalid YAML: " if isinstance(err, yaml.YAMLError) else ""
         print(f"jaxsample {args.command}: error: {kind}{' '.join(str(err).split())}", file=sys.stderr)

@@ -21,6 +21,40 @@ import types
 import typing
 from typing import Any, Mapping, Sequence, TypeVar
 
+def shipped_configs() -> str:
+    """The directory of the shipped configs (``samplers/``, ``decoding/``, ``eval/``, ...).
+
+    Installed (wheel or editable), it is the package data ``jaxsample.configs``; run from a source
+    checkout without installing (``PYTHONPATH=.``), the checkout's top-level ``configs/``. The
+    package must live on the file system (not in a zip archive).
+    """
+    import importlib.resources
+
+    try:
+        return str(importlib.resources.files("jaxsample.configs"))
+    except ModuleNotFoundError:  # not installed: the source tree's configs/
+        return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def config_path(ref: str, folder: str) -> str:
+    """``ref`` when it is a path; a bare name (no ``.yaml``, no ``/``) is the shipped ``<folder>/<ref>.yaml``.
+
+    >>> os.path.basename(config_path("bart", "wakong"))
+    'bart.yaml'
+
+    Raises:
+      FileNotFoundError: a bare name that is not a shipped config (the message lists the shipped ones).
+    """
+    if ref.endswith((".yaml", ".yml")) or "/" in ref or os.sep in ref or os.path.exists(ref):
+        return ref
+    directory = os.path.join(shipped_configs(), folder)
+    path = os.path.join(directory, f"{ref}.yaml")
+    if not os.path.isfile(path):
+        names = sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".yaml")) if os.path.isdir(directory) else []
+        raise FileNotFoundError(f"no shipped {folder} config {ref!r} (shipped: {', '.join(names) or 'none'})")
+    return path
+
+
 #: Config format versions this code reads.
 SUPPORTED_VERSIONS = (1,)
 #: Keys every file may carry besides its dataclass fields.

@@ -4,6 +4,10 @@ import os
 
 collect_ignore = ["data"]  # scripts run against the reference package, not tests
 
+# CLI jobs called in-process must not turn on JAX's persistent compilation cache for the whole
+# suite (nor write to the user's cache); tests of the cache pass --compile-cache explicitly.
+os.environ.setdefault("JAXSAMPLE_COMPILE_CACHE", "off")
+
 import jax
 from hypothesis import HealthCheck, settings
 

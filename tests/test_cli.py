@@ -21,8 +21,10 @@ def test_help_everywhere(argv, capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "usage: python -m jaxsample" in out
-    if argv[0] != "--help":
-        assert "--config" in out and "--set KEY=VALUE" in out
+    if argv[0] == "configs":
+        assert "--path" in out
+    elif argv[0] != "--help":
+        assert "--config" in out and "--set KEY=VALUE" in out and "--no-compile-cache" in out
     else:
         assert all(c in out for c in COMMANDS)
 

@@ -26,7 +26,7 @@ def test_llama_default_chain_order_and_values():
     assert v["top_k"].tolist() == [40, 40] and v["penalty_last_n"].tolist() == [64, 64]
     np.testing.assert_allclose(v["temperature"], 0.8)
     np.testing.assert_allclose(v["min_p"], 0.05)
-    assert p.sampler.history_size() == -1  # dry_penalty_last_n = -1: the context
+    assert p.sampler.history_size() == 64  # upstream dry_penalty_last_n = 64 (common.h @ 001d906; was -1)
 
 
 def test_llama_sequence_aliases_logit_bias_and_mirostat():
@@ -156,7 +156,8 @@ def test_hf_processor_order_and_validation():
         (dict(min_length=5, eos_token_id=0), "prompt_length"),
         (dict(forced_eos_token_id=0), "max_new_tokens"),
         (dict(guidance_scale=1.5), "guidance_scale"),
-        (dict(num_beams=4), "num_beams"),
+        (dict(num_beams=4, num_return_sequences=5), "num_return_sequences"),  # num_beams itself is accepted
+        (dict(foo=1), "foo"),
     ]:
         with pytest.raises(ValueError, match=field):
             presets.hf(**kwargs)

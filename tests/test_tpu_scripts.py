@@ -57,7 +57,7 @@ def test_install_copies_the_committed_tree_to_all_workers():
     assert ssh[:8] == SSH_ALL
     remote = ssh[8].removeprefix("--command=")
     assert "tar -xzf jaxsample-src.tar.gz -C jaxsample" in remote
-    assert "pip install --quiet 'jax[tpu]'" in remote and "pip install --quiet -e ." in remote
+    assert "pip install --quiet 'jax[tpu]'" in remote and "pip install --quiet -e '.[all]'" in remote  # plots, metrics
 
 
 @pytest.mark.parametrize(

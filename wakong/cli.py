@@ -23,6 +23,7 @@ process 0 prints the report.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -69,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("inputs", nargs="*", help="input files (text, JSONL or ArrayRecord)")
         p.add_argument("--corpus", choices=["pydoc"], help="built-in corpus instead of files: Python's docs")
         p.add_argument("--repeat", type=_at_least(1), default=1, help="use the built-in corpus N times (benchmarks)")
-        p.add_argument("--config", help="YAML config (e.g. configs/wakong/article.yaml)")
+        p.add_argument("--config", help="YAML config: a path, or the name of a shipped one (article, bart, demo)")
         p.add_argument("--format", choices=["text", "jsonl", "array_record"], help="input format")
         p.add_argument("--split", choices=["line", "paragraph", "file"], help="one text record per ...")
         p.add_argument("--field", help="JSON field holding the text")
@@ -117,7 +118,10 @@ def _config(args: argparse.Namespace):
         if args.inputs:
             raise ValueError("give input files or --corpus, not both")
         overrides.append("input.format=pydoc")
-    return load_config(args.config, overrides + list(args.set))
+    from jaxsample.config import config_path
+
+    path = None if args.config is None else config_path(args.config, "wakong")
+    return load_config(path, overrides + list(args.set))
 
 
 def _source(args: argparse.Namespace, config):
@@ -251,7 +255,10 @@ def _build(args: argparse.Namespace) -> int:
     with open(os.path.join(report_dir, "report.json"), "w", encoding="utf-8") as f:
         json.dump({"counts": manifest["counts"], "timing": manifest["timing"], "mask": summary}, f, indent=1)
     lines = _report_lines(manifest, summary)
-    if summary and summary["spans"] and not args.no_plots:
+    plots = importlib.util.find_spec("matplotlib") is not None
+    if summary and summary["spans"] and not args.no_plots and not plots:
+        lines.append("plots             skipped: matplotlib is not installed (pip install 'jaxsample[plots]')")
+    if summary and summary["spans"] and not args.no_plots and plots:
         spans_png = os.path.join(report_dir, "span_lengths.png")
         positions_png = os.path.join(report_dir, "mask_positions.png")
         plot_span_lengths(summary, spans_png)

@@ -8,7 +8,9 @@ and ``init_cache(batch_size, max_len)``); see :mod:`jaxsample.decoding.model`. S
 * :func:`beam_search`, :func:`beam_sample`, :func:`group_beam_search` (HuggingFace semantics);
 * :func:`sample_and_rank` (``n`` / ``best_of``);
 * :func:`contrastive_search`;
-* :func:`speculative_generate` (draft model + vLLM's rejection sampler).
+* :func:`speculative_generate` (draft model + vLLM's rejection sampler);
+* :class:`DecodeRequest` / :func:`run_request`: a whole vLLM ``SamplingParams`` or HF
+  ``GenerationConfig`` request mapped to the right strategy call.
 
 Every per-row value (sampling parameters, seeds, lengths, EOS ids, stop sequences, penalties) is a
 traced array: new values never recompile. :data:`BIGRAM` and :class:`TinyDecoder` are toy models
@@ -18,6 +20,7 @@ for tests and benchmarks.
 from jaxsample.decoding._stopping import FinishReason, Logprobs
 from jaxsample.decoding.beam import BeamOutput, beam_sample, beam_search, group_beam_search
 from jaxsample.decoding.contrastive import contrastive_search
+from jaxsample.decoding.dispatch import DecodeRequest, run_request
 from jaxsample.decoding.generate import GenerateOutput, generate
 from jaxsample.decoding.model import BIGRAM, Model, StepOutput
 from jaxsample.decoding.rank import RankedOutput, sample_and_rank
@@ -28,6 +31,7 @@ from jaxsample.decoding.toy import TinyDecoder
 __all__ = sorted([
     "BIGRAM",
     "BeamOutput",
+    "DecodeRequest",
     "FinishReason",
     "GenerateOutput",
     "Logprobs",
@@ -42,6 +46,7 @@ __all__ = sorted([
     "contrastive_search",
     "generate",
     "group_beam_search",
+    "run_request",
     "sample_and_rank",
     "speculative_generate",
     "stream",

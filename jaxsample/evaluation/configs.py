@@ -33,8 +33,8 @@ STRATEGIES = ("greedy", "sample", "beam", "beam_sample", "group_beam", "contrast
 METRICS = ("reference", "exact_match", "infill", "token_accuracy", "distinct", "self_bleu", "length", "logprob")
 PARALLEL = ("mesh", "pmap")
 
-#: The ``configs/`` directory of this checkout (shipped sampler / decoding / eval files).
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+#: The shipped configs directory (sampler / decoding / eval files; see :func:`jaxsample.config.shipped_configs`).
+CONFIGS_DIR = _config.shipped_configs()
 
 _BUILDERS: dict[str, Callable] = {
     "llama.cpp": presets.llama_cpp,
@@ -83,7 +83,11 @@ class SamplerConfig:
 
     def _known(self) -> list[str]:
         if self.ecosystem == "scenario":
-            return ["name"] + _fields(presets.vllm)
+            return ["name"] + list(presets.VLLM_SAMPLER_FIELDS)
+        if self.ecosystem == "vllm":
+            return list(presets.VLLM_SAMPLER_FIELDS)
+        if self.ecosystem == "hf":
+            return list(presets.HF_SAMPLER_FIELDS)
         return _fields(_BUILDERS[self.ecosystem])
 
     def build(self, *, eos_ids: Sequence[int] = (), tokenizer: Any = None) -> presets.Preset:
@@ -102,6 +106,8 @@ class SamplerConfig:
         field = _EOS_FIELDS[ecosystem]
         if eos_ids and field not in settings:
             settings[field] = list(eos_ids)
+        if ecosystem == "vllm":
+            settings.setdefault("seed", 0)  # the runner sets every row's key from the eval seed
         breakers = settings.get("dry_sequence_breakers")
         if breakers and any(isinstance(b, str) for b in breakers):
             if tokenizer is None:  # validation without a tokenizer: strings are checked later

@@ -19,6 +19,7 @@ only in values (every vLLM-style sampler, llama.cpp's chain with or without DRY)
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import time
@@ -213,6 +214,10 @@ def evaluate(config: EvalConfig, *, config_path: str | None = None, devices: lis
         results["reference"] = {"nll_per_token": -total / count, "perplexity": M.perplexity(total, count),
                                 "tokens": count, "seconds": timing.compile_seconds + timing.run_seconds}
 
+    wanted = tuple(config.metrics)
+    if "self_bleu" in wanted and importlib.util.find_spec("sacrebleu") is None:
+        say("self-BLEU skipped: sacrebleu is not installed (pip install 'jaxsample[metrics]')")
+        wanted = tuple(m for m in wanted if m != "self_bleu")
     for name, dcfg, scfg in decodings:
         preset = scfg.build(eos_ids=[tok.eos_id], tokenizer=tok.tokenizer) if scfg is not None else None
         sampler = preset.sampler if preset is not None else None
@@ -228,6 +233,7 @@ def evaluate(config: EvalConfig, *, config_path: str | None = None, devices: lis
         }
         static = tuple((f.name, getattr(dcfg, f.name)) for f in dataclasses.fields(dcfg) if f.name not in _TRACED)
         fn = _decode_fn(model, dcfg, sampler, n_new)
+        say(f"  {name:<18} compiling and running {dcfg.strategy} ...")
         out, timing = runner.run(("decode", model, static, sampler, n_new), fn, shared, inputs, plan)
         hyps = [M.trim(row, lens) for row, lens in zip(out["tokens"], out["lengths"])]
         logprob = None
@@ -235,7 +241,7 @@ def evaluate(config: EvalConfig, *, config_path: str | None = None, devices: lis
             scored, _ = runner.run(("score", model), score, params,
                                    {**inputs, "tokens": out["tokens"][:, 0], "lengths": out["lengths"][:, 0]}, plan)
             logprob = scored["logprob"]
-        metrics = _config_metrics(config.metrics, hyps, out["lengths"][:, 0], out["reason"], logprob, refs, sources, tok)
+        metrics = _config_metrics(wanted, hyps, out["lengths"][:, 0], out["reason"], logprob, refs, sources, tok)
         generated = int(out["lengths"].sum())
         metrics["timing"] = {"compile_seconds": timing.compile_seconds, "run_seconds": timing.run_seconds,
                              "generated_tokens": generated,
@@ -245,7 +251,7 @@ def evaluate(config: EvalConfig, *, config_path: str | None = None, devices: lis
         metrics["num_return"] = dcfg.num_return
         results["configs"][name] = metrics
         results["outputs"][name] = out
-        say(f"  {name:<18} {format_row(metrics)}")
+        say(f"  {name:<18} {format_row(metrics)}  (compiled in {timing.compile_seconds:.1f} s)")
     results["examples"] = format_examples(results, tok, a, config.examples)
     results["seconds"] = time.perf_counter() - started
     if config.output_dir and distributed.is_main():

@@ -59,7 +59,7 @@ def run(cfg: ShowcaseConfig, *, relative_to: str | None = None, log: Callable[[s
     import jax
     import jax.numpy as jnp
 
-    from jaxsample import _corpus
+    from jaxsample import _corpus, compile_cache
     from jaxsample.evaluation.configs import load_sampler
 
     vocab = _corpus.vocabulary()
@@ -73,7 +73,7 @@ def run(cfg: ShowcaseConfig, *, relative_to: str | None = None, log: Callable[[s
     n = cfg.samples
     log(f"next word after {cfg.context!r}: V = {len(vocab):,} words, entropy {_entropy(np.asarray(logits)):.2f} nats; "
         f"most likely: {_top(np.asarray(logits), vocab, cfg.top)}")
-    rows = []
+    rows, compiled = [], {}
     for name in cfg.samplers:
         try:
             preset = load_sampler(name, relative_to=relative_to).build()
@@ -84,8 +84,16 @@ def run(cfg: ShowcaseConfig, *, relative_to: str | None = None, log: Callable[[s
         whole = sampler.history_size() == -1  # a stage reads the whole history: the context is all of it
         state = sampler.init(params, vocab_size=len(vocab), prompt=jnp.repeat(history, n, axis=0),
                              history_size=history.shape[1] if whole else None)
-        processed, state2 = jax.jit(sampler.process)(jnp.broadcast_to(logits, (n, len(vocab))), state, params)
-        tokens, _ = jax.jit(sampler.select)(processed, state2, params)
+        x = jnp.broadcast_to(logits, (n, len(vocab)))
+        key = (sampler, jax.tree.structure((state, params)))
+        if key not in compiled:  # presets sharing a chain structure share its programs
+            with compile_cache.notice(f"the {name} chain ({len(sampler.stages)} stages)", log):
+                processed_shape = jax.eval_shape(sampler.process, x, state, params)
+                compiled[key] = (jax.jit(sampler.process).lower(x, state, params).compile(),
+                                 jax.jit(sampler.select).lower(*processed_shape, params).compile())
+        process, select = compiled[key]
+        processed, state2 = process(x, state, params)
+        tokens, _ = select(processed, state2, params)
         x = np.asarray(processed[0])
         row = {"sampler": name, "kept": int(np.isfinite(x).sum()), "entropy": _entropy(x),
                "top": _top(x, vocab, cfg.top), "samples": [vocab[int(t)] for t in np.asarray(tokens)]}

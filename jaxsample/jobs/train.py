@@ -36,9 +36,11 @@ history, metrics and plot, and every process writes its shards of each checkpoin
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
+import time
 from typing import Any, Callable, NamedTuple
 
 from jaxsample.evaluation.configs import DatasetConfig
@@ -220,10 +222,16 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
           f"{config.dtype}) for {tc.num_steps - latest} steps of {job.batch_size} examples on {path}; "
           f"{job.parallel.mode} over {mesh.size} device(s) on {hosts} host(s)"
           + (f", {job.parallel.grad_accum} micro-batches per step" if job.parallel.grad_accum > 1 else ""))
+    quiet("compiling the training step ... (the first step waits for XLA; later runs read the compile cache)")
     bar = _bar(tc.num_steps, latest, progress and main)
+    started, first = time.perf_counter(), []
     metrics_log = _MetricsLog(job.out, enabled=main)
 
     def callback(step: int, metrics: dict) -> None:
+        if not first and main:
+            first.append(step)
+            bar.write(f"compiled; first {step - latest} step(s) done in {time.perf_counter() - started:.1f} s",
+                      file=sys.stderr)
         bar.update(step - bar.n)
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
         metrics_log.write("train", step, metrics)
@@ -258,7 +266,8 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
         os.makedirs(job.out, exist_ok=True)
         with open(history_file, "w", encoding="utf-8") as f:
             json.dump(history, f)
-        plot_loss(history, os.path.join(job.out, "loss.png"))
+        if not plot_loss(history, os.path.join(job.out, "loss.png")):
+            print("loss.png skipped: matplotlib is not installed (pip install 'jaxsample[plots]')", file=sys.stderr)
     return Trained(directory, result.step, False, history, result.seconds)
 
 
@@ -326,9 +335,14 @@ def _bar(total: int, initial: int, enabled: bool):
                 desc="train")
 
 
-def plot_loss(history: dict, path: str) -> None:
+def plot_loss(history: dict, path: str) -> bool:
     """PNG of the training loss (per step, and a 20-step moving average) and token accuracy, with the
-    held-out loss and accuracy of every evaluation (``history["eval"]``) next to them."""
+    held-out loss and accuracy of every evaluation (``history["eval"]``) next to them.
+
+    Returns False (and writes nothing) when matplotlib, an optional dependency, is not installed.
+    """
+    if importlib.util.find_spec("matplotlib") is None:
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
@@ -362,3 +376,4 @@ def plot_loss(history: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    return True

@@ -1,18 +1,24 @@
 """Builders that speak each ecosystem's vocabulary and reproduce its default stage order.
 
 * :func:`llama_cpp` / :func:`llama_cpp_args`: ``common_params_sampling`` fields or CLI flags;
-* :func:`vllm` / :func:`vllm_batch`: ``SamplingParams`` fields (one structure for every request);
-* :func:`hf`: ``GenerationConfig`` fields (processors exist only when enabled, as in HF);
+* :func:`vllm` / :func:`vllm_batch`: a ``SamplingParams`` object, dict or fields (one structure for
+  every request);
+* :func:`hf`: a ``GenerationConfig`` object, dict, ``generation_config.json`` path or fields
+  (processors exist only when enabled, as in HF);
 * :func:`scenario`: the task presets of the seed table (code, technical writing, creative, chat,
   brainstorming).
 
 Each returns a :class:`Preset`: a :class:`jaxsample.Sampler` (static structure) plus the values of
-the configuration, so configurations differing only in values share one compilation.
+the configuration, so configurations differing only in values share one compilation, and (for
+vLLM and HF configs) ``request``: the request-level fields (budgets, EOS / pad ids, beams, ``n``,
+log-probs, stop strings) that :class:`jaxsample.decoding.DecodeRequest` maps to a strategy call.
 """
 
 from jaxsample.presets._preset import Preset, stack
+from jaxsample.presets.hf import SAMPLER_FIELDS as HF_SAMPLER_FIELDS
 from jaxsample.presets.hf import hf
 from jaxsample.presets.llama_cpp import DEFAULT_SAMPLERS, llama_cpp, llama_cpp_args
+from jaxsample.presets.vllm import SAMPLER_FIELDS as VLLM_SAMPLER_FIELDS
 from jaxsample.presets.vllm import vllm, vllm_batch
 
 #: Task presets (temperature / top-k / top-p) from the vLLM sampling guide in the project's seeds.
@@ -38,8 +44,10 @@ def scenario(name: str, **overrides) -> Preset:
 
 __all__ = [
     "DEFAULT_SAMPLERS",
+    "HF_SAMPLER_FIELDS",
     "Preset",
     "SCENARIOS",
+    "VLLM_SAMPLER_FIELDS",
     "hf",
     "llama_cpp",
     "llama_cpp_args",

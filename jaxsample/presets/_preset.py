@@ -24,6 +24,10 @@ class Preset(NamedTuple):
 
     sampler: Sampler
     values: dict[str, Any]
+    #: Request-level fields of the source config, in the ecosystem-neutral names that
+    #: :class:`jaxsample.decoding.DecodeRequest` reads (strategy, budgets, EOS / pad ids, ``n``,
+    #: beams, log-probs, stop strings ...); ``None`` for presets built without them.
+    request: dict[str, Any] | None = None
 
     def params(self, batch_shape: tuple[int, ...] = (), **overrides) -> dict:
         """``sampler.params`` with this configuration's values, then ``overrides``."""
@@ -58,4 +62,28 @@ def stack(presets: Sequence[Preset]) -> Preset:
             values[name] = np.asarray(rows, dtype=np.dtype(specs[name].dtype))
         else:
             values[name] = [list(np.atleast_1d(np.asarray(r)).tolist()) for r in rows]
-    return Preset(first, values)
+    requests = [p.request for p in presets]
+    return Preset(first, values, _stack_requests(requests))
+
+
+#: Request fields that may differ per row of a stacked preset (they become lists, one per row).
+_PER_ROW = ("max_new_tokens", "min_new_tokens", "seed", "eos_ids")
+
+
+def _stack_requests(requests: list) -> dict | None:
+    if all(r is None for r in requests):
+        return None
+    if any(r is None for r in requests):
+        raise ValueError("stack: some presets carry request fields and others do not")
+    out = dict(requests[0])
+    for key in sorted({k for r in requests for k in r}):
+        rows = [r.get(key) for r in requests]
+        if all(v == rows[0] for v in rows):
+            continue
+        if key not in _PER_ROW:
+            raise ValueError(f"stack: request field {key!r} differs between presets ({rows[0]!r} vs "
+                             f"{next(v for v in rows if v != rows[0])!r}); only {', '.join(_PER_ROW)} may vary per row")
+        if any(v is None for v in rows):
+            raise ValueError(f"stack: request field {key!r} is unset in some presets")
+        out[key] = rows
+    return out

@@ -5,6 +5,13 @@ Order (``_get_logits_processor``): sequence bias -> encoder repetition penalty -
 forced BOS -> forced EOS -> inf/nan removal -> exponential decay -> suppress tokens -> suppress at
 begin -> (sampling only) temperature -> top-h -> top-k -> top-p -> min-p -> typical -> epsilon -> eta
 -> log-softmax renormalisation. As in HF, a processor exists only when its field enables it.
+
+:func:`hf` takes a ``transformers.GenerationConfig``, a dict of its fields (``to_dict()``, where
+transformers 5 writes ``None`` for "unset") or a path to ``generation_config.json``. Metadata
+(``transformers_version``, ``_from_model_config``) is ignored; token ids keep their meaning
+(``eos_token_id`` int or list, ``pad_token_id``, ``bos_token_id`` / ``decoder_start_token_id`` as
+the start token, ``forced_*``); strategy fields (``num_beams``, ``max_new_tokens`` ...) land in
+``Preset.request`` for :class:`jaxsample.decoding.DecodeRequest`.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import numpy as np
 from jaxsample import stages
 from jaxsample._candidates import DEFAULT_CANDIDATES
 from jaxsample.chain import chain
+from jaxsample.presets import _fields
 from jaxsample.presets._preset import Preset
 
 _UNSUPPORTED = {
@@ -45,7 +53,7 @@ def _positive(name: str, value, *, open_lo=True, hi=None, open_hi=False) -> None
         raise ValueError(f"`{name}` has to be {'in ' + rng if hi is not None else rng}, got {value!r}")
 
 
-def hf(
+def _sampler(
     *,
     do_sample: bool = False,
     temperature: float = 1.0,
@@ -76,22 +84,8 @@ def hf(
     eos_token_id: int | Sequence[int] | None = None,
     seed: int = 0,
     candidates: int = DEFAULT_CANDIDATES,
-    **unsupported: Any,
 ) -> Preset:
-    """The logits processors (and warpers when ``do_sample``) of ``GenerationConfig`` fields.
-
-    Field names, defaults and validation are HF's (``top_k=50`` is active whenever ``do_sample``).
-    Lengths: ``min_length`` counts the prompt as HF does, so it needs ``prompt_length`` (an int or
-    one per row); ``forced_eos_token_id`` needs ``max_new_tokens``. ``do_sample=False`` selects greedy.
-    Decoding-strategy fields (``num_beams``...) belong to :mod:`jaxsample.decoding`.
-
-    >>> [s.name for s in hf(do_sample=True, top_p=0.9).sampler.stages]
-    ['top_k', 'top_p']
-    """
-    for field in unsupported:
-        reason = _UNSUPPORTED.get(field, "not a sampling field of GenerationConfig (decoding settings go to "
-                                          "jaxsample.decoding)")
-        raise ValueError(f"{field}: {reason}")
+    """The logits processors (and warpers when ``do_sample``) of validated fields (see :func:`hf`)."""
     eos = _ids(eos_token_id)
     _positive("top_p", top_p, open_lo=False, hi=1.0)
     if min_p is not None:
@@ -128,7 +122,9 @@ def hf(
         if prompt_length is None:
             raise ValueError("min_length counts the prompt (HF semantics): pass prompt_length too")
         min_tokens = np.maximum(np.maximum(int(min_length) - np.asarray(prompt_length), 0), min_new_tokens)
-    if np.any(min_tokens) and eos:
+    if np.any(min_tokens):
+        if not eos:
+            raise ValueError("min_new_tokens / min_length mask the EOS token: they need eos_token_id")
         parts.append(stages.min_tokens(stop_ids=eos))
         values["min_tokens"] = min_tokens
     if forced_bos_token_id is not None:
@@ -175,3 +171,180 @@ def hf(
         parts.append(stages.log_softmax())
     select = stages.categorical(candidates=candidates) if do_sample else stages.greedy()
     return Preset(chain(*parts, select=select), values)
+
+
+#: ``GenerationConfig`` fields that build the logits processors (plus this module's ``seed``,
+#: ``prompt_length`` and ``candidates``): what a sampler config (:mod:`jaxsample.evaluation`) takes.
+SAMPLER_FIELDS = (
+    "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h",
+    "repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+    "bad_words_ids", "sequence_bias", "min_length", "min_new_tokens", "prompt_length", "max_new_tokens",
+    "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens", "renormalize_logits", "eos_token_id", "seed", "candidates",
+)
+#: Strategy and token-id fields: they go to ``Preset.request``.
+REQUEST_FIELDS = (
+    "num_beams", "num_beam_groups", "diversity_penalty", "length_penalty", "early_stopping",
+    "num_return_sequences", "penalty_alpha", "max_length", "pad_token_id", "bos_token_id",
+    "decoder_start_token_id", "output_scores", "output_logits", "stop_strings",
+)
+#: Metadata written by transformers: ignored.
+METADATA_FIELDS = ("transformers_version", "_from_model_config", "_commit_hash", "_original_object_hash")
+#: Fields that change speed or memory, or configure an assistant model that ``generate`` is not
+#: given here, but never the tokens: accepted and ignored.
+INERT_FIELDS = (
+    "use_cache", "return_dict_in_generate", "low_memory", "cache_implementation", "cache_config",
+    "compile_config", "disable_compile", "max_cache_len", "prefill_chunk_size", "continuous_batching_config",
+    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+    "assistant_lookbehind", "target_lookbehind", "is_assistant", "assistant_early_exit",
+    "max_matching_ngram_size", "assistant_ensemble_weight",
+)
+_OFF = {  # unavailable features: accepted only at these "off" values
+    "guidance_scale": (None, 1.0), "watermarking_config": (None,), "prefix_allowed_tokens_fn": (None,),
+    "constraints": (None,), "force_words_ids": (None,), "dola_layers": (None,), "max_time": (None,),
+    "token_healing": (None, False), "output_attentions": (None, False), "output_hidden_states": (None, False),
+    "prompt_lookup_num_tokens": (None,), "use_mtp": (None, False), "speculation_type": (None,),
+}
+_MORE_REASONS = {
+    "max_time": "a wall-clock limit cannot stop a compiled loop: use max_new_tokens",
+    "token_healing": "token healing rewrites the prompt: not implemented",
+    "output_attentions": "attention weights are not returned",
+    "output_hidden_states": "hidden states are not returned",
+    "prompt_lookup_num_tokens": "prompt-lookup decoding: use jaxsample.decoding.speculative_generate with a draft",
+    "use_mtp": "multi-token-prediction drafting is not implemented",
+    "speculation_type": "assisted generation: use jaxsample.decoding.speculative_generate",
+}
+_FLOATS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h",
+           "repetition_penalty", "encoder_repetition_penalty", "diversity_penalty", "length_penalty",
+           "penalty_alpha")
+_INTS = ("top_k", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "min_length", "min_new_tokens",
+         "max_new_tokens", "max_length", "num_beams", "num_beam_groups", "num_return_sequences", "seed",
+         "candidates")
+_FLAGS = ("do_sample", "remove_invalid_values", "renormalize_logits", "output_scores", "output_logits")
+_TOKEN_IDS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id",
+              "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens")
+#: HF's values for unset (``None``) fields.
+_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "typical_p": 1.0,
+             "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
+             "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": 0,
+             "num_beams": 1, "num_beam_groups": 1, "diversity_penalty": 0.0, "length_penalty": 1.0,
+             "early_stopping": False, "num_return_sequences": 1, "penalty_alpha": 0.0, "remove_invalid_values": False,
+             "renormalize_logits": False, "output_scores": False, "output_logits": False, "seed": 0,
+             "candidates": DEFAULT_CANDIDATES}
+_MAX_LENGTH = 20  # HF's default max_length when neither max_length nor max_new_tokens is set
+
+
+def hf(config: Any = None, /, **fields: Any) -> Preset:
+    """The logits processors (and warpers) and the request of a HuggingFace ``GenerationConfig``.
+
+    ``config`` is a ``transformers.GenerationConfig`` (or any object with ``to_dict()``), a dict of
+    its fields, or a path to ``generation_config.json`` (or to the model directory holding it);
+    keyword ``fields`` override it. ``None`` means "unset" (HF's default), as in transformers 5.
+
+    * Field names, defaults and validation are HF's (``top_k=50`` is active whenever
+      ``do_sample``); NaN or a wrong type is a ``ValueError`` naming the field, and so is an
+      unknown field. Metadata (``transformers_version``, ``_from_model_config``) is ignored, and so
+      are fields that only change speed or memory (``use_cache``, ``cache_implementation`` ...).
+    * ``eos_token_id`` (int or list) is the EOS set of the processors *and* of the stopping rule;
+      ``min_new_tokens`` / ``min_length`` without it is an error, not a silent no-op.
+      ``pad_token_id`` (default: the first EOS id, as HF) fills finished rows;
+      ``decoder_start_token_id`` (else ``bos_token_id``) starts generation without a prompt.
+    * ``min_length`` counts the prompt as HF does, so it needs ``prompt_length`` (an int or one per
+      row); ``max_length`` is turned into new tokens against the prompt width at run time;
+      ``forced_eos_token_id`` needs ``max_new_tokens``. ``do_sample=False`` selects greedy.
+    * Strategy fields (``num_beams``, ``num_beam_groups``, ``penalty_alpha``,
+      ``num_return_sequences`` ...), ``stop_strings`` and ``output_scores`` go to
+      ``Preset.request``: :meth:`jaxsample.decoding.DecodeRequest.from_preset` picks the strategy
+      as ``generate`` does (``num_beams=1`` is greedy or sampling).
+
+    >>> [s.name for s in hf(do_sample=True, top_p=0.9).sampler.stages]
+    ['top_k', 'top_p']
+    >>> p = hf({"transformers_version": "4.46.0", "eos_token_id": [1, 2], "num_beams": 4, "max_new_tokens": 32})
+    >>> p.request["num_beams"], p.request["eos_ids"], p.request["pad_id"], p.request["max_new_tokens"]
+    (4, (1, 2), 1, 32)
+    """
+    what = "GenerationConfig"
+    data = _fields.read(config, fields, what=what)
+    data = {k: v for k, v in data.items() if k not in METADATA_FIELDS}
+    _fields.unknown(data, SAMPLER_FIELDS + REQUEST_FIELDS + INERT_FIELDS + tuple(_OFF), what)
+    for name, off in _OFF.items():
+        value = data.get(name)
+        if value is not None and not any(value is o or value == o for o in off):
+            raise ValueError(f"{name}: {_MORE_REASONS.get(name) or _UNSUPPORTED[name]}")
+    f = {k: v for k, v in data.items() if v is not None and k not in INERT_FIELDS and k not in _OFF}
+    for name in _FLOATS:
+        if name in f:
+            f[name] = _fields.number(name, f[name])
+    for name in _INTS:
+        if name in f:
+            f[name] = _fields.integer(name, f[name])
+    for name in _FLAGS:
+        if name in f:
+            f[name] = _fields.flag(name, f[name])
+    for name in _TOKEN_IDS:
+        if name in f:
+            f[name] = _fields.ids(name, f[name])
+    for name in ("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id"):
+        if name in f and len(f[name]) != 1:
+            raise ValueError(f"{name} must be one token id, got {data[name]!r}")
+    get = lambda name: f.get(name, _DEFAULTS.get(name))  # noqa: E731
+    early = get("early_stopping")
+    if early not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {early!r}")
+    beams, groups, returns = get("num_beams"), get("num_beam_groups"), get("num_return_sequences")
+    for name, value in (("num_beams", beams), ("num_beam_groups", groups), ("num_return_sequences", returns)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if "max_new_tokens" in f and f["max_new_tokens"] < 1:
+        raise ValueError(f"max_new_tokens must be greater than 0, got {f['max_new_tokens']}")
+    if "max_length" in f and f["max_length"] < 1:
+        raise ValueError(f"max_length must be greater than 0, got {f['max_length']}")
+    if beams % groups:
+        raise ValueError(f"num_beams ({beams}) must be divisible by num_beam_groups ({groups})")
+    if groups > 1 and get("diversity_penalty") <= 0.0:
+        raise ValueError("diversity_penalty must be > 0 with num_beam_groups > 1 (else the groups are identical)")
+    if groups > 1 and get("do_sample"):
+        raise ValueError("num_beam_groups > 1 (diverse beam search) does not sample: set do_sample=False")
+    if beams == 1 and not get("do_sample") and returns > 1:
+        raise ValueError("num_return_sequences > 1 needs num_beams >= num_return_sequences or do_sample=True "
+                         "(greedy search returns one sequence)")
+    if beams > 1 and returns > beams:
+        raise ValueError(f"num_return_sequences ({returns}) must be <= num_beams ({beams})")
+    penalty_alpha = get("penalty_alpha")
+    if penalty_alpha < 0 or penalty_alpha > 1:
+        raise ValueError(f"penalty_alpha must be in [0, 1], got {penalty_alpha}")
+    eos = f.get("eos_token_id", ())
+    stop = _fields.strings("stop_strings", data.get("stop_strings"))
+    sampler_kwargs = {k: f[k] for k in SAMPLER_FIELDS if k in f}
+    for name in ("forced_bos_token_id",):
+        if name in sampler_kwargs:
+            sampler_kwargs[name] = sampler_kwargs[name][0]
+    if "forced_eos_token_id" in sampler_kwargs:
+        sampler_kwargs["forced_eos_token_id"] = list(sampler_kwargs["forced_eos_token_id"])
+    if "eos_token_id" in sampler_kwargs:
+        sampler_kwargs["eos_token_id"] = list(eos)
+    preset = _sampler(**sampler_kwargs)
+    pad = f.get("pad_token_id", eos[:1])
+    start = f.get("decoder_start_token_id", f.get("bos_token_id", ()))
+    request = {
+        "source": "hf",
+        "do_sample": get("do_sample"),
+        "num_beams": beams,
+        "num_beam_groups": groups,
+        "diversity_penalty": get("diversity_penalty"),
+        "length_penalty": get("length_penalty"),
+        "early_stopping": early,
+        "num_return_sequences": returns,
+        "penalty_alpha": penalty_alpha,
+        "top_k": get("top_k"),
+        "max_new_tokens": f.get("max_new_tokens"),
+        "max_length": None if "max_new_tokens" in f else f.get("max_length", _MAX_LENGTH),
+        "min_new_tokens": 0,  # the min-length processors mask EOS (they are in the chain)
+        "eos_ids": eos,
+        "pad_id": pad[0] if pad else None,
+        "start_id": start[0] if start else None,
+        "logprobs": 0 if (get("output_scores") or get("output_logits")) else None,
+        "seed": get("seed"),
+        "stop": stop,
+    }
+    return Preset(preset.sampler, preset.values, request)

@@ -1,12 +1,23 @@
 """llama.cpp: ``common_params_sampling`` fields and CLI flags -> the chain ``common_sampler_init`` builds.
 
 Chain: ``logit_bias`` (if any) -> the ``samplers`` sequence (default ``penalties, dry, top_n_sigma,
-top_k, typ_p, top_p, min_p, xtc, temperature``) -> ``dist``; or ``logit_bias -> temp -> mirostat``
-(v1/v2) when ``mirostat != 0``, where the sequence is ignored as in llama.cpp.
+top_k, typ_p, top_p, min_p, xtc, temperature``) -> ``dist`` (``adaptive_p`` instead when the
+sequence names it: like llama.cpp, it always goes last); or ``logit_bias -> temp -> mirostat``
+(v1/v2) when ``mirostat != 0``, where the sequence is ignored as in llama.cpp. Sequence letters
+(``--sampling-seq``): ``e`` penalties, ``d`` dry, ``s`` top_n_sigma, ``k`` top_k, ``y`` typ_p,
+``p`` top_p, ``m`` min_p, ``x`` xtc, ``t`` temperature, ``i`` infill, ``a`` adaptive_p.
+
+A grammar (``--grammar``, ``--grammar-file``, ``--json-schema``) is compiled with
+:mod:`jaxsample.structured` and masks the logits before the chain. llama.cpp instead samples with
+the chain first and re-samples with the grammar applied only when the token violates it, which can
+give a slightly different distribution over grammar-valid tokens; the output is grammar-valid in
+both. Defaults are upstream's ``common_params_sampling`` (``common/common.h``, checked at
+ggml-org/llama.cpp commit 001d906; ``tests/test_llama_cpp_fidelity.py`` pins them).
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 from typing import Any, Sequence
 
@@ -28,7 +39,12 @@ _ALIASES = {
     "min_p": "min_p", "min-p": "min_p", "m": "min_p",
     "xtc": "xtc", "x": "xtc",
     "temperature": "temperature", "temp": "temperature", "t": "temperature",
+    "infill": "infill", "i": "infill",
+    "adaptive_p": "adaptive_p", "adaptive-p": "adaptive_p", "a": "adaptive_p",
+    "typ-p": "typ_p",
 }
+#: llama.cpp's default DRY sequence breakers (strings: turned into token ids with a tokenizer).
+DEFAULT_DRY_SEQUENCE_BREAKERS = ("\n", ":", "\"", "*")
 
 # common_params_sampling field -> jaxsample parameter name
 _FIELDS = {
@@ -52,6 +68,8 @@ _FIELDS = {
     "top_n_sigma": "top_n_sigma",
     "mirostat_tau": "mirostat_tau",
     "mirostat_eta": "mirostat_eta",
+    "adaptive_target": "adaptive_p_target",
+    "adaptive_decay": "adaptive_p_decay",
 }
 
 
@@ -94,8 +112,10 @@ def llama_cpp(
     dry_multiplier: float = 0.0,
     dry_base: float = 1.75,
     dry_allowed_length: int = 2,
-    dry_penalty_last_n: int = -1,
-    dry_sequence_breakers: Sequence[Sequence[int]] = (),
+    dry_penalty_last_n: int = 64,
+    dry_sequence_breakers: Sequence[Sequence[int] | str] | None = None,
+    adaptive_target: float = -1.0,
+    adaptive_decay: float = 0.90,
     mirostat: int = 0,
     mirostat_tau: float = 5.0,
     mirostat_eta: float = 0.10,
@@ -105,17 +125,32 @@ def llama_cpp(
     ignore_eos: bool = False,
     eos_ids: Sequence[int] = (),
     n_vocab: int | None = None,
+    grammar: str | None = None,
+    json_schema: Any = None,
+    tokenizer: Any = None,
+    vocabulary: Any = None,
+    infill_table: Any = None,
     candidates: int = DEFAULT_CANDIDATES,
 ) -> Preset:
     """The chain llama.cpp's ``common_sampler_init`` builds, from ``common_params_sampling`` fields.
 
     Field names and defaults are llama.cpp's (``temp``, ``typ_p``, ``penalty_repeat`` ...).
     ``penalty_last_n`` and ``dry_penalty_last_n`` fix window sizes (``-1`` = the context: pass
-    ``history_size`` to ``Sampler.init``); ``dry_sequence_breakers`` are token-id sequences (see
-    :func:`jaxsample.dry_sequence_breakers` to derive them from strings such as llama's defaults
-    ``["\\n", ":", "\\"", "*"]``); ``logit_bias`` maps token ids to biases (``-inf`` bans);
+    ``history_size`` to ``Sampler.init``); ``logit_bias`` maps token ids to biases (``-inf`` bans);
     ``ignore_eos`` bans ``eos_ids``; ``n_vocab`` is mirostat v1's vocabulary size (default: V).
     ``seed`` is explicit (llama.cpp's "random" default seed has no reproducible equivalent).
+
+    What needs the vocabulary takes ``tokenizer`` (a ``tokenizers.Tokenizer`` or a fast
+    ``transformers`` tokenizer):
+
+    * ``dry_sequence_breakers``: strings (llama.cpp's; default ``DEFAULT_DRY_SEQUENCE_BREAKERS``
+      when a tokenizer is given, none without one) or token-id sequences
+      (:func:`jaxsample.dry_sequence_breakers` does the conversion);
+    * the ``infill`` sampler (``i``): its table from the tokenizer and ``eos_ids`` (the
+      end-of-generation ids), or ``infill_table`` (:func:`jaxsample.infill.infill_table`);
+    * ``grammar`` (GBNF) / ``json_schema`` (a schema dict or JSON string): compiled with
+      :mod:`jaxsample.structured` over ``vocabulary`` (a :class:`jaxsample.structured.Vocabulary`)
+      or the tokenizer's; the grammar stage masks the logits first.
 
     >>> p = llama_cpp()
     >>> [s.name for s in p.sampler.stages], p.sampler.selector.name
@@ -123,11 +158,20 @@ def llama_cpp(
     """
     if mirostat not in (0, 1, 2):
         raise ValueError(f"mirostat must be 0, 1 or 2, got {mirostat}")
+    if adaptive_target > 1.0:
+        raise ValueError(f"adaptive_target must be <= 1 (negative: disabled), got {adaptive_target}")
+    if not 0.0 <= adaptive_decay <= 0.99:
+        raise ValueError(f"adaptive_decay must be in [0, 0.99], got {adaptive_decay}")
+    if grammar is not None and json_schema is not None:
+        raise ValueError("grammar and json_schema are exclusive (llama.cpp: one grammar per request)")
     values: dict[str, Any] = {}
     local = dict(locals())
     for field, name in _FIELDS.items():
         values[name] = local[field]
     parts = []
+    if grammar is not None or json_schema is not None:
+        parts.append(stages.grammar())
+        values.update(_grammar_values(grammar, json_schema, vocabulary, tokenizer, eos_ids))
     if logit_bias:
         ids = [int(i) for i in logit_bias]
         parts.append(stages.logit_bias(capacity=_capacity(len(ids))))
@@ -149,7 +193,7 @@ def llama_cpp(
             "penalties": lambda: stages.penalties(penalty_last_n),
             "dry": lambda: stages.dry(
                 last_n=dry_penalty_last_n,
-                sequence_breakers=tuple(tuple(int(t) for t in b) for b in dry_sequence_breakers),
+                sequence_breakers=_breakers(dry_sequence_breakers, tokenizer),
             ),
             "top_n_sigma": lambda: stages.top_n_sigma(),
             "top_k": lambda: stages.top_k(exact=True, candidates=candidates),
@@ -158,16 +202,72 @@ def llama_cpp(
             "min_p": lambda: stages.min_p(),
             "xtc": lambda: stages.xtc(),
             "temperature": lambda: stages.dynamic_temperature(),
+            "infill": lambda: stages.infill(_infill_table(infill_table, tokenizer, eos_ids)),
         }
         sequence = _sequence(samplers)
-        parts += [build[name]() for name in sequence]
-        select = stages.categorical(candidates=candidates)
+        parts += [build[name]() for name in sequence if name != "adaptive_p"]
+        select = (stages.adaptive_p(candidates=candidates) if "adaptive_p" in sequence
+                  else stages.categorical(candidates=candidates))
         if "penalties" in sequence and penalty_last_n != 0:
             values["penalty_last_n"] = penalty_last_n
         if "dry" in sequence and dry_penalty_last_n != 0:
             values["dry_penalty_last_n"] = dry_penalty_last_n
-    values = {k: v for k, v in values.items() if k in _used(parts, select) or k.startswith("logit_bias")}
+    values = {k: v for k, v in values.items()
+              if k in _used(parts, select) or k.startswith(("logit_bias", "grammar"))}
     return Preset(chain(*parts, select=select), values)
+
+
+def _breakers(breakers, tokenizer) -> tuple[tuple[int, ...], ...]:
+    """DRY breakers as token-id tuples: strings through the tokenizer, ids as given."""
+    if breakers is None:
+        breakers = DEFAULT_DRY_SEQUENCE_BREAKERS if tokenizer is not None else ()
+    if isinstance(breakers, str):
+        raise ValueError("dry_sequence_breakers must be a list of strings or of token-id lists, not one string")
+    strings = [b for b in breakers if isinstance(b, str)]
+    if strings and len(strings) != len(breakers):
+        raise ValueError("dry_sequence_breakers: give all strings or all token-id lists, not a mix")
+    if strings:
+        if tokenizer is None:
+            raise ValueError("dry_sequence_breakers: string breakers need a tokenizer (tokenizer=)")
+        from jaxsample.dry import dry_sequence_breakers
+
+        return dry_sequence_breakers(strings, tokenizer)
+    return tuple(tuple(int(t) for t in b) for b in breakers)
+
+
+def _infill_table(table, tokenizer, eos_ids):
+    if table is not None:
+        return table
+    if tokenizer is None or not eos_ids:
+        raise ValueError("samplers: the infill sampler (i) needs tokenizer= and eos_ids= (the end-of-generation "
+                         "ids), or infill_table=")
+    from jaxsample.infill import infill_table_from_tokenizer
+
+    return infill_table_from_tokenizer(tokenizer, [int(i) for i in eos_ids])
+
+
+def _grammar_values(grammar, json_schema, vocabulary, tokenizer, eos_ids) -> dict:
+    """The grammar stage's values (tables and grammar id 0 for every row)."""
+    from jaxsample import structured
+
+    if vocabulary is None:
+        if tokenizer is None:
+            raise ValueError("grammar / json_schema need the vocabulary: pass tokenizer= or vocabulary=")
+        vocabulary = structured.Vocabulary.from_tokenizer(tokenizer, eos_ids=[int(i) for i in eos_ids] or None)
+    if grammar is not None:
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise ValueError(f"grammar must be a non-empty GBNF string, got {grammar!r}")
+        compiled = structured.compile_gbnf(grammar, vocabulary)
+    else:
+        schema = json_schema
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"json_schema is not valid JSON: {err}") from None
+        compiled = structured.compile_json_schema(schema, vocabulary)
+    params = structured.grammar_params([compiled], (1,))
+    return {key: (value if key.endswith("_tables") else 0) for key, value in params.items()}
 
 
 def _used(parts, select) -> set[str]:
@@ -184,16 +284,24 @@ _FLAGS = {
     "--dry-penalty-last-n": "dry_penalty_last_n", "--dynatemp-range": "dynatemp_range",
     "--dynatemp-exp": "dynatemp_exponent", "--mirostat": "mirostat", "--mirostat-lr": "mirostat_eta",
     "--mirostat-ent": "mirostat_tau", "--samplers": "samplers", "--sampling-seq": "samplers",
-    "--sampler-seq": "samplers", "--min-keep": "min_keep",
+    "--sampler-seq": "samplers", "--min-keep": "min_keep", "--adaptive-target": "adaptive_target",
+    "--adaptive-decay": "adaptive_decay", "--grammar": "grammar", "--json-schema": "json_schema",
+    "-j": "json_schema",
 }
+_STRING_FIELDS = {"samplers", "grammar", "json_schema"}
+_FILE_FLAGS = {"--grammar-file": "grammar", "--json-schema-file": "json_schema", "-jf": "json_schema"}
 _INT_FIELDS = {"seed", "top_k", "penalty_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat", "min_keep"}
 
 
 def llama_cpp_args(args: str | Sequence[str], **fields) -> Preset:
     """:func:`llama_cpp` from llama.cpp command-line flags (``"--temp 0.7 --top-k 20 -l 15043+1"``).
 
-    Supports the sampling flags of ``llama-cli`` / ``llama-server`` including ``-l/--logit-bias
-    TOKEN(+|-)BIAS`` and ``--ignore-eos``; extra keyword ``fields`` (e.g. ``eos_ids``) are passed on.
+    Supports the sampling flags of ``llama-cli`` / ``llama-server``: ``-l/--logit-bias
+    TOKEN(+|-)BIAS``, ``--ignore-eos``, ``--samplers`` / ``--sampling-seq`` (every letter,
+    ``i`` and ``a`` included), ``--dry-sequence-breaker`` (repeatable: the first one replaces the
+    defaults, ``none`` clears them), ``--adaptive-target`` / ``--adaptive-decay``, ``--grammar`` /
+    ``--grammar-file``, ``--json-schema`` / ``--json-schema-file``. Extra keyword ``fields`` (e.g.
+    ``eos_ids``, ``tokenizer``, ``vocabulary``) are passed on to :func:`llama_cpp`.
 
     >>> llama_cpp_args("--temp 0 --top-k 1").values["temperature"]
     0.0
@@ -201,6 +309,7 @@ def llama_cpp_args(args: str | Sequence[str], **fields) -> Preset:
     tokens = shlex.split(args) if isinstance(args, str) else list(args)
     out: dict[str, Any] = {}
     bias: dict[int, float] = {}
+    breakers: list[str] | None = None
     i = 0
     while i < len(tokens):
         flag = tokens[i]
@@ -215,16 +324,39 @@ def llama_cpp_args(args: str | Sequence[str], **fields) -> Preset:
             sep = max(value.rfind("+"), value.rfind("-"))
             if sep <= 0:
                 raise ValueError(f"{flag}: expected TOKEN_ID(+/-)BIAS, got {value!r}")
-            bias[int(value[:sep])] = float(value[sep:])
+            try:
+                bias[int(value[:sep])] = float(value[sep:])
+            except ValueError:
+                raise ValueError(f"{flag}: expected TOKEN_ID(+/-)BIAS, got {value!r}") from None
+        elif flag == "--dry-sequence-breaker":
+            breakers = [] if breakers is None else breakers  # the first use clears llama.cpp's defaults
+            if value == "none":
+                breakers.clear()
+            else:
+                breakers.append(value)
+        elif flag in _FILE_FLAGS:
+            try:
+                with open(value, encoding="utf-8") as f:
+                    out[_FILE_FLAGS[flag]] = f.read()
+            except OSError as err:
+                raise ValueError(f"{flag}: cannot read {value!r} ({err.strerror})") from None
         elif flag in _FLAGS:
             field = _FLAGS[flag]
             try:
-                out[field] = value if field == "samplers" else (int(value) if field in _INT_FIELDS else float(value))
+                out[field] = value if field in _STRING_FIELDS else (int(value) if field in _INT_FIELDS else float(value))
             except ValueError:
                 raise ValueError(f"{flag}: expected a number, got {value!r}") from None
+            if field == "dry_base" and out[field] < 1.0:
+                raise ValueError(f"{flag}: must be >= 1 (llama.cpp ignores smaller values), got {value}")
         else:
-            raise ValueError(f"unsupported llama.cpp flag {flag!r} (supported: {sorted(_FLAGS) + ['--ignore-eos', '-l']})")
+            known = sorted(set(_FLAGS) | set(_FILE_FLAGS) | {"--ignore-eos", "-l", "--logit-bias",
+                                                            "--dry-sequence-breaker"})
+            raise ValueError(f"unsupported llama.cpp flag {flag!r} (supported: {known})")
         i += 2
+    if "grammar" in out and "json_schema" in out:
+        raise ValueError("--grammar / --grammar-file and --json-schema / --json-schema-file are exclusive")
     if bias:
         out["logit_bias"] = bias
+    if breakers is not None:
+        out["dry_sequence_breakers"] = breakers
     return llama_cpp(**{**out, **fields})
