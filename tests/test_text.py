@@ -294,3 +294,23 @@ def test_tiny_decoder_with_bpe_stops_where_brute_force_says(bpe):
         else:
             assert out.token_ids == ids[: first + 1] and out.stop_reason in stops
             assert out.text.endswith(out.stop_reason) and ref.text.startswith(out.text)
+
+
+def test_device_hits_equal_hf_stop_string_criteria(bpe):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>")
+    tok = as_tokenizer(fast)
+    stops = ["\n\n", "the", "e.", ")"]
+    hf = StopStringCriteria(fast, stops)
+    rng = np.random.default_rng(0)
+    text_ids = fast("the value) is.\n\nThe end. e.g. (the other)\n\n")["input_ids"]
+    seqs = [text_ids[: i + 1] for i in range(len(text_ids))]
+    seqs += [rng.integers(0, len(fast), size=rng.integers(1, 12)).tolist() for _ in range(100)]
+    width = 31
+    windows = jnp.array([([-1] * width + s)[-width:] for s in seqs])
+    ours = np.asarray(stop_strings.hits(windows, stop_strings.build(tok.token_bytes, [stops] * len(seqs))))
+    theirs = [bool(hf(torch.tensor([s]), None)[0]) for s in seqs]
+    assert 10 < sum(theirs) and ours.tolist() == theirs
