@@ -42,6 +42,8 @@ True
 
 from __future__ import annotations
 
+import bisect
+import functools
 from typing import NamedTuple, Sequence
 
 import jax.numpy as jnp
@@ -66,36 +68,61 @@ class StopStrings(NamedTuple):
         return WORD * self.fits.shape[-1] - 1
 
 
-def _set_bits(words: np.ndarray, ids: list[int], bit: int) -> None:
-    if ids:
-        words[np.asarray(ids), bit // WORD] |= np.uint32(1 << (bit % WORD))
+def _set_bits(words: np.ndarray, ids, bit: int) -> None:
+    ids = np.asarray(ids, np.int64)
+    if ids.size:
+        words[ids, bit // WORD] |= np.uint32(1 << (bit % WORD))
 
 
-def _string_columns(tokens: Sequence[bytes], by_first: dict, by_last: dict, s: bytes, k: int):
+class _Vocab(NamedTuple):
+    """A vocabulary indexed for fast table building."""
+
+    tokens: tuple[bytes, ...]
+    first: np.ndarray  # int16[V]: first byte, -1 for empty tokens
+    last: np.ndarray  # int16[V]: last byte, -1 for empty tokens
+    joined: bytes  # the tokens separated by NUL
+    starts: list[int]  # offset of each token in ``joined``
+    lengths: np.ndarray  # int32[V]: bytes per token
+
+
+@functools.lru_cache(maxsize=4)
+def _vocab(token_bytes: tuple) -> _Vocab:
+    tokens = tuple(b"" if t is None else bytes(t) for t in token_bytes)
+    first = np.array([t[0] if t else -1 for t in tokens], np.int16)
+    last = np.array([t[-1] if t else -1 for t in tokens], np.int16)
+    lengths = np.array([len(t) + 1 for t in tokens], np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64).tolist()
+    return _Vocab(tokens, first, last, b"\0".join(tokens), starts, (lengths - 1).astype(np.int32))
+
+
+def _containing(voc: _Vocab, s: bytes) -> list[int]:
+    """Ids of the tokens that contain ``s``."""
+    if 0 in s:  # NUL separates the tokens in ``joined``: scan them one by one
+        return [i for i, t in enumerate(voc.tokens) if s in t]
+    out, i = [], voc.joined.find(s)
+    while i >= 0:
+        tid = bisect.bisect_right(voc.starts, i) - 1
+        out.append(tid)
+        i = voc.joined.find(s, voc.starts[tid] + len(voc.tokens[tid]) + 1)  # next token
+    return out
+
+
+def _string_columns(voc: _Vocab, s: bytes, k: int):
     """``(fits uint32[V, K], ends uint32[V, K])`` for one stop string."""
-    v, n = len(tokens), len(s)
-    fits = np.zeros((v, k), np.uint32)
-    ends = np.zeros((v, k), np.uint32)
-    _set_bits(ends, [i for i, t in enumerate(tokens) if s in t], n)
+    tokens, n = voc.tokens, len(s)
+    fits = np.zeros((len(tokens), k), np.uint32)
+    ends = np.zeros((len(tokens), k), np.uint32)
+    _set_bits(ends, _containing(voc, s), n)
     for m in range(1, n):
         tail = s[n - m :]
-        _set_bits(ends, [i for i in by_first.get(tail[0], ()) if tokens[i].startswith(tail)], m)
-    empty = by_first.get(None, [])
+        _set_bits(ends, [i for i in np.flatnonzero(voc.first == tail[0]).tolist() if tokens[i].startswith(tail)], m)
+    empty = np.flatnonzero(voc.first < 0).tolist()
     for p in range(1, n):
         head = s[: n - p]
-        ok = [i for i in by_last.get(head[-1], ()) if head.endswith(tokens[i]) or tokens[i].endswith(head)]
-        _set_bits(fits, ok + list(empty), p)
+        cand = np.flatnonzero(voc.last == head[-1]).tolist()
+        ok = [i for i in cand if head.endswith(tokens[i]) or tokens[i].endswith(head)]
+        _set_bits(fits, ok + empty, p)
     return fits, ends
-
-
-def _index(tokens: Sequence[bytes]) -> tuple[dict, dict]:
-    by_first: dict = {}
-    by_last: dict = {}
-    for i, t in enumerate(tokens):
-        by_first.setdefault(t[0] if t else None, []).append(i)
-        if t:
-            by_last.setdefault(t[-1], []).append(i)
-    return by_first, by_last
 
 
 def normalise(stop, batch: int) -> list[list[str]]:
@@ -142,7 +169,7 @@ def build(
     Raises:
       ValueError: a string longer than ``max_len`` bytes or more distinct strings than ``max_stop_strings``.
     """
-    tokens = [b"" if t is None else bytes(t) for t in token_bytes]
+    voc = _vocab(tuple(token_bytes))
     distinct = sorted({s for row in stop_per_row for s in row})
     encoded = {s: s.encode("utf-8") for s in distinct}
     longest = max((len(b) for b in encoded.values()), default=1)
@@ -156,19 +183,17 @@ def build(
     if len(distinct) > slots:
         raise ValueError(f"{len(distinct)} distinct stop strings exceed max_stop_strings={slots}")
     k = (max_len + 1 + WORD - 1) // WORD
-    v = len(tokens)
+    v = len(voc.tokens)
     fits = np.zeros((v, max(slots, 1), k), np.uint32)
     ends = np.zeros((v, max(slots, 1), k), np.uint32)
-    by_first, by_last = _index(tokens)
     for j, s in enumerate(distinct):
-        fits[:, j], ends[:, j] = _string_columns(tokens, by_first, by_last, encoded[s], k)
+        fits[:, j], ends[:, j] = _string_columns(voc, encoded[s], k)
     target = np.zeros((len(stop_per_row), max(slots, 1)), np.int32)
     slot = {s: j for j, s in enumerate(distinct)}
     for b, row in enumerate(stop_per_row):
         for s in row:
             target[b, slot[s]] = len(encoded[s])
-    token_len = np.array([len(t) for t in tokens], np.int32)
-    return StopStrings(jnp.asarray(fits), jnp.asarray(ends), jnp.asarray(token_len), jnp.asarray(target))
+    return StopStrings(jnp.asarray(fits), jnp.asarray(ends), jnp.asarray(voc.lengths), jnp.asarray(target))
 
 
 def _bit(words: Array, index: Array) -> Array:
