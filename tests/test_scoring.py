@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsample import presets
+import jaxsample as js
+from jaxsample import stages
 from jaxsample.decoding import BIGRAM, Model, TinyDecoder, generate
 from jaxsample.scoring import score_continuations, score_tokens
 
@@ -58,10 +59,10 @@ def tiny():
 def test_scores_of_generated_tokens_equal_generate_logprobs(tiny):
     model, params = tiny
     prompts = jnp.array([[1, 2, 3, 4], [5, 6, -1, -1], [7, -1, -1, -1]])
-    preset = presets.vllm(temperature=0.7)
+    sampler = js.chain(stages.temperature(0.7), select=stages.categorical())
     out = generate(
-        model, params, prompts, max_new_tokens=5, sampler=preset.sampler,
-        sampler_params=preset.params((3,), seed=jnp.array([1, 2, 3])), logprobs=True,
+        model, params, prompts, max_new_tokens=5, sampler=sampler, sampler_params={"seed": jnp.array([1, 2, 3])},
+        logprobs=True,
     )
     raw = score_continuations(model, params, prompts, out.tokens, continuation_lengths=out.lengths)
     np.testing.assert_allclose(raw.logprobs, out.logprobs.raw, atol=2e-5)

@@ -273,7 +273,8 @@ def test_unsupported_tokenizers_are_refused(tmp_path):
 
 def test_tiny_decoder_with_bpe_stops_where_brute_force_says(bpe):
     from jaxsample.decoding import TinyDecoder
-    from jaxsample import presets
+    import jaxsample as js
+    from jaxsample import stages
 
     eos = bpe.token_to_id("<eos>")
     tok = as_tokenizer(bpe, eos_ids=[eos])
@@ -281,19 +282,18 @@ def test_tiny_decoder_with_bpe_stops_where_brute_force_says(bpe):
     params = net.init_params(jax.random.key(3))
     model = Model(net.apply_step, net.init_cache)
     stops = ["e", "th", "\n"]
-    preset = presets.vllm(temperature=1.0)
-    kw = dict(max_tokens=24, sampler=preset.sampler, sampler_params=preset.params((6,), seed=jnp.arange(6)))
-    outs = generate_text(model, params, tok, ["The "] * 6, stop=stops, include_stop_str_in_output=True, **kw)
-    free = generate_text(model, params, tok, ["The "] * 6, **kw)
-    encoded = [s.encode() for s in stops]
-    for out, ref in zip(outs, free):
-        ids = ref.token_ids
-        first = next((i for i in range(len(ids)) if _reference_hit(tok.token_bytes, ids[: i + 1], encoded)), None)
-        if first is None:
-            assert out.token_ids == ids and out.stop_reason is None
-        else:
-            assert out.token_ids == ids[: first + 1] and out.stop_reason in stops
-            assert out.text.endswith(out.stop_reason) and ref.text.startswith(out.text)
+    sampler = js.chain(stages.temperature(1.0), select=stages.categorical())
+    kw = dict(max_tokens=24, sampler=sampler, sampler_params={"seed": jnp.arange(6)})
+    per_row = [stops, stops, ["\n"], None, ["ion", "zq"], stops]
+    outs = generate_text(model, params, tok, ["The "] * 6, stop=per_row, include_stop_str_in_output=True, **kw)
+    assert sum(o.stop_reason is not None for o in outs) >= 3
+    for out, row in zip(outs, per_row):
+        ids, encoded = out.token_ids, [s.encode() for s in row or []]
+        hit = [_reference_hit(tok.token_bytes, ids[: i + 1], encoded) for i in range(len(ids))]
+        assert not any(hit[:-1])  # no earlier token completed a stop string
+        assert hit[-1] == (out.stop_reason is not None)
+        if out.stop_reason is not None:
+            assert out.text.endswith(out.stop_reason) and tok.decode(ids).startswith(out.text)
 
 
 def test_device_hits_equal_hf_stop_string_criteria(bpe):
