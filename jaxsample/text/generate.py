@@ -89,7 +89,7 @@ def _prepare(tokenizer, prompts, max_tokens, min_tokens, stop, output_width, max
     max_new = _rows(max_tokens, b, "max_tokens")
     min_new = _rows(min_tokens, b, "min_tokens")
     rows = stop_strings.normalise(stop, b)
-    for name in ("eos_ids", "stop_sequences", "max_new_tokens", "min_new_tokens", "max_tokens"):
+    for name in ("eos_ids", "stop_sequences", "max_new_tokens", "min_new_tokens"):
         if name in kwargs:
             raise ValueError(f"{name} is set by the text layer (use max_tokens, min_tokens, stop, output_width)")
     kw = dict(kwargs)
@@ -107,6 +107,7 @@ def _prepare(tokenizer, prompts, max_tokens, min_tokens, stop, output_width, max
 
 
 def _finish(tok: TextTokenizer, ids: list[int], reason: int, stop: list[str], include: bool) -> TextOutput:
+    """Decodes one finished sequence the way :func:`stream_text` shows it."""
     inc = IncrementalText(tok, stop, include)
     stopped = reason == FinishReason.STOP_SEQUENCE
     text = "".join(inc.push(t, stopped and i == len(ids) - 1) for i, t in enumerate(ids)) + inc.finish()
@@ -147,18 +148,27 @@ def generate_text(
       ``B`` :class:`TextOutput`; for strategies returning several sequences per prompt
       (``beam_search``, ``sample_and_rank``) ``B`` lists of them, best first.
     """
-    prep = _prepare(tokenizer, prompts, max_tokens, min_tokens, stop, output_width, max_stop_strings, max_stop_len, kwargs)
+    prep = _prepare(
+        tokenizer, prompts, max_tokens, min_tokens, stop, output_width, max_stop_strings, max_stop_len, kwargs
+    )
     out = strategy(model, params, prep.prompt, **prep.kwargs)
     tokens, lengths, reasons = (np.asarray(x) for x in (out.tokens, out.lengths, out.finish_reason))
+    several = tokens.ndim == 3  # [B, R, N]: several sequences per prompt
+    if not several:
+        tokens, lengths, reasons = tokens[:, None], lengths[:, None], reasons[:, None]
     results = []
     for b in range(tokens.shape[0]):
         per = [
-            _finish(prep.tok, tokens[b, r, : lengths[b, r]].tolist(), int(reasons[b, r]), prep.stops[b], include_stop_str_in_output)
+            _finish(
+                prep.tok,
+                tokens[b, r, : lengths[b, r]].tolist(),
+                int(reasons[b, r]),
+                prep.stops[b],
+                include_stop_str_in_output,
+            )
             for r in range(tokens.shape[1])
-        ] if tokens.ndim == 3 else _finish(
-            prep.tok, tokens[b, : lengths[b]].tolist(), int(reasons[b]), prep.stops[b], include_stop_str_in_output
-        )
-        results.append(per)
+        ]
+        results.append(per if several else per[0])
     return results
 
 
@@ -182,7 +192,9 @@ def stream_text(
     Each prompt's deltas, concatenated, equal its :func:`generate_text` text (same tokens): no
     delta ends inside a UTF-8 character or shows the start of a stop string that is later cut.
     """
-    prep = _prepare(tokenizer, prompts, max_tokens, min_tokens, stop, output_width, max_stop_strings, max_stop_len, kwargs)
+    prep = _prepare(
+        tokenizer, prompts, max_tokens, min_tokens, stop, output_width, max_stop_strings, max_stop_len, kwargs
+    )
     rows = [IncrementalText(prep.tok, s, include_stop_str_in_output) for s in prep.stops]
     done = [False] * len(rows)
     for chunk in stream(model, params, prep.prompt, **prep.kwargs):
