@@ -222,7 +222,7 @@ def sp_model(corpus, tmp_path_factory):
 TEXTS = ["Hello, world!\n\nSecond paragraph.", "café — 日本語 ✓", "def f(x):\n    return x"]
 
 
-def test_byte_level_bpe_round_trips_and_needs_an_eos(bpe):
+def test_byte_level_bpe_round_trips_and_needs_an_eos(bpe, tmp_path):
     with pytest.raises(ValueError, match="no EOS token"):
         as_tokenizer(bpe)
     tok = as_tokenizer(bpe, eos_ids=[bpe.token_to_id("<eos>")], vocab_size=512)
@@ -231,6 +231,10 @@ def test_byte_level_bpe_round_trips_and_needs_an_eos(bpe):
         assert tok.decode(tok.encode(text)) == text == bpe.decode(bpe.encode(text).ids)
     with pytest.raises(ValueError, match="vocab_size"):
         as_tokenizer(bpe, eos_ids=[0], vocab_size=10)
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    from_file = as_tokenizer(tmp_path / "tokenizer.json", eos_ids=tok.eos_ids)
+    assert from_file.token_bytes == tok.token_bytes[: len(from_file.token_bytes)]
+    assert from_file.encode(TEXTS[0]) == tok.encode(TEXTS[0])
 
 
 def test_transformers_fast_tokenizer(bpe):
