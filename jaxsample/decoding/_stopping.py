@@ -2,9 +2,8 @@
 
 :class:`Stops` holds the per-row rules as traced arrays (changing them never recompiles):
 several EOS ids, multi-token stop sequences or stop strings (:mod:`jaxsample.decoding.stop_strings`),
-min and max new tokens. :func:`stops` builds it on the
-host from Python values and validates them. :class:`Tracker` is the fixed-shape output buffer;
-:func:`push` appends one token per row and applies the rules, in the order vLLM checks them:
+min and max new tokens. :func:`stops` builds it on the host from Python values and validates them.
+:class:`Tracker` is the fixed-shape output buffer; :func:`push` appends one token per row and applies the rules, in the order vLLM checks them:
 nothing stops a row before ``min_new_tokens`` tokens, then EOS, then a stop sequence, then length.
 """
 
@@ -49,7 +48,8 @@ def repeat(stops: Stops, n: int) -> Stops:
     table = stops.stop_strings
     if table is not None:
         table = table._replace(target=rep(table.target))
-    return Stops(rep(stops.eos_ids), rep(stops.stop_sequences), rep(stops.min_new_tokens), rep(stops.max_new_tokens), table)
+    eos, seqs, lo, hi = (rep(x) for x in stops[:4])
+    return Stops(eos, seqs, lo, hi, table)
 
 
 def stop_hits(window: Array, stops_: Stops, stop_sequences: Array, target_axis: bool = False) -> Array:
