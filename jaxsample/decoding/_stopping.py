@@ -3,8 +3,9 @@
 :class:`Stops` holds the per-row rules as traced arrays (changing them never recompiles):
 several EOS ids, multi-token stop sequences or stop strings (:mod:`jaxsample.decoding.stop_strings`),
 min and max new tokens. :func:`stops` builds it on the host from Python values and validates them.
-:class:`Tracker` is the fixed-shape output buffer; :func:`push` appends one token per row and applies the rules, in the order vLLM checks them:
-nothing stops a row before ``min_new_tokens`` tokens, then EOS, then a stop sequence, then length.
+:class:`Tracker` is the fixed-shape output buffer; :func:`push` appends one token per row and
+applies the rules, in the order vLLM checks them: nothing stops a row before ``min_new_tokens``
+tokens, then EOS, then a stop sequence or string, then length.
 """
 
 from __future__ import annotations
