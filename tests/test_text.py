@@ -10,7 +10,7 @@ import pytest
 
 from jaxsample.decoding import BIGRAM, Model, beam_search, contrastive_search, generate, sample_and_rank
 from jaxsample.decoding import speculative_generate, stop_strings
-from jaxsample.text import IncrementalText, TextTokenizer, as_tokenizer, generate_text, stream_text
+from jaxsample.text import IncrementalText, TextTokenizer, as_tokenizer, generate_text, score_text, stream_text
 
 # ------------------------------------------------------------------ a scripted tokenizer and model
 # id 0 = EOS; the bigram table walks 1 -> 2 -> ... -> 8 -> 0.
@@ -318,3 +318,21 @@ def test_device_hits_equal_hf_stop_string_criteria(bpe):
     ours = np.asarray(stop_strings.hits(windows, stop_strings.build(tok.token_bytes, [stops] * len(seqs))))
     theirs = [bool(hf(torch.tensor([s]), None)[0]) for s in seqs]
     assert 10 < sum(theirs) and ours.tolist() == theirs
+
+
+def test_score_text_joint_encoding_and_reranking(bpe):
+    tok = as_tokenizer(bpe, eos_ids=[bpe.token_to_id("<eos>")])
+    table = jax.random.normal(jax.random.key(2), (tok.vocab_size, tok.vocab_size))
+    params = {"logits": table}
+    prompts, conts = ["The answer is", "The answer is", "x"], [" yes", " no, it is not", ""]
+    got = score_text(BIGRAM, params, tok, prompts, conts)
+    lp = jax.nn.log_softmax(table, axis=-1)
+    for p, c, g in zip(prompts, conts, got):
+        joint, alone = tok.encode(p + c), tok.encode(p)
+        assert joint[: len(alone)] == alone and g.token_ids == joint[len(alone) :]
+        want = [float(lp[a, b]) for a, b in zip(joint[len(alone) - 1 :], g.token_ids)]
+        np.testing.assert_allclose(g.token_logprobs, want, atol=1e-5)
+        np.testing.assert_allclose(g.logprob, sum(want), atol=1e-4)
+    assert got[2].token_ids == [] and np.isnan(got[2].perplexity) and got[0].perplexity > 0
+    with pytest.raises(ValueError, match="equal length"):
+        score_text(BIGRAM, params, tok, ["a"], [])
