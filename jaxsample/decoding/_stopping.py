@@ -1,10 +1,11 @@
 """Stopping rules and the per-row output buffer shared by every decoding strategy.
 
 :class:`Stops` holds the per-row rules as traced arrays (changing them never recompiles):
-several EOS ids, multi-token stop sequences, min and max new tokens. :func:`stops` builds it on the
-host from Python values and validates them. :class:`Tracker` is the fixed-shape output buffer;
-:func:`push` appends one token per row and applies the rules, in the order vLLM checks them:
-nothing stops a row before ``min_new_tokens`` tokens, then EOS, then a stop sequence, then length.
+several EOS ids, multi-token stop sequences or stop strings (:mod:`jaxsample.decoding.stop_strings`),
+min and max new tokens. :func:`stops` builds it on the host from Python values and validates them.
+:class:`Tracker` is the fixed-shape output buffer; :func:`push` appends one token per row and
+applies the rules, in the order vLLM checks them: nothing stops a row before ``min_new_tokens``
+tokens, then EOS, then a stop sequence or string, then length.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from jax import lax
 
 from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
+from jaxsample.decoding import stop_strings as _stop_strings
 
 
 class FinishReason(enum.IntEnum):
@@ -36,6 +38,38 @@ class Stops(NamedTuple):
     stop_sequences: Array  # int32[B, S, L]; right-aligned, -1 = padding on the left
     min_new_tokens: Array  # int32[B]
     max_new_tokens: Array  # int32[B], clipped to the static buffer width
+    stop_strings: _stop_strings.StopStrings | None = None  # text stop strings (shared tables)
+
+
+def repeat(stops: Stops, n: int) -> Stops:
+    """Every row's rules ``n`` times (``[B] -> [B * n]``, row-major); stop-string tables stay shared."""
+    if n == 1:
+        return stops
+    rep = lambda x: jnp.repeat(x, n, axis=0)  # noqa: E731
+    table = stops.stop_strings
+    if table is not None:
+        table = table._replace(target=rep(table.target))
+    eos, seqs, lo, hi = (rep(x) for x in stops[:4])
+    return Stops(eos, seqs, lo, hi, table)
+
+
+def stop_hits(window: Array, stops_: Stops, stop_sequences: Array, target_axis: bool = False) -> Array:
+    """``bool[...]``: ``window [..., W]`` (last tokens) ends with a stop sequence or completes a stop string."""
+    hit = matches_stop(window[..., window.shape[-1] - stop_sequences.shape[-1] :], stop_sequences)
+    table = stops_.stop_strings
+    if table is not None:
+        if target_axis:
+            table = table._replace(target=table.target[:, None])
+        hit = hit | _stop_strings.hits(window, table)
+    return hit
+
+
+def window_width(stops_: Stops) -> int:
+    """Static number of last tokens the stop rules read."""
+    width = stops_.stop_sequences.shape[-1]
+    if stops_.stop_strings is not None:
+        width = max(width, stops_.stop_strings.max_len)
+    return width
 
 
 def _int_rows(value, batch: int, name: str, lo: int | None, hi: int | None) -> Array:
@@ -75,7 +109,8 @@ def stops(
         Fix it explicitly so that new ``max_new_tokens`` values never recompile.
       eos_ids: ``None``, an id, a list of ids, or an ``int[E]`` / ``int[B, E]`` array (``-1`` = unused).
       stop_sequences: ``None``, a list of token-id lists, or an ``int[S, L]`` / ``int[B, S, L]`` array,
-        right-aligned with ``-1`` padding on the left.
+        right-aligned with ``-1`` padding on the left; or a
+        :class:`~jaxsample.decoding.stop_strings.StopStrings` table (text stop strings, ``B`` rows).
       min_new_tokens: int or ``int[B]``; EOS is masked and no rule stops a row before this many tokens.
     """
     if max_tokens is None:
@@ -99,6 +134,13 @@ def stops(
             eos = jnp.full((batch, 1), -1, jnp.int32)
         eos = _validate.check_tokens(eos, "eos_ids", (batch,))
 
+    table = None
+    if isinstance(stop_sequences, _stop_strings.StopStrings):
+        table, stop_sequences = stop_sequences, None
+        if table.target.ndim != 2 or table.target.shape[0] != batch:
+            raise ValueError(
+                f"stop_sequences: the StopStrings table was built for {table.target.shape[0]} rows, the batch has {batch}"
+            )
     if stop_sequences is None or (isinstance(stop_sequences, (list, tuple)) and len(stop_sequences) == 0):
         seqs = jnp.full((batch, 0, 1), -1, jnp.int32)
     else:
@@ -110,7 +152,7 @@ def stops(
                 "stop_sequences must be a list of token-id lists or an int array [S, L] / [B, S, L]"
             )
         seqs = jnp.broadcast_to(seqs.astype(jnp.int32), (batch,) + seqs.shape[-2:])
-    return Stops(eos, seqs, min_new, max_new), n
+    return Stops(eos, seqs, min_new, max_new, table), n
 
 
 # ------------------------------------------------------------------------------------ traced rules
@@ -236,8 +278,7 @@ def push(state: Tracker, stops: Stops, token: Array, active: Array, logprobs: tu
         )
     may_stop = write & (length >= stops.min_new_tokens)
     eos = may_stop & is_eos(token, stops.eos_ids)
-    width = stops.stop_sequences.shape[-1]
-    stop = may_stop & matches_stop(last_tokens(tokens, length, width), stops.stop_sequences)
+    stop = may_stop & stop_hits(last_tokens(tokens, length, window_width(stops)), stops, stops.stop_sequences)
     full = write & (length >= stops.max_new_tokens)
     reason = jnp.where(
         eos,

@@ -145,11 +145,11 @@ def _group_step(
     gen = t + 1
     may_stop = (gen >= stops.min_new_tokens)[:, None]
     eos = may_stop & _stopping.is_eos(token, stops.eos_ids[:, None, :])
-    width = stops.stop_sequences.shape[-1]
+    width = _stopping.window_width(stops)
     window = _stopping.last_tokens(seqs.reshape(b * c, n), jnp.full((b * c,), gen), width).reshape(
         b, c, width
     )
-    stop = may_stop & ~eos & _stopping.matches_stop(window, stops.stop_sequences[:, None])
+    stop = may_stop & ~eos & _stopping.stop_hits(window, stops, stops.stop_sequences[:, None], target_axis=True)
     terminal = eos | stop
     at_last = (gen >= stops.max_new_tokens)[:, None]
     reason = jnp.where(

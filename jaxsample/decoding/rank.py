@@ -28,8 +28,9 @@ from jax import lax
 from jaxsample import _validate
 from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler
+from jaxsample.decoding import _stopping
 from jaxsample.decoding.generate import _decode, prepare
-from jaxsample.decoding.model import Model, repeat_params, repeat_rows
+from jaxsample.decoding.model import Model, repeat_params
 
 
 class RankedOutput(NamedTuple):
@@ -124,7 +125,7 @@ def sample_and_rank(
     alpha = _validate.param(length_penalty, (b,), "length_penalty")
     rows = repeat_params(req.sampler, req.sampler_params, best_of)
     rows["seed"] = rows["seed"] + jnp.tile(jnp.arange(best_of, dtype=jnp.int32), b)
-    stops = repeat_rows(req.stops, best_of)
+    stops = _stopping.repeat(req.stops, best_of)
     return _rank_jit(
         model,
         req.sampler,
