@@ -4,7 +4,7 @@ Order (``_get_logits_processor``): sequence bias -> encoder repetition penalty -
 -> no-repeat n-gram -> encoder no-repeat n-gram -> bad words -> min length / min new tokens ->
 forced BOS -> forced EOS -> inf/nan removal -> exponential decay -> suppress tokens -> suppress at
 begin -> (sampling only) temperature -> top-h -> top-k -> top-p -> min-p -> typical -> epsilon -> eta
--> log-softmax renormalisation. As in HF, a processor exists only when its field enables it.
+-> watermark (``watermarking_config``) -> log-softmax renormalisation. As in HF, a processor exists only when its field enables it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from jaxsample import stages
 from jaxsample._candidates import DEFAULT_CANDIDATES
 from jaxsample.chain import chain
 from jaxsample.presets._preset import Preset
+from jaxsample.synthid import synthid_config
+from jaxsample.watermark import watermark_config
 
 _UNSUPPORTED = {
     "guidance_scale": "classifier-free guidance needs a second (unconditional) model pass: combine the two "
     "logits with jaxsample.classifier_free_guidance before the chain",
-    "watermarking_config": "watermarking is not implemented",
     "prefix_allowed_tokens_fn": "a Python callback cannot run inside jit: use jaxsample.structured",
     "constraints": "constrained beam search is not implemented",
     "force_words_ids": "constrained beam search is not implemented",
@@ -74,6 +75,7 @@ def hf(
     begin_suppress_tokens: Sequence[int] | None = None,
     renormalize_logits: bool = False,
     eos_token_id: int | Sequence[int] | None = None,
+    watermarking_config: Any = None,
     seed: int = 0,
     candidates: int = DEFAULT_CANDIDATES,
     **unsupported: Any,
@@ -83,6 +85,8 @@ def hf(
     Field names, defaults and validation are HF's (``top_k=50`` is active whenever ``do_sample``).
     Lengths: ``min_length`` counts the prompt as HF does, so it needs ``prompt_length`` (an int or
     one per row); ``forced_eos_token_id`` needs ``max_new_tokens``. ``do_sample=False`` selects greedy.
+    ``watermarking_config``: HF ``WatermarkingConfig`` / ``SynthIDTextWatermarkingConfig`` or a dict
+    of their fields (a dict with ``keys`` is SynthID); see ``docs/watermarking.md``.
     Decoding-strategy fields (``num_beams``...) belong to :mod:`jaxsample.decoding`.
 
     >>> [s.name for s in hf(do_sample=True, top_p=0.9).sampler.stages]
@@ -171,7 +175,29 @@ def hf(
             if enabled:
                 parts.append(stage)
                 values[name] = value
+    if watermarking_config is not None:
+        stage, extra = _watermark_stage(watermarking_config)
+        parts.append(stage)
+        values.update(extra)
     if renormalize_logits:
         parts.append(stages.log_softmax())
     select = stages.categorical(candidates=candidates) if do_sample else stages.greedy()
     return Preset(chain(*parts, select=select), values)
+
+
+def _watermark_stage(config) -> tuple:
+    """The stage (and its per-row values) for HF's ``watermarking_config``."""
+    fields = dict(config) if isinstance(config, dict) else (dict(config.to_dict()) if hasattr(config, "to_dict") else None)
+    if fields is None:
+        raise ValueError(
+            f"watermarking_config must be a WatermarkingConfig, a SynthIDTextWatermarkingConfig or a dict, "
+            f"got {type(config).__name__}"
+        )
+    if "keys" in fields or "ngram_len" in fields:
+        cfg = synthid_config(fields)
+        return stages.synthid_watermark(**cfg._asdict()), {}
+    cfg = watermark_config(fields)
+    stage = stages.watermark(
+        hashing_key=cfg.hashing_key, seeding_scheme=cfg.seeding_scheme, context_width=cfg.context_width
+    )
+    return stage, {"greenlist_ratio": cfg.greenlist_ratio, "watermark_bias": cfg.bias}
