@@ -172,14 +172,33 @@ def mt19937_numpy(seed: int, count: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=8)
 def randperm_numpy(seed: int, n: int) -> np.ndarray:
-    """``int64[n]`` equal to ``torch.randperm(n, generator=torch.Generator().manual_seed(seed))``."""
-    raw = mt19937_numpy(seed, max(n - 1, 1))
-    z = (raw[: max(n - 1, 0)] % (n - np.arange(max(n - 1, 0), dtype=np.uint64))).tolist()
-    r = list(range(n))
-    for i, zi in enumerate(z):
-        j = i + zi
-        r[i], r[j] = r[j], r[i]
-    return np.asarray(r, np.int64)
+    """``int64[n]`` equal to ``torch.randperm(n, generator=torch.Generator().manual_seed(seed))``.
+
+    Vectorised with the same chain argument as :func:`randperm_prefix_mask`: ``r[i]`` is what
+    position ``t_i`` held before step ``i``, i.e. the root of the previous step that targeted
+    ``t_i``, or ``t_i`` itself.
+    """
+    steps = max(n - 1, 0)
+    k = np.arange(steps, dtype=np.int64)
+    t = k + (mt19937_numpy(seed, max(steps, 1))[:steps] % (n - k).astype(np.uint64)).astype(np.int64)
+    moved = t != k
+    last = np.full(n, -1, np.int64)
+    np.maximum.at(last, t[moved], k[moved])  # last step before k that targeted position k
+    root = np.where(last >= 0, last, np.arange(n))
+    while True:
+        nxt = root[root]
+        if np.array_equal(nxt, root):
+            break
+        root = nxt
+    order = np.argsort(t, kind="stable")
+    previous = np.full(steps, -1, np.int64)
+    same = t[order[1:]] == t[order[:-1]]
+    previous[order[1:][same]] = order[:-1][same]
+    out = np.empty(n, np.int64)
+    out[:steps] = np.where(previous >= 0, root[np.maximum(previous, 0)], t)
+    if n:
+        out[n - 1] = root[last[n - 1]] if last[n - 1] >= 0 else n - 1
+    return out
 
 
 def randint_numpy(seed: int, high: int, count: int) -> np.ndarray:
