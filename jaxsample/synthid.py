@@ -59,7 +59,9 @@ def synthid_config(config: Any = None, **overrides) -> SynthIDConfig:
     fields.update(overrides)
     unknown = sorted(set(fields) - set(SynthIDConfig._fields))
     if unknown:
-        raise ValueError(f"watermarking_config: unknown SynthID field(s) {unknown}; expected {list(SynthIDConfig._fields)}")
+        raise ValueError(
+            f"watermarking_config: unknown SynthID field(s) {unknown}; expected {list(SynthIDConfig._fields)}"
+        )
     missing = [f for f in ("ngram_len", "keys") if f not in fields]
     if missing:
         raise ValueError(f"watermarking_config: SynthID needs {missing}")
@@ -215,7 +217,9 @@ def synthid_mean_score(g_values: ArrayLike, mask: ArrayLike) -> Array:
     return jnp.sum(g * m[..., None], axis=(-2, -1)) / (g.shape[-1] * jnp.sum(m, axis=-1))
 
 
-def synthid_weighted_mean_score(g_values: ArrayLike, mask: ArrayLike, weights: Sequence[float] | ArrayLike | None = None) -> Array:
+def synthid_weighted_mean_score(
+    g_values: ArrayLike, mask: ArrayLike, weights: Sequence[float] | ArrayLike | None = None
+) -> Array:
     """Weighted-mean score: depth ``d`` weighted by ``weights[d]`` (default ``linspace(10, 1, D)``),
     normalised to sum to ``D``. Shapes as :func:`synthid_mean_score`."""
     g = jnp.asarray(g_values, jnp.float32)

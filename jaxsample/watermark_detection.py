@@ -123,7 +123,8 @@ def detect_watermark(
             tokens = tokens[:, 1:]
     if tokens.shape[1] - cfg.context_width < 1:
         raise ValueError(
-            f"tokens must hold at least context_width + 1 = {cfg.context_width + 1} tokens per row, got {tokens.shape[1]}"
+            f"tokens must hold at least context_width + 1 = {cfg.context_width + 1} tokens per row, "
+            f"got {tokens.shape[1]}"
         )
     ratio = cfg.greenlist_ratio if greenlist_ratio is None else greenlist_ratio
     _validate.check_range(ratio, "greenlist_ratio", lo=0.0, hi=1.0, lo_open=True, hi_open=True)

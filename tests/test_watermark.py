@@ -197,6 +197,18 @@ def test_processor_matches_hf(scheme, width):
         np.testing.assert_array_equal(np.asarray(fn(logits, hist, ratio, 1.5)), ref.numpy())
 
 
+def test_hf_preset_accepts_hf_config_objects():
+    _hf()
+    from transformers import SynthIDTextWatermarkingConfig, WatermarkingConfig
+
+    p = presets.hf(watermarking_config=WatermarkingConfig(greenlist_ratio=0.5, bias=1.0, context_width=2))
+    assert p.sampler.stages == (stages.watermark(context_width=2),)
+    assert p.values["greenlist_ratio"] == 0.5 and p.values["watermark_bias"] == 1.0
+    cfg = SynthIDTextWatermarkingConfig(ngram_len=5, keys=[654, 400], sampling_table_size=1000)
+    (stage,) = presets.hf(watermarking_config=cfg).sampler.stages
+    assert stage == stages.synthid_watermark(5, (654, 400), sampling_table_size=1000)
+
+
 @pytest.mark.parametrize("scheme,width", [("lefthash", 2), ("selfhash", 2)])
 def test_detector_matches_hf(scheme, width):
     torch, _, wm = _hf()

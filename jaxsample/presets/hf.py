@@ -4,7 +4,8 @@ Order (``_get_logits_processor``): sequence bias -> encoder repetition penalty -
 -> no-repeat n-gram -> encoder no-repeat n-gram -> bad words -> min length / min new tokens ->
 forced BOS -> forced EOS -> inf/nan removal -> exponential decay -> suppress tokens -> suppress at
 begin -> (sampling only) temperature -> top-h -> top-k -> top-p -> min-p -> typical -> epsilon -> eta
--> watermark (``watermarking_config``) -> log-softmax renormalisation. As in HF, a processor exists only when its field enables it.
+-> watermark (``watermarking_config``) -> log-softmax renormalisation. As in HF, a processor exists
+only when its field enables it.
 """
 
 from __future__ import annotations
@@ -187,8 +188,11 @@ def hf(
 
 def _watermark_stage(config) -> tuple:
     """The stage (and its per-row values) for HF's ``watermarking_config``."""
-    fields = dict(config) if isinstance(config, dict) else (dict(config.to_dict()) if hasattr(config, "to_dict") else None)
-    if fields is None:
+    if isinstance(config, dict):
+        fields = dict(config)
+    elif hasattr(config, "to_dict"):
+        fields = dict(config.to_dict())
+    else:
         raise ValueError(
             f"watermarking_config must be a WatermarkingConfig, a SynthIDTextWatermarkingConfig or a dict, "
             f"got {type(config).__name__}"
