@@ -21,7 +21,20 @@ from jaxsample.penalties import encoder_repetition_penalty, penalties
 from jaxsample.processors import log_softmax, remove_inf_nan, token_mask
 from jaxsample.selection import categorical, greedy
 from jaxsample.temperature import dynamic_temperature, temperature
+from jaxsample.synthid import (
+    SynthIDConfig,
+    SynthIDState,
+    synthid_config,
+    synthid_g_values,
+    synthid_init,
+    synthid_mask,
+    synthid_mean_score,
+    synthid_watermark,
+    synthid_weighted_mean_score,
+)
 from jaxsample.truncation import min_p, top_h, top_k, top_n_sigma, top_p, typical
+from jaxsample.watermark import WatermarkConfig, greenlist, watermark, watermark_config
+from jaxsample.watermark_detection import WatermarkDetection, detect_watermark
 
 
 __version__ = "0.1.0"
@@ -35,7 +48,11 @@ __all__ = [
     "Selector",
     "Stage",
     "StepInfo",
+    "SynthIDConfig",
+    "SynthIDState",
     "TopLogprobs",
+    "WatermarkConfig",
+    "WatermarkDetection",
     "adaptive_p",
     "adaptive_p_init",
     "allowed_tokens",
@@ -46,6 +63,7 @@ __all__ = [
     "classifier_free_guidance_logits",
     "compute_logprobs",
     "decoding",
+    "detect_watermark",
     "dry",
     "dry_sequence_breakers",
     "dynamic_temperature",
@@ -58,6 +76,7 @@ __all__ = [
     "forced_eos",
     "gather_logprobs",
     "greedy",
+    "greenlist",
     "ignore_eos",
     "infill",
     "infill_table",
@@ -78,6 +97,13 @@ __all__ = [
     "structured",
     "suppress_tokens",
     "suppress_tokens_at_begin",
+    "synthid_config",
+    "synthid_g_values",
+    "synthid_init",
+    "synthid_mask",
+    "synthid_mean_score",
+    "synthid_watermark",
+    "synthid_weighted_mean_score",
     "temperature",
     "token_mask",
     "token_pieces",
@@ -87,5 +113,7 @@ __all__ = [
     "top_n_sigma",
     "top_p",
     "typical",
+    "watermark",
+    "watermark_config",
     "xtc",
 ]

@@ -4,7 +4,8 @@ Order (``_get_logits_processor``): sequence bias -> encoder repetition penalty -
 -> no-repeat n-gram -> encoder no-repeat n-gram -> bad words -> min length / min new tokens ->
 forced BOS -> forced EOS -> inf/nan removal -> exponential decay -> suppress tokens -> suppress at
 begin -> (sampling only) temperature -> top-h -> top-k -> top-p -> min-p -> typical -> epsilon -> eta
--> log-softmax renormalisation. As in HF, a processor exists only when its field enables it.
+-> watermark (``watermarking_config``) -> log-softmax renormalisation. As in HF, a processor exists
+only when its field enables it.
 
 :func:`hf` takes a ``transformers.GenerationConfig``, a dict of its fields (``to_dict()``, where
 transformers 5 writes ``None`` for "unset") or a path to ``generation_config.json``. Metadata
@@ -25,11 +26,12 @@ from jaxsample._candidates import DEFAULT_CANDIDATES
 from jaxsample.chain import chain
 from jaxsample.presets import _fields
 from jaxsample.presets._preset import Preset
+from jaxsample.synthid import synthid_config
+from jaxsample.watermark import watermark_config
 
 _UNSUPPORTED = {
     "guidance_scale": "classifier-free guidance needs a second (unconditional) model pass: combine the two "
     "logits with jaxsample.classifier_free_guidance before the chain",
-    "watermarking_config": "watermarking is not implemented",
     "prefix_allowed_tokens_fn": "a Python callback cannot run inside jit: use jaxsample.structured",
     "constraints": "constrained beam search is not implemented",
     "force_words_ids": "constrained beam search is not implemented",
@@ -82,6 +84,7 @@ def _sampler(
     begin_suppress_tokens: Sequence[int] | None = None,
     renormalize_logits: bool = False,
     eos_token_id: int | Sequence[int] | None = None,
+    watermarking_config: Any = None,
     seed: int = 0,
     candidates: int = DEFAULT_CANDIDATES,
 ) -> Preset:
@@ -167,6 +170,10 @@ def _sampler(
             if enabled:
                 parts.append(stage)
                 values[name] = value
+    if watermarking_config is not None:
+        stage, extra = _watermark_stage(watermarking_config)
+        parts.append(stage)
+        values.update(extra)
     if renormalize_logits:
         parts.append(stages.log_softmax())
     select = stages.categorical(candidates=candidates) if do_sample else stages.greedy()
@@ -180,7 +187,8 @@ SAMPLER_FIELDS = (
     "repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
     "bad_words_ids", "sequence_bias", "min_length", "min_new_tokens", "prompt_length", "max_new_tokens",
     "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-    "suppress_tokens", "begin_suppress_tokens", "renormalize_logits", "eos_token_id", "seed", "candidates",
+    "suppress_tokens", "begin_suppress_tokens", "renormalize_logits", "eos_token_id", "watermarking_config", "seed",
+    "candidates",
 )
 #: Strategy and token-id fields: they go to ``Preset.request``.
 REQUEST_FIELDS = (
@@ -200,7 +208,7 @@ INERT_FIELDS = (
     "max_matching_ngram_size", "assistant_ensemble_weight",
 )
 _OFF = {  # unavailable features: accepted only at these "off" values
-    "guidance_scale": (None, 1.0), "watermarking_config": (None,), "prefix_allowed_tokens_fn": (None,),
+    "guidance_scale": (None, 1.0), "prefix_allowed_tokens_fn": (None,),
     "constraints": (None,), "force_words_ids": (None,), "dola_layers": (None,), "max_time": (None,),
     "token_healing": (None, False), "output_attentions": (None, False), "output_hidden_states": (None, False),
     "prompt_lookup_num_tokens": (None,), "use_mtp": (None, False), "speculation_type": (None,),
@@ -348,3 +356,24 @@ def hf(config: Any = None, /, **fields: Any) -> Preset:
         "stop": stop,
     }
     return Preset(preset.sampler, preset.values, request)
+
+
+def _watermark_stage(config) -> tuple:
+    """The stage (and its per-row values) for HF's ``watermarking_config``."""
+    if isinstance(config, dict):
+        fields = dict(config)
+    elif hasattr(config, "to_dict"):
+        fields = dict(config.to_dict())
+    else:
+        raise ValueError(
+            f"watermarking_config must be a WatermarkingConfig, a SynthIDTextWatermarkingConfig or a dict, "
+            f"got {type(config).__name__}"
+        )
+    if "keys" in fields or "ngram_len" in fields:
+        cfg = synthid_config(fields)
+        return stages.synthid_watermark(**cfg._asdict()), {}
+    cfg = watermark_config(fields)
+    stage = stages.watermark(
+        hashing_key=cfg.hashing_key, seeding_scheme=cfg.seeding_scheme, context_width=cfg.context_width
+    )
+    return stage, {"greenlist_ratio": cfg.greenlist_ratio, "watermark_bias": cfg.bias}

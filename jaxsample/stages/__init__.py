@@ -31,6 +31,7 @@ from jaxsample.stages._tokens import (
     suppress_tokens,
     suppress_tokens_at_begin,
 )
+from jaxsample.stages._watermark import synthid_watermark, watermark
 from jaxsample.stages._truncation import (
     MIN_KEEP,
     adaptive_p,
@@ -80,11 +81,13 @@ __all__ = [
     "sequence_bias",
     "suppress_tokens",
     "suppress_tokens_at_begin",
+    "synthid_watermark",
     "temperature",
     "top_h",
     "top_k",
     "top_n_sigma",
     "top_p",
     "typical",
+    "watermark",
     "xtc",
 ]
