@@ -6,8 +6,10 @@ and ``init_cache(batch_size, max_len)``); see :mod:`jaxsample.decoding.model`. S
 * :func:`generate` (greedy or any :class:`jaxsample.Sampler` chain) and :func:`stream` (the same
   step, jitted with a donated state and driven from Python);
 * :func:`beam_search`, :func:`beam_sample`, :func:`group_beam_search` (HuggingFace semantics);
+* :func:`constrained_beam_search` (HF ``force_words_ids`` / ``constraints``);
 * :func:`sample_and_rank` (``n`` / ``best_of``);
 * :func:`contrastive_search`;
+* :func:`dola_generate` (DoLa: contrasting early-exit layers, for models with ``Model.early_exit``);
 * :func:`speculative_generate` (draft model + vLLM's rejection sampler).
 
 Every per-row value (sampling parameters, seeds, lengths, EOS ids, stop sequences, penalties) is a
@@ -17,9 +19,11 @@ for tests and benchmarks.
 
 from jaxsample.decoding._stopping import FinishReason, Logprobs
 from jaxsample.decoding.beam import BeamOutput, beam_sample, beam_search, group_beam_search
+from jaxsample.decoding.constrained import Constraint, constrained_beam_search
 from jaxsample.decoding.contrastive import contrastive_search
+from jaxsample.decoding.dola import dola_generate
 from jaxsample.decoding.generate import GenerateOutput, generate
-from jaxsample.decoding.model import BIGRAM, Model, StepOutput
+from jaxsample.decoding.model import BIGRAM, EarlyExit, Model, StepOutput
 from jaxsample.decoding.rank import RankedOutput, sample_and_rank
 from jaxsample.decoding.speculative import SpeculativeOutput, speculative_generate
 from jaxsample.decoding.stream import StreamChunk, stream
@@ -28,6 +32,8 @@ from jaxsample.decoding.toy import TinyDecoder
 __all__ = sorted([
     "BIGRAM",
     "BeamOutput",
+    "Constraint",
+    "EarlyExit",
     "FinishReason",
     "GenerateOutput",
     "Logprobs",
@@ -39,7 +45,9 @@ __all__ = sorted([
     "TinyDecoder",
     "beam_sample",
     "beam_search",
+    "constrained_beam_search",
     "contrastive_search",
+    "dola_generate",
     "generate",
     "group_beam_search",
     "sample_and_rank",

@@ -24,6 +24,10 @@ class Preset(NamedTuple):
 
     sampler: Sampler
     values: dict[str, Any]
+    #: keyword arguments of the decoding strategy the configuration selects (``{}``: any strategy),
+    #: e.g. ``{"dola_layers": "high"}`` for ``decoding.dola_generate`` or ``{"constraints": ...}``
+    #: for ``decoding.constrained_beam_search``.
+    strategy: dict[str, Any] = {}
 
     def params(self, batch_shape: tuple[int, ...] = (), **overrides) -> dict:
         """``sampler.params`` with this configuration's values, then ``overrides``."""
@@ -44,6 +48,9 @@ def stack(presets: Sequence[Preset]) -> Preset:
         raise ValueError("stack needs at least one preset")
     first = presets[0].sampler
     for i, p in enumerate(presets[1:], start=1):
+        if p.strategy != presets[0].strategy:
+            raise ValueError(f"preset {i} selects a different decoding strategy than preset 0 "
+                             f"({p.strategy} vs {presets[0].strategy})")
         if p.sampler != first:
             raise ValueError(
                 f"preset {i} has a different sampler structure than preset 0 (stages "
@@ -58,4 +65,4 @@ def stack(presets: Sequence[Preset]) -> Preset:
             values[name] = np.asarray(rows, dtype=np.dtype(specs[name].dtype))
         else:
             values[name] = [list(np.atleast_1d(np.asarray(r)).tolist()) for r in rows]
-    return Preset(first, values)
+    return Preset(first, values, presets[0].strategy)

@@ -9,6 +9,7 @@ begin -> (sampling only) temperature -> top-h -> top-k -> top-p -> min-p -> typi
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -23,9 +24,6 @@ _UNSUPPORTED = {
     "logits with jaxsample.classifier_free_guidance before the chain",
     "watermarking_config": "watermarking is not implemented",
     "prefix_allowed_tokens_fn": "a Python callback cannot run inside jit: use jaxsample.structured",
-    "constraints": "constrained beam search is not implemented",
-    "force_words_ids": "constrained beam search is not implemented",
-    "dola_layers": "DoLa needs intermediate-layer logits",
 }
 
 
@@ -74,6 +72,9 @@ def hf(
     begin_suppress_tokens: Sequence[int] | None = None,
     renormalize_logits: bool = False,
     eos_token_id: int | Sequence[int] | None = None,
+    dola_layers: str | Sequence[int] | None = None,
+    constraints: Sequence | None = None,
+    force_words_ids: Sequence | None = None,
     seed: int = 0,
     candidates: int = DEFAULT_CANDIDATES,
     **unsupported: Any,
@@ -83,7 +84,10 @@ def hf(
     Field names, defaults and validation are HF's (``top_k=50`` is active whenever ``do_sample``).
     Lengths: ``min_length`` counts the prompt as HF does, so it needs ``prompt_length`` (an int or
     one per row); ``forced_eos_token_id`` needs ``max_new_tokens``. ``do_sample=False`` selects greedy.
-    Decoding-strategy fields (``num_beams``...) belong to :mod:`jaxsample.decoding`.
+    Decoding-strategy fields (``num_beams``...) belong to :mod:`jaxsample.decoding`, except those that
+    select a strategy: ``dola_layers`` (``Preset.strategy`` for :func:`jaxsample.decoding.dola_generate`;
+    warns, as HF, when ``repetition_penalty < 1.2``) and ``constraints`` / ``force_words_ids`` (HF
+    order, constraints first, for :func:`jaxsample.decoding.constrained_beam_search`; no sampling).
 
     >>> [s.name for s in hf(do_sample=True, top_p=0.9).sampler.stages]
     ['top_k', 'top_p']
@@ -93,6 +97,24 @@ def hf(
                                           "jaxsample.decoding)")
         raise ValueError(f"{field}: {reason}")
     eos = _ids(eos_token_id)
+    strategy: dict[str, Any] = {}
+    if dola_layers is not None:
+        if constraints or force_words_ids:
+            raise ValueError("dola_layers does not combine with constraints / force_words_ids (DoLa needs num_beams=1)")
+        strategy["dola_layers"] = dola_layers if isinstance(dola_layers, str) else [int(i) for i in dola_layers]
+        if repetition_penalty < 1.2:
+            warnings.warn(
+                f"`repetition_penalty` is set to a value of {repetition_penalty}, which could induce unwanted "
+                "repetition. The recommended value for DoLa decoding is `repetition_penalty>=1.2`.",
+                stacklevel=2,
+            )
+    if constraints or force_words_ids:
+        if do_sample:
+            raise ValueError("constraints / force_words_ids select constrained beam search, which does not support "
+                             "sampling (do_sample=True), as in HF")
+        from jaxsample.decoding.constrained import as_constraints
+
+        strategy["constraints"] = as_constraints(constraints, force_words_ids)
     _positive("top_p", top_p, open_lo=False, hi=1.0)
     if min_p is not None:
         _positive("min_p", min_p, open_lo=False, hi=1.0)
@@ -174,4 +196,4 @@ def hf(
     if renormalize_logits:
         parts.append(stages.log_softmax())
     select = stages.categorical(candidates=candidates) if do_sample else stages.greedy()
-    return Preset(chain(*parts, select=select), values)
+    return Preset(chain(*parts, select=select), values, strategy)

@@ -1,0 +1,528 @@
+"""Constrained beam search (HF ``force_words_ids`` / ``constraints``): phrasal and disjunctive
+constraints with the bank-based beam allocation of HuggingFace's ``ConstrainedBeamSearchScorer``.
+
+Constraints are compiled on the host into tries (a phrasal constraint is a one-word disjunctive
+one). Each beam carries HF's ``ConstraintListState`` as fixed-shape integers: per constraint a
+status (pending / in progress / complete) and a pending-order key, plus the trie node of the
+constraint in progress. The state machine (``ConstraintListState.add``) is exact to HF, quirks
+included: a token that breaks an in-progress constraint sends it to the back of the pending list
+and is not tried against the other constraints; a token advances only the first pending
+constraint (in list order) it fits; the prompt's tokens count (HF scans ``input_ids``).
+
+One step, per prompt (``K`` beams, all shapes static):
+
+1. processed log-probs as in :func:`jaxsample.decoding.beam_search`; the ``C = max(2, 1 + E) * K``
+   best continuations; EOS among the first ``K`` finishes a hypothesis only if its beam has
+   fulfilled every constraint; the ``K`` best non-EOS continuations are the "top-k" candidates;
+2. every beam proposes its "advance" tokens (the next tokens of the constraint in progress, else
+   the first tokens of every pending constraint), scored from the full accumulated scores;
+   proposals that duplicate a candidate sequence (or an earlier proposal) are dropped;
+3. every candidate's bank is ``complete * max_len + (max_len - remaining)`` (in progress); the
+   candidates are sorted by ``bank * 100 + score``, and the new beams are taken round-robin over
+   runs of equal banks (HF's ``increments`` / mergesort), best first, ``K`` of them;
+4. HF's ``BeamHypotheses`` rules (those of :func:`group_beam_search`) decide when a prompt is done;
+   at ``max_new_tokens`` the beams that fulfil the constraints become hypotheses, and, if fewer than
+   ``num_return_sequences`` do, all the other beams too (HF's ``finalize`` fallback).
+
+Deliberate differences from HF: ties in step 3 are broken stably (top-k candidates first, then
+proposals in beam order; torch's unstable sort leaves them unspecified); a disjunctive constraint in
+progress with several next tokens gets the bank its state really has (HF's ``copy(stateful=True)``
+shares the word list between copies, so later proposals of the same beam see the earlier ones'
+token appended); stop sequences are supported (a hypothesis ending in one must fulfil the
+constraints including its last token).
+
+>>> import jax.numpy as jnp
+>>> from jaxsample.decoding import BIGRAM
+>>> table = jnp.log(jnp.array([[0.1, 0.5, 0.3, 0.1], [0.6, 0.2, 0.1, 0.1], [0.5, 0.2, 0.2, 0.1],
+...                            [0.7, 0.1, 0.1, 0.1]]))
+>>> out = constrained_beam_search(BIGRAM, {"logits": table}, jnp.array([[1]]), num_beams=2,
+...                               force_words_ids=[[3]], max_new_tokens=4, eos_ids=0)
+>>> out.tokens[0, 0].tolist()
+[3, 0, 0, 0]
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxsample import _math, _validate
+from jaxsample._types import Array, ArrayLike
+from jaxsample.chain import Sampler, SamplerState
+from jaxsample.decoding import _stopping
+from jaxsample.decoding._stopping import FinishReason, Stops
+from jaxsample.decoding.beam import _BIG, BeamOutput, Finished, _merge, _penalty
+from jaxsample.decoding.generate import Config, prefill, prepare
+from jaxsample.decoding.model import Model, repeat_params, repeat_rows, take_rows, where_rows
+
+_NEVER = np.iinfo(np.int32).max
+
+
+class Constraint(NamedTuple):
+    """One constraint: the output must contain one of ``words`` (one word: HF ``PhrasalConstraint``,
+    several: ``DisjunctiveConstraint``)."""
+
+    words: tuple[tuple[int, ...], ...]
+
+
+def phrasal(token_ids: Sequence[int]) -> Constraint:
+    """HF ``PhrasalConstraint(token_ids)``: the ordered tokens must appear."""
+    return Constraint((_word(token_ids, "token_ids"),))
+
+
+def disjunctive(nested_token_ids: Sequence[Sequence[int]]) -> Constraint:
+    """HF ``DisjunctiveConstraint(nested_token_ids)``: one of the words must appear (no word may be a
+    prefix of another)."""
+    if isinstance(nested_token_ids, (str, bytes)) or not len(nested_token_ids):
+        raise ValueError(f"`nested_token_ids` has to be a non-empty list, but is {nested_token_ids!r}")
+    words = tuple(_word(w, "nested_token_ids") for w in nested_token_ids)
+    unique = set(words)
+    if any(a != b and b[: len(a)] == a for a in unique for b in unique) or len(unique) != len(words):
+        raise ValueError(
+            f"Each list in `nested_token_ids` can't be a complete subset of another list, but is {nested_token_ids}."
+        )
+    return Constraint(words)
+
+
+def _word(ids, name: str) -> tuple[int, ...]:
+    if isinstance(ids, (str, bytes, int)) or not hasattr(ids, "__len__") or not len(ids):
+        raise ValueError(f"`{name}` has to be a non-empty list of token ids, but is {ids!r}")
+    if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0 for t in ids):
+        raise ValueError(f"`{name}` has to be a list of non-negative integers, but is {ids!r}")
+    return tuple(int(t) for t in ids)
+
+
+def as_constraints(constraints=None, force_words_ids=None) -> tuple[Constraint, ...]:
+    """HF's ``constraints + force_words_ids`` list as :class:`Constraint` s.
+
+    ``constraints``: :class:`Constraint`, HF ``PhrasalConstraint`` / ``DisjunctiveConstraint``
+    objects (read through their ``token_ids``), token-id lists (phrasal) or lists of lists
+    (disjunctive). ``force_words_ids``: HF's format, a list whose items are a word (phrasal) or a
+    list of words (disjunctive).
+    """
+    out = []
+    for c in list(constraints or ()) + list(force_words_ids or ()):
+        if isinstance(c, Constraint):
+            out.append(c)
+            continue
+        ids = getattr(c, "token_ids", c)
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or not len(ids):
+            raise ValueError(f"a constraint must be a non-empty list of token ids (or of such lists), got {c!r}")
+        first = ids[0]
+        out.append(disjunctive(ids) if hasattr(first, "__len__") else phrasal(ids))
+    return tuple(out)
+
+
+class _Tables(NamedTuple):
+    """Tries of all constraints (static, hashable). Node 0.. are shared ids; ``-1`` is no node."""
+
+    root: tuple[int, ...]  # [C] root node of each constraint
+    seqlen: tuple[int, ...]  # [C] longest word (HF ``seqlen``)
+    depth: tuple[int, ...]  # [Nn] tokens from the root
+    leaf: tuple[bool, ...]  # [Nn]
+    parent: tuple[int, ...]  # [E] edges in insertion order
+    token: tuple[int, ...]  # [E]
+    child: tuple[int, ...]  # [E]
+    owner: tuple[int, ...]  # [E] constraint of the edge
+    rank: tuple[int, ...]  # [E] position among its siblings (HF dict order)
+    from_root: tuple[bool, ...]  # [E]
+
+
+def _tables(constraints: tuple[Constraint, ...]) -> _Tables:
+    root, seqlen, depth, kids = [], [], [], []
+    edges = []  # (parent, token, child, owner, rank, from_root)
+    for ci, c in enumerate(constraints):
+        r = len(depth)
+        root.append(r)
+        depth.append(0)
+        kids.append({})
+        seqlen.append(max(len(w) for w in c.words))
+        for w in c.words:
+            node = r
+            for tok in w:
+                if tok not in kids[node]:
+                    kids.append({})
+                    depth.append(depth[node] + 1)
+                    kids[node][tok] = len(depth) - 1
+                    edges.append((node, tok, len(depth) - 1, ci, len(kids[node]) - 1, node == r))
+                node = kids[node][tok]
+    leaf = tuple(not k for k in kids)
+    cols = list(zip(*edges))
+    return _Tables(tuple(root), tuple(seqlen), tuple(depth), leaf, *(tuple(col) for col in cols))
+
+
+class ConstraintState(NamedTuple):
+    """HF ``ConstraintListState`` of one beam (any leading batch shape)."""
+
+    status: Array  # int32[..., C]: 0 pending, 1 in progress, 2 complete
+    node: Array  # int32[...]: trie node of the constraint in progress, -1 if none
+    order: Array  # int32[..., C]: pending-list order (smaller first)
+
+
+def _init(tb: _Tables, shape: tuple[int, ...]) -> ConstraintState:
+    c = len(tb.root)
+    return ConstraintState(
+        jnp.zeros(shape + (c,), jnp.int32),
+        jnp.full(shape, -1, jnp.int32),
+        jnp.broadcast_to(jnp.arange(c, dtype=jnp.int32), shape + (c,)),
+    )
+
+
+def _arr(tb: _Tables, name: str):
+    return jnp.asarray(getattr(tb, name))
+
+
+def _add_one(tb: _Tables, st: ConstraintState, token: Array) -> ConstraintState:
+    """``ConstraintListState.add(token)`` for one beam (vmapped by :func:`_add`)."""
+    status, node, order = st
+    c_count = status.shape[-1]
+    done = jnp.all(status == 2)
+    in_prog = jnp.any(status == 1)
+    c_in = jnp.argmax(status == 1)
+    etok, eparent, echild, eowner = (_arr(tb, n) for n in ("token", "parent", "child", "owner"))
+    hit_in = (eparent == node) & (etok == token)
+    hit_pending = _arr(tb, "from_root") & (status[eowner] == 0) & (etok == token)
+    e_pending = jnp.argmin(jnp.where(hit_pending, order[eowner], _NEVER))
+    e_in = jnp.argmax(hit_in)
+    found = jnp.where(in_prog, jnp.any(hit_in), jnp.any(hit_pending))
+    edge = jnp.where(in_prog, e_in, e_pending)
+    c = jnp.where(in_prog, c_in, eowner[edge])
+    child = echild[edge]
+    leaf = _arr(tb, "leaf")[child]
+    apply = ~done & (in_prog | found)
+    this = apply & (jnp.arange(c_count) == c)
+    status = jnp.where(this, jnp.where(found, jnp.where(leaf, 2, 1), 0), status)
+    order = jnp.where(this & ~found, jnp.max(order) + 1, order)
+    node = jnp.where(apply, jnp.where(found & ~leaf, child, -1), node)
+    return ConstraintState(status, node.astype(jnp.int32), order.astype(jnp.int32))
+
+
+def _add(tb: _Tables, st: ConstraintState, token: Array) -> ConstraintState:
+    """:func:`_add_one` over any leading shape of ``token``."""
+    shape = token.shape
+    flat = ConstraintState(st.status.reshape(-1, st.status.shape[-1]), st.node.reshape(-1),
+                           st.order.reshape(-1, st.order.shape[-1]))
+    out = jax.vmap(functools.partial(_add_one, tb))(flat, token.reshape(-1))
+    return ConstraintState(out.status.reshape(shape + (-1,)), out.node.reshape(shape),
+                           out.order.reshape(shape + (-1,)))
+
+
+def _completed(st: ConstraintState) -> Array:
+    return jnp.all(st.status == 2, axis=-1)
+
+
+def _bank(tb: _Tables, st: ConstraintState) -> Array:
+    """``ConstraintListState.get_bank()``: ``complete * max_len + (max_len - remaining)``."""
+    max_len = max(tb.seqlen)
+    in_prog = jnp.any(st.status == 1, axis=-1)
+    c_in = jnp.argmax(st.status == 1, axis=-1)
+    remaining = _arr(tb, "seqlen")[c_in] - _arr(tb, "depth")[jnp.maximum(st.node, 0)]
+    return jnp.sum(st.status == 2, axis=-1) * max_len + jnp.where(in_prog, max_len - remaining, 0)
+
+
+def _advance(tb: _Tables, st: ConstraintState) -> tuple[Array, Array]:
+    """Advance tokens of every state: ``(valid bool[..., E], order key int32[..., E])`` over the edges."""
+    eparent, eowner, rank = _arr(tb, "parent"), _arr(tb, "owner"), _arr(tb, "rank")
+    in_prog = jnp.any(st.status == 1, axis=-1)[..., None]
+    pending = _arr(tb, "from_root") & (jnp.take(st.status, eowner, axis=-1) == 0)
+    valid = ~_completed(st)[..., None] & jnp.where(in_prog, eparent == st.node[..., None], pending)
+    width = max(tb.rank) + 1
+    key = jnp.where(in_prog, rank, jnp.take(st.order, eowner, axis=-1) * width + rank)
+    return valid, key
+
+
+class ConstrainedConfig(NamedTuple):
+    decode: Config
+    num_beams: int
+    num_return: int
+    early_stopping: bool | str
+    normalization: str
+    num_eos: int
+    tables: _Tables
+
+
+class ConstrainedState(NamedTuple):
+    step: Array
+    logits: Array  # float32[B * K, V]
+    cache: Any
+    sampler: SamplerState
+    run_scores: Array  # float32[B, K]
+    run_tokens: Array  # int32[B, K, N]
+    constraint: ConstraintState  # [B, K]
+    finished: Finished  # [B, K]
+    done: Array  # bool[B]
+    prompt_lengths: Array
+
+
+def _take(x: Array, idx: Array) -> Array:
+    """``x[b, idx[b, j]]`` for ``x [B, M, ...]`` and ``idx [B, J]``."""
+    return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _take_cols(x: Array, idx: Array) -> Array:
+    """``x[b, i, idx[b, j]]`` for ``x [B, I, M]`` and ``idx [B, J]`` -> ``[B, I, J]``."""
+    return jnp.take_along_axis(x, jnp.broadcast_to(idx[:, None, :], (x.shape[0], x.shape[1], idx.shape[1])), axis=2)
+
+
+def _take_state(st: ConstraintState, idx: Array) -> ConstraintState:
+    return ConstraintState(*(_take(x, idx) for x in st))
+
+
+def _allocate(tb: _Tables, scores, tokens, parents, states, valid, k: int):
+    """HF ``step_sentence_constraint``'s selection over ``M`` candidates ``[B, M]`` in HF order."""
+    b, m = scores.shape
+    bank = _bank(tb, states)
+    zipped = bank.astype(jnp.float32) * 100.0 + scores
+    pos = jnp.broadcast_to(jnp.arange(m), (b, m))
+    order = jnp.lexsort((pos, -zipped, ~valid), axis=-1)  # valid first, zipped descending, stable
+    s_bank, s_valid = _take(bank, order), _take(valid, order)
+    change = jnp.concatenate([jnp.ones((b, 1), bool), s_bank[:, 1:] != s_bank[:, :-1]], axis=1)
+    run_start = lax.cummax(jnp.where(change, pos, 0), axis=1)
+    inc = jnp.where(s_valid, pos - run_start, m)
+    pick = _take(order, jnp.lexsort((pos, inc), axis=-1)[:, :k])
+    return _take(scores, pick), _take(tokens, pick), _take(parents, pick), _take_state(states, pick)
+
+
+def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparams, stops: Stops, alpha, state):
+    tb = cfg.tables
+    b, k = state.run_scores.shape
+    n = state.run_tokens.shape[-1]
+    t = state.step
+    logp = _math.log_softmax(state.logits)
+    v = logp.shape[-1]
+    eos_hot = jnp.any(jnp.arange(v) == stops.eos_ids[:, :, None], axis=1)  # [B, V]
+    logp = jnp.where(jnp.repeat(eos_hot & (t < stops.min_new_tokens)[:, None], k, axis=0), _math.NEG_INF, logp)
+    x, sst = sampler.process(logp, state.sampler, sparams)
+    acc = x.reshape(b, k, v) + state.run_scores[..., None]
+
+    # 1. the C best continuations; EOS among the first K finishes a hypothesis if constraints are met
+    c = min(max(2, 1 + cfg.num_eos) * k, k * v)
+    cand, idx = lax.top_k(acc.reshape(b, k * v), c)
+    parent, token = (idx // v).astype(jnp.int32), (idx % v).astype(jnp.int32)
+    seqs = jnp.where(jnp.arange(n) == t, token[..., None], _take(state.run_tokens, parent))  # [B, C, N]
+    gen = t + 1
+    may_stop = (gen >= stops.min_new_tokens)[:, None]
+    eos = may_stop & _stopping.is_eos(token, stops.eos_ids[:, None, :])
+    width = stops.stop_sequences.shape[-1]
+    window = _stopping.last_tokens(seqs.reshape(b * c, n), jnp.full((b * c,), gen), width).reshape(b, c, width)
+    stop = may_stop & ~eos & _stopping.matches_stop(window, stops.stop_sequences[:, None])
+    terminal = eos | stop
+    parent_state = _take_state(state.constraint, parent)
+    child_state = _add(tb, parent_state, token)
+    fulfilled = jnp.where(eos, _completed(parent_state), _completed(child_state))
+    pen_now = _penalty(gen, alpha, cfg.normalization)[:, None]
+    gen_c = jnp.full((b, c), gen, jnp.int32)
+    reason = jnp.where(eos, int(FinishReason.EOS), int(FinishReason.STOP_SEQUENCE))
+    add = terminal & (jnp.arange(c) < k) & fulfilled
+    fin = _merge(state.finished, Finished(jnp.where(add, cand / pen_now, -jnp.inf), seqs, gen_c, reason, add))
+    _, j = lax.top_k(jnp.where(terminal, -jnp.inf, cand), k)
+    top = (_take(cand, j), _take(token, j), _take(parent, j), _take_state(child_state, j))
+
+    # 2. advance proposals of every beam, without duplicates of candidates or earlier proposals
+    valid, key = _advance(tb, state.constraint)  # [B, K, E]
+    e = valid.shape[-1]
+    a_tok = jnp.broadcast_to(_arr(tb, "token"), (b, k, e))
+    a_score = jnp.take_along_axis(acc, a_tok, axis=2)
+    a_parent = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[None, :, None], (b, k, e))
+    same = jnp.all(state.run_tokens[:, :, None] == state.run_tokens[:, None, :], axis=-1)  # [B, K, K]
+    flat = lambda x: x.reshape(b, k * e)  # noqa: E731
+    a_tok, a_score, a_parent, valid, key = flat(a_tok), flat(a_score), flat(a_parent), flat(valid), flat(key)
+    same_seq = _take(same, a_parent)  # [B, KE, K]: proposal's beam has the same sequence as beam k'
+    dup_top = jnp.any((top[1][:, None, :] == a_tok[:, :, None]) & _take_cols(same_seq, top[2]), axis=2)
+    before = (a_parent[:, None, :] < a_parent[:, :, None]) | (
+        (a_parent[:, None, :] == a_parent[:, :, None]) & (key[:, None, :] < key[:, :, None])
+    )  # [B, i, j]: proposal j comes before proposal i
+    earlier = valid[:, None, :] & (a_tok[:, None, :] == a_tok[:, :, None]) & _take_cols(same_seq, a_parent) & before
+    valid = valid & ~dup_top & ~jnp.any(earlier, axis=2)
+    a_state = _add(tb, _take_state(state.constraint, a_parent), a_tok)
+
+    # 3. banks: HF order (top-k candidates, then proposals by beam and advance order)
+    prop = jnp.lexsort((key, a_parent, ~valid), axis=-1)
+    cat = lambda x, y: jnp.concatenate([x, _take(y, prop)], axis=1)  # noqa: E731
+    new_scores, new_token, new_parent, new_state = _allocate(
+        tb,
+        cat(top[0], a_score),
+        cat(top[1], a_tok),
+        cat(top[2], a_parent),
+        ConstraintState(*(cat(x, y) for x, y in zip(top[3], a_state))),
+        cat(jnp.ones((b, k), bool), valid),
+        k,
+    )
+    new_tokens = jnp.where(jnp.arange(n) == t, new_token[..., None], _take(state.run_tokens, new_parent))
+
+    # 4. HF BeamHypotheses.is_done, then finalize at max_new_tokens
+    hyp_len = gen
+    if cfg.early_stopping == "never":
+        hyp_len = jnp.where(alpha > 0, stops.max_new_tokens, gen)
+    full = jnp.all(fin.flag, axis=1)
+    cannot_improve = full & (jnp.min(fin.scores, axis=1) >= cand[:, 0] / _penalty(hyp_len, alpha, cfg.normalization))
+    done = cannot_improve | (full & (cfg.early_stopping is True))
+    ok = _completed(new_state)
+    at_last = (gen >= stops.max_new_tokens) & ~done
+    ended = at_last[:, None] & (ok | (jnp.sum(ok, axis=1, keepdims=True) < cfg.num_return))
+    fin = _merge(
+        fin,
+        Finished(
+            jnp.where(ended, new_scores / pen_now, -jnp.inf),
+            new_tokens,
+            gen_c[:, :k],
+            jnp.full((b, k), int(FinishReason.LENGTH)),
+            ended,
+        ),
+    )
+    done = done | (gen >= stops.max_new_tokens)
+
+    # frozen prompts keep everything
+    was = state.done
+    keep = lambda new, old: jnp.where(was.reshape((b,) + (1,) * (new.ndim - 1)), old, new)  # noqa: E731
+    new_parent = keep(new_parent, jnp.broadcast_to(jnp.arange(k), (b, k)))
+    new_token = keep(new_token, jnp.full((b, k), cfg.decode.pad_id))
+    fin = Finished(*(keep(x, y) for x, y in zip(fin, state.finished)))
+    run_scores = keep(new_scores, state.run_scores)
+    run_tokens = keep(new_tokens, state.run_tokens)
+    cstate = ConstraintState(*(keep(x, y) for x, y in zip(new_state, state.constraint)))
+    done = was | done
+
+    rows = (jnp.arange(b)[:, None] * k + new_parent).reshape(-1)
+    active = jnp.repeat(~was, k)
+    flat_token = new_token.reshape(-1)
+    sst = where_rows(active, sampler.accept(flat_token, take_rows(sst, rows), sparams, active), state.sampler)
+    cache = take_rows(state.cache, rows)
+    running = jnp.repeat(~done, k)
+    position = jnp.where(running, jnp.repeat(state.prompt_lengths, k) + t, -1)
+
+    def call():
+        o = model.apply_step(params, flat_token[:, None], position[:, None], cache)
+        return o.logits[:, 0].astype(jnp.float32), o.cache
+
+    logits, cache = lax.cond(jnp.any(running), call, lambda: (state.logits, cache))
+    return ConstrainedState(t + 1, logits, cache, sst, run_scores, run_tokens, cstate, fin, done, state.prompt_lengths)
+
+
+def _prompt_state(tb: _Tables, prompt: Array, lengths: Array) -> ConstraintState:
+    """HF resets each beam's state from ``input_ids``: the prompt's tokens count."""
+
+    def body(st, i):
+        new = _add(tb, st, jnp.maximum(prompt[:, i], 0))
+        return where_rows(i < lengths, new, st), None
+
+    st, _ = lax.scan(body, _init(tb, (prompt.shape[0],)), jnp.arange(prompt.shape[1]))
+    return st
+
+
+def _search(model, sampler, cfg: ConstrainedConfig, params, prompt, lengths, cache, sparams, stops, alpha):
+    dc, k = cfg.decode, cfg.num_beams
+    b = prompt.shape[0]
+    logits, cache, _ = prefill(model, params, prompt, lengths, cache, dc.cache_len)
+    logits, cache, rows_prompt, rows_len = repeat_rows((logits, cache, prompt, lengths), k)
+    rows_params = repeat_params(sampler, sparams, k)
+    history = jnp.where(jnp.arange(prompt.shape[1]) < rows_len[:, None], rows_prompt, -1)
+    sst = sampler.init(rows_params, vocab_size=logits.shape[-1], prompt=history, history_size=dc.history_size)
+    n = dc.max_tokens
+    cst = _prompt_state(cfg.tables, prompt, lengths)
+    cst = ConstraintState(*(jnp.repeat(x[:, None], k, axis=1) for x in cst))
+    finished = Finished(
+        jnp.full((b, k), _BIG),
+        jnp.full((b, k, n), dc.pad_id, jnp.int32),
+        jnp.zeros((b, k), jnp.int32),
+        jnp.zeros((b, k), jnp.int32),
+        jnp.zeros((b, k), bool),
+    )
+    state = ConstrainedState(
+        jnp.int32(0),
+        logits,
+        cache,
+        sst,
+        jnp.where(jnp.arange(k) == 0, 0.0, _BIG) * jnp.ones((b, 1)),
+        jnp.full((b, k, n), dc.pad_id, jnp.int32),
+        cst,
+        finished,
+        stops.max_new_tokens <= 0,
+        lengths,
+    )
+    body = functools.partial(_step, model, sampler, cfg, params, rows_params, stops, alpha)
+    state = lax.while_loop(lambda st: ~jnp.all(st.done), body, state)
+    fin = state.finished
+    scores, j = lax.top_k(fin.scores, cfg.num_return)
+    reason = jnp.where(_take(fin.flag, j), _take(fin.reason, j), int(FinishReason.NOT_FINISHED))
+    return BeamOutput(_take(fin.tokens, j), _take(fin.length, j), scores, reason)
+
+
+_search_jit = jax.jit(_search, static_argnums=(0, 1, 2))
+
+
+def constrained_beam_search(
+    model: Model,
+    params: Any,
+    prompt: ArrayLike,
+    prompt_lengths: ArrayLike | None = None,
+    *,
+    num_beams: int,
+    max_new_tokens: ArrayLike,
+    constraints=None,
+    force_words_ids=None,
+    max_tokens: int | None = None,
+    length_penalty: ArrayLike = 1.0,
+    early_stopping: bool | str = False,
+    num_return_sequences: int = 1,
+    length_normalization: str = "hf",
+    sampler: Sampler | None = None,
+    sampler_params: Mapping[str, ArrayLike] | None = None,
+    eos_ids: ArrayLike | None = None,
+    stop_sequences=None,
+    min_new_tokens: ArrayLike = 0,
+    pad_id: int = 0,
+    cache: Any = None,
+    history_size: int | None = None,
+) -> BeamOutput:
+    """Constrained beam search (HF ``constraints`` / ``force_words_ids``), one jitted ``while_loop``.
+
+    Args:
+      constraints, force_words_ids: see :func:`as_constraints` (static: new words recompile).
+      num_beams: static ``K >= 2`` (as HF).
+      Other arguments: as :func:`jaxsample.decoding.beam_search` (no sampling, no groups, as HF).
+
+    Returns:
+      :class:`BeamOutput` ``[B, R]``: the hypotheses that fulfil every constraint, unless too few
+      exist at ``max_new_tokens`` (then HF's fallback adds the unconstrained beams).
+    """
+    cons = as_constraints(constraints, force_words_ids)
+    if not cons:
+        raise ValueError("constrained_beam_search needs at least one constraint (constraints or force_words_ids)")
+    k = _validate.static_int(num_beams, "num_beams", lo=2)
+    r = _validate.static_int(num_return_sequences, "num_return_sequences", lo=1)
+    if r > k:
+        raise ValueError(f"num_return_sequences ({r}) must be <= num_beams ({k})")
+    if early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
+    if length_normalization not in ("hf", "gnmt"):
+        raise ValueError(f"length_normalization must be 'hf' or 'gnmt', got {length_normalization!r}")
+    req = prepare(
+        model,
+        prompt,
+        prompt_lengths,
+        max_new_tokens=max_new_tokens,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        sampler_params=sampler_params,
+        eos_ids=eos_ids,
+        stop_sequences=stop_sequences,
+        min_new_tokens=min_new_tokens,
+        pad_id=pad_id,
+        cache=cache,
+        logprobs=False,
+        top_logprobs=0,
+        history_size=history_size,
+    )
+    alpha = _validate.param(length_penalty, (req.prompt.shape[0],), "length_penalty")
+    cfg = ConstrainedConfig(
+        req.cfg, k, r, early_stopping, length_normalization, int(req.stops.eos_ids.shape[-1]), _tables(cons)
+    )
+    return _search_jit(
+        model, req.sampler, cfg, params, req.prompt, req.lengths, cache, req.sampler_params, req.stops, alpha
+    )

@@ -1,0 +1,316 @@
+"""Constrained beam search against a plain-Python transcription of HuggingFace's algorithm
+(``PhrasalConstraint``, ``DisjunctiveConstraint``, ``ConstraintListState``, the
+``ConstrainedBeamSearchScorer`` process / step_sentence_constraint / finalize, transformers <= 4.55;
+transformers >= 4.56 moved it to the Hub and the installed version no longer has it), plus
+hand-computed cases."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsample import presets
+from jaxsample.decoding import BIGRAM, Model, beam_search, constrained_beam_search
+from jaxsample.decoding.constrained import (
+    _add,
+    _bank,
+    _init,
+    _tables,
+    as_constraints,
+    disjunctive,
+    phrasal,
+)
+
+
+# ----------------------------------------------------------------------------- HF reference (Python)
+class _Word:
+    """HF Phrasal/DisjunctiveConstraint state: a trie walk (a phrase is a one-word trie)."""
+
+    def __init__(self, words):
+        self.words = [list(w) for w in words]
+        self.seqlen = max(len(w) for w in words)
+        self.seq = []
+
+    def fresh(self):
+        return _Word(self.words)
+
+    def clone(self):
+        w = _Word(self.words)
+        w.seq = list(self.seq)
+        return w
+
+    def next_tokens(self):
+        out = []
+        for w in self.words:  # dict insertion order of the trie
+            if w[: len(self.seq)] == self.seq and len(w) > len(self.seq) and w[len(self.seq)] not in out:
+                out.append(w[len(self.seq)])
+        return out
+
+    def completed(self):
+        return any(w == self.seq for w in self.words)
+
+    def remaining(self):
+        return 0 if self.completed() else self.seqlen - len(self.seq)
+
+
+class _ListState:
+    """HF ConstraintListState."""
+
+    def __init__(self, constraints):
+        self.constraints = constraints
+        self.max_seqlen = max(c.seqlen for c in constraints)
+        self.complete, self.inprogress, self.pending = [], None, [c.fresh() for c in constraints]
+        self.completed = False
+
+    def clone(self):
+        s = _ListState(self.constraints)
+        s.complete = [c.clone() for c in self.complete]
+        s.inprogress = None if self.inprogress is None else self.inprogress.clone()
+        s.pending = [c.fresh() for c in self.pending]
+        s.completed = self.completed
+        return s
+
+    def bank(self):
+        add = 0 if self.inprogress is None else self.max_seqlen - self.inprogress.remaining()
+        return len(self.complete) * self.max_seqlen + add
+
+    def advance(self):
+        if self.inprogress is not None:
+            return self.inprogress.next_tokens()
+        return [t for c in self.pending for t in c.next_tokens()]
+
+    def add(self, tok):
+        if self.completed:
+            return
+        if self.inprogress is not None:
+            c = self.inprogress
+            if tok in c.next_tokens():
+                c.seq.append(tok)
+                if c.completed():
+                    self.complete.append(c)
+                    self.inprogress = None
+                    if not self.pending:
+                        self.completed = True
+            else:
+                self.pending.append(c.fresh())
+                self.inprogress = None
+            return
+        for i, c in enumerate(self.pending):
+            if tok in c.next_tokens():
+                c.seq.append(tok)
+                if c.completed():
+                    self.complete.append(c)
+                else:
+                    self.inprogress = c
+                self.pending = self.pending[:i] + self.pending[i + 1 :]
+                if not self.pending and self.inprogress is None:
+                    self.completed = True
+                break
+
+    @classmethod
+    def of(cls, constraints, seq):
+        s = cls(constraints)
+        for t in seq:
+            s.add(t)
+            if s.completed:
+                break
+        return s
+
+
+def _hf_constrained(logp_fn, prompt, k, words, max_new, eos, alpha=1.0, early_stopping=False, r=1):
+    """One prompt; returns the best r hypotheses as (generated tokens, score)."""
+    cons = [_Word(w if isinstance(w[0], list) else [w]) for w in words]  # HF force_words_ids format
+    f32 = np.float32
+    seqs = [list(prompt) for _ in range(k)]
+    scores = np.array([0.0] + [-1e9] * (k - 1), f32)
+    hyps = []  # (score, generated)
+
+    def add_hyp(score, gen_tokens):
+        hyps.append((f32(score) / f32(len(gen_tokens)) ** f32(alpha), gen_tokens))
+        hyps.sort(key=lambda h: -h[0])
+        del hyps[k:]
+
+    p = len(prompt)
+    for t in range(max_new):
+        acc = np.stack([logp_fn(s).astype(f32) + scores[i] for i, s in enumerate(seqs)])  # [K, V]
+        v = acc.shape[1]
+        flat = acc.reshape(-1)
+        order = np.argsort(-flat, kind="stable")[: max(2, 1 + len(eos)) * k]
+        top = []
+        for rank, ix in enumerate(order):
+            b, tok = divmod(int(ix), v)
+            if tok in eos:
+                if rank < k and _ListState.of(cons, seqs[b]).completed:
+                    add_hyp(flat[ix], seqs[b][p:] + [tok])
+            else:
+                top.append((flat[ix], tok, b))
+            if len(top) == k:
+                break
+        cands = [(sc, tok, b, _ListState.of(cons, seqs[b] + [tok])) for sc, tok, b in top]
+        seen = [seqs[b] + [tok] for _, tok, b in top]
+        for b in range(k):
+            st = _ListState.of(cons, seqs[b])
+            if st.completed:
+                continue
+            for tok in st.advance():
+                new = st.clone()
+                new.add(tok)
+                if seqs[b] + [tok] not in seen:
+                    seen.append(seqs[b] + [tok])
+                    cands.append((acc[b, tok], tok, b, new))
+        zipped = np.array([f32(c[3].bank()) * f32(100) + f32(c[0]) for c in cands], f32)
+        srt = np.argsort(-zipped, kind="stable")
+        banks = [cands[i][3].bank() for i in srt]
+        inc, counter, cur = [], -1, banks[0]
+        for bk in banks:
+            counter = counter + 1 if bk == cur else 0
+            cur = bk
+            inc.append(counter)
+        chosen = [cands[srt[i]] for i in np.argsort(inc, kind="stable")[:k]]
+        best = flat[order[0]]
+        gen = t + 1
+        done = False
+        if len(hyps) >= k:
+            if early_stopping is True:
+                done = True
+            else:
+                length = max_new if (early_stopping == "never" and alpha > 0) else gen
+                done = min(h[0] for h in hyps) >= f32(best) / f32(length) ** f32(alpha)
+        seqs = [seqs[b] + [tok] for _, tok, b, _ in chosen]
+        scores = np.array([c[0] for c in chosen], f32)
+        if done:
+            break
+        if gen == max_new:
+            ok = [i for i in range(k) if _ListState.of(cons, seqs[i]).completed]
+            for i in ok:
+                add_hyp(scores[i], seqs[i][p:])
+            if len(ok) < r:
+                for i in range(k):
+                    if i not in ok:
+                        add_hyp(scores[i], seqs[i][p:])
+    return [(h[1], float(h[0])) for h in hyps[:r]]
+
+
+# ------------------------------------------------------------------------------------------- tests
+def _log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _bigram(v, seed):
+    return np.asarray(np.random.default_rng(seed).standard_normal((v, v)) * 1.5, np.float32)
+
+
+def _check(table, prompt, k, words, max_new, eos, **kw):
+    ref = _hf_constrained(lambda s: _log_softmax(table[s[-1]]), prompt, k, words, max_new, eos,
+                          alpha=kw.get("length_penalty", 1.0), early_stopping=kw.get("early_stopping", False),
+                          r=kw.get("num_return_sequences", 1))
+    out = constrained_beam_search(BIGRAM, {"logits": jnp.asarray(table)}, [prompt], num_beams=k,
+                                  force_words_ids=words, max_new_tokens=max_new, eos_ids=list(eos), **kw)
+    for j, (toks, score) in enumerate(ref):
+        n = int(out.lengths[0, j])
+        assert np.asarray(out.tokens[0, j, :n]).tolist() == toks, (j, ref)
+        np.testing.assert_allclose(float(out.scores[0, j]), score, rtol=1e-5)
+    return ref
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matches_hf_transcription_phrasal_and_disjunctive(seed):
+    table = _bigram(12, seed)
+    words = [[3, 4], [[5, 6], [7, 8, 9], [5, 10]]]
+    _check(table, [1], 4, words, 7, [0], num_return_sequences=2)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_matches_hf_transcription_options(seed):
+    table = _bigram(10, 100 + seed)
+    _check(table, [2, 3], 3, [[4, 5, 6], [7]], 6, [0, 1], length_penalty=0.5, early_stopping=True)
+    _check(table, [2], 3, [[4, 5], [4, 6]], 5, [0], early_stopping="never", length_penalty=2.0)
+    _check(table, [7, 2], 2, [[[4], [5, 6]]], 4, [0], length_penalty=0.0)  # prompt already holds 7
+
+
+def test_forced_phrase_appears_and_costs_score():
+    table = _bigram(12, 3)
+    out = constrained_beam_search(BIGRAM, {"logits": jnp.asarray(table)}, [[1], [2]], num_beams=4,
+                                  force_words_ids=[[8, 9, 10]], max_new_tokens=8, eos_ids=0)
+    plain = beam_search(BIGRAM, {"logits": jnp.asarray(table)}, [[1], [2]], num_beams=4, max_new_tokens=8,
+                        eos_ids=0)
+    for b in range(2):
+        toks = np.asarray(out.tokens[b, 0, : int(out.lengths[b, 0])]).tolist()
+        assert any(toks[i : i + 3] == [8, 9, 10] for i in range(len(toks))), toks
+        assert float(out.scores[b, 0]) < float(plain.scores[b, 0])
+
+
+def test_state_machine_quirks_by_hand():
+    tb = _tables(as_constraints(force_words_ids=[[1, 2, 3], [[4], [5, 6]]]))  # max_seqlen 3
+    add, bank = jax.jit(functools.partial(_add, tb)), jax.jit(functools.partial(_bank, tb))
+    st = _init(tb, ())
+    got = []
+    for tok in [1, 2, 1, 2, 3, 5, 6]:
+        st = add(st, jnp.asarray(tok))
+        got.append((np.asarray(st.status).tolist(), int(bank(st))))
+    assert got == [
+        ([1, 0], 1),  # phrase 1/3: bank = 3 - remaining(2)
+        ([1, 0], 2),  # 2/3
+        ([0, 0], 0),  # "1" breaks the phrase; the phrase goes to the back, "1" is not retried
+        ([0, 0], 0),  # "2" advances nothing
+        ([0, 0], 0),
+        ([0, 1], 2),  # disjunctive: 5 of [5, 6], remaining = seqlen 2 - 1 -> bank 3 - 1
+        ([0, 2], 3),  # complete: 1 * 3
+    ]
+
+
+def test_pending_order_after_reset_decides_which_constraint_a_token_advances():
+    tb = _tables(as_constraints(force_words_ids=[[1, 2], [1, 3]]))
+    add = jax.jit(functools.partial(_add, tb))
+    st = add(_init(tb, ()), jnp.asarray(1))
+    assert np.asarray(st.status).tolist() == [1, 0]  # the first pending one
+    st = add(st, jnp.asarray(9))  # breaks it: [1, 2] moves behind [1, 3]
+    st = add(st, jnp.asarray(1))
+    assert np.asarray(st.status).tolist() == [0, 1]
+
+
+def test_constraint_validation():
+    assert as_constraints(force_words_ids=[[1, 2], [[3], [4, 5]]]) == (phrasal([1, 2]), disjunctive([[3], [4, 5]]))
+    for bad in ([[]], [[-1]], [["a"]], [[[1], [1, 2]]], [[[]]]):
+        with pytest.raises(ValueError):
+            as_constraints(force_words_ids=bad)
+    with pytest.raises(ValueError, match="at least one constraint"):
+        constrained_beam_search(BIGRAM, {"logits": jnp.zeros((4, 4))}, [[1]], num_beams=2, max_new_tokens=2)
+    with pytest.raises(ValueError, match="num_beams"):
+        constrained_beam_search(BIGRAM, {"logits": jnp.zeros((4, 4))}, [[1]], num_beams=1, max_new_tokens=2,
+                                force_words_ids=[[1]])
+
+
+def test_preset_wiring():
+    p = presets.hf(force_words_ids=[[3, 4]], constraints=[[[5], [6]]])
+    assert p.strategy == {"constraints": (disjunctive([[5], [6]]), phrasal([3, 4]))}  # HF: constraints first
+    with pytest.raises(ValueError, match="sampling"):
+        presets.hf(do_sample=True, force_words_ids=[[3]])
+
+
+_TRACES = []
+
+
+def _counting(params, tokens, positions, cache):
+    _TRACES.append(1)
+    return BIGRAM.apply_step(params, tokens, positions, cache)
+
+
+def test_new_values_never_recompile_and_batch_rows_are_independent():
+    table = _bigram(12, 5)
+    model = Model(_counting, BIGRAM.init_cache)
+    counts, outs = [], []
+    for lp, max_new, eos in [(1.0, [6, 3], [0, 1]), (0.2, [2, 6], [1, -1]), (2.0, [6, 6], [0, 0])]:
+        out = constrained_beam_search(model, {"logits": jnp.asarray(table)}, [[1], [2]], num_beams=3,
+                                      force_words_ids=[[4, 5]], max_new_tokens=jnp.array(max_new), max_tokens=6,
+                                      length_penalty=jnp.array([lp, lp]), eos_ids=jnp.array(eos)[:, None])
+        jax.block_until_ready(out)
+        counts.append(len(_TRACES))
+        outs.append(out)
+    assert counts[0] > 0 and counts[0] == counts[1] == counts[2]
+    one = constrained_beam_search(BIGRAM, {"logits": jnp.asarray(table)}, [[2]], num_beams=3,
+                                  force_words_ids=[[4, 5]], max_new_tokens=3, max_tokens=6, eos_ids=1)
+    np.testing.assert_array_equal(outs[0].tokens[1], one.tokens[0])
