@@ -223,24 +223,40 @@ def test_matches_hf_transcription_phrasal_and_disjunctive(seed):
     _check(table, [1], 4, words, 7, [0], num_return_sequences=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_matches_hf_transcription_options(seed):
     table = _bigram(10, 100 + seed)
     _check(table, [2, 3], 3, [[4, 5, 6], [7]], 6, [0, 1], length_penalty=0.5, early_stopping=True)
     _check(table, [2], 3, [[4, 5], [4, 6]], 5, [0], early_stopping="never", length_penalty=2.0)
-    _check(table, [7, 2], 2, [[[4], [5, 6]]], 4, [0], length_penalty=0.0)  # prompt already holds 7
+    _check(table, [7, 2], 2, [[[7], [5, 6]]], 4, [0], length_penalty=0.0)  # the prompt's 7 fulfils it
 
 
-def test_forced_phrase_appears_and_costs_score():
-    table = _bigram(12, 3)
-    out = constrained_beam_search(BIGRAM, {"logits": jnp.asarray(table)}, [[1], [2]], num_beams=4,
-                                  force_words_ids=[[8, 9, 10]], max_new_tokens=8, eos_ids=0)
-    plain = beam_search(BIGRAM, {"logits": jnp.asarray(table)}, [[1], [2]], num_beams=4, max_new_tokens=8,
-                        eos_ids=0)
-    for b in range(2):
-        toks = np.asarray(out.tokens[b, 0, : int(out.lengths[b, 0])]).tolist()
-        assert any(toks[i : i + 3] == [8, 9, 10] for i in range(len(toks))), toks
-        assert float(out.scores[b, 0]) < float(plain.scores[b, 0])
+# HF's documented example (t5, "How old are you?" with force_words_ids=["Sie"] -> "Wie alt sind Sie?")
+# on a bigram "German": 0 EOS, 1 wie, 2 alt, 3 bist, 4 du, 5 sind, 6 Sie, 7 ?, 8 <s>
+_GERMAN = np.full((9, 9), 1e-4)
+for a, nxt in {8: {1: 1.0}, 1: {2: 1.0}, 2: {3: 0.6, 5: 0.4}, 3: {4: 0.9, 6: 0.05}, 4: {7: 1.0}, 5: {6: 0.9, 4: 0.1},
+               6: {7: 1.0}, 7: {0: 1.0}, 0: {0: 1.0}}.items():
+    for b, p in nxt.items():
+        _GERMAN[a, b] = p
+_GERMAN = {"logits": jnp.asarray(np.log(_GERMAN / _GERMAN.sum(1, keepdims=True)), jnp.float32)}
+
+
+def test_documented_example_forced_word():
+    plain = beam_search(BIGRAM, _GERMAN, [[8]], num_beams=3, max_new_tokens=7, eos_ids=0)
+    assert np.asarray(plain.tokens[0, 0, : int(plain.lengths[0, 0])]).tolist() == [1, 2, 3, 4, 7, 0]  # wie alt bist du?
+    out = constrained_beam_search(BIGRAM, _GERMAN, [[8]], num_beams=3, force_words_ids=[[6]], max_new_tokens=7,
+                                  eos_ids=0)
+    assert np.asarray(out.tokens[0, 0, : int(out.lengths[0, 0])]).tolist() == [1, 2, 5, 6, 7, 0]  # wie alt sind Sie?
+    assert float(out.scores[0, 0]) < float(plain.scores[0, 0])
+    # disjunctive: "du" or "Sie", the free choice wins; a phrase "sind du" forces the unlikely bigram
+    out = constrained_beam_search(BIGRAM, _GERMAN, [[8]], num_beams=3, force_words_ids=[[[4], [6]]], max_new_tokens=7,
+                                  eos_ids=0)
+    assert np.asarray(out.tokens[0, 0, : int(out.lengths[0, 0])]).tolist() == [1, 2, 3, 4, 7, 0]
+    out = constrained_beam_search(BIGRAM, _GERMAN, [[8]], num_beams=3, force_words_ids=[[5, 4]], max_new_tokens=7,
+                                  eos_ids=0, stop_sequences=[[4, 7]])
+    toks = np.asarray(out.tokens[0, 0, : int(out.lengths[0, 0])]).tolist()
+    assert toks == [1, 2, 5, 4, 7] and int(out.finish_reason[0, 0]) == 2  # ended by the stop sequence
 
 
 def test_state_machine_quirks_by_hand():

@@ -65,28 +65,31 @@ def _hf_contrast(final, layers, relative_top=0.1):
     return s - b
 
 
+_contrast = jax.jit(contrast)
+
+
 def test_contrast_matches_hf_per_row():
     rng = np.random.default_rng(0)
     final = rng.standard_normal((3, 20)) * 2
     layers = rng.standard_normal((3, 4, 20)) * 2
     rt = np.array([0.1, 0.5, 1.0])
-    got = np.asarray(contrast(final, layers, rt))
+    got = np.asarray(_contrast(final, layers, rt))
     for b in range(3):
         np.testing.assert_allclose(got[b], _hf_contrast(final[b], layers[b], rt[b]), rtol=1e-5, atol=1e-5)
     # a single candidate is contrasted directly (HF's shortcut), and the choice is per row
-    one = np.asarray(contrast(final, layers[:, 2:3], 0.1))
+    one = np.asarray(_contrast(final, layers[:, 2:3], np.full(3, 0.1)))
     np.testing.assert_allclose(one[1], _hf_contrast(final[1], layers[1, 2:3]), rtol=1e-5, atol=1e-5)
 
 
 def test_contrast_picks_the_most_divergent_layer_by_hand():
     final = np.log([0.5, 0.4, 0.1])
     near, far = np.log([0.5, 0.3, 0.2]), np.log([0.1, 0.1, 0.8])
-    got = np.asarray(contrast(final, np.stack([near, far]), 0.1))
+    got = np.asarray(_contrast(final, np.stack([near, far]), 0.1))
     np.testing.assert_allclose(got, np.log([0.5, 0.4, 0.1]) - np.log([0.1, 0.1, 0.8]), rtol=1e-6)
 
 
 LM = DecoderLM(get_config("decoder", "tiny", vocab_size=40, d_model=16, d_ff=32, num_layers=6, num_heads=2))
-LM_PARAMS = LM.init(jax.random.key(3))
+LM_PARAMS = jax.jit(LM.init)(jax.random.key(3))
 DOLA_MODEL = Model(LM.apply_step, LM.init_cache, LM.early_exit)
 _WIDTH = 12
 
@@ -181,16 +184,16 @@ def test_new_relative_top_never_recompiles():
 
 
 def test_encoder_decoder_one_step_matches_reference():
-    bart = Bart(get_config("bart", "tiny", vocab_size=40, d_model=32, d_ff=64, encoder_layers=1, decoder_layers=4,
+    bart = Bart(get_config("bart", "tiny", vocab_size=40, d_model=16, d_ff=32, encoder_layers=1, decoder_layers=4,
                            num_heads=2))
-    params = bart.init(jax.random.key(1))
-    cache = bart.encode(params, jnp.array([[0, 9, 12, 2]]), None, 8)
+    params = jax.jit(bart.init)(jax.random.key(1))
+    cache = jax.jit(bart.encode, static_argnums=3)(params, jnp.array([[0, 9, 12, 2]]), None, 8)
     start = bart.config.decoder_start_id
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = dola_generate(Model(bart.apply_step, None, bart.early_exit), params, [[start]], dola_layers="high",
                             max_new_tokens=1, cache=cache)
-    o = bart.apply_step_exits(params, jnp.array([[start]]), jnp.array([[0]]), cache, (2,))
+    o = jax.jit(bart.apply_step_exits, static_argnums=4)(params, jnp.array([[start]]), jnp.array([[0]]), cache, (2,))
     want = int(np.argmax(_hf_contrast(np.asarray(o.logits[0, 0]), np.asarray(o.layer_logits[0, 0]))))
     assert int(out.tokens[0, 0]) == want
 
