@@ -330,3 +330,29 @@ def test_new_values_never_recompile_and_batch_rows_are_independent():
     one = constrained_beam_search(BIGRAM, {"logits": jnp.asarray(table)}, [[2]], num_beams=3,
                                   force_words_ids=[[4, 5]], max_new_tokens=3, max_tokens=6, eos_ids=1)
     np.testing.assert_array_equal(outs[0].tokens[1], one.tokens[0])
+
+
+def test_matches_hf_transcription_on_a_transformer():
+    """Logits depend on the whole history, so cache rows must follow every proposal's parent beam."""
+    from jaxsample.decoding import TinyDecoder
+
+    net = TinyDecoder(vocab_size=11, d_model=16, num_layers=2, num_heads=2)
+    params = jax.jit(net.init_params)(jax.random.key(8), scale=2.0)
+    width = 10
+    apply = jax.jit(net.apply_step)
+
+    def logp(seq):
+        padded = np.zeros((1, width), np.int32)
+        padded[0, : len(seq)] = seq
+        pos = np.where(np.arange(width) < len(seq), np.arange(width), -1)[None]
+        o = apply(params, jnp.asarray(padded), jnp.asarray(pos), net.init_cache(1, width))
+        return _log_softmax(np.asarray(o.logits[0, len(seq) - 1], np.float64)).astype(np.float32)
+
+    words = [[3, 4], [[5, 6], [7, 8]]]
+    out = constrained_beam_search(net.model, params, [[1, 2], [9, -1]], num_beams=3, force_words_ids=words,
+                                  max_new_tokens=6, eos_ids=0, num_return_sequences=2)
+    for b, prompt in enumerate([[1, 2], [9]]):
+        ref = _hf_constrained(logp, prompt, 3, words, 6, [0], r=2)
+        for j, (toks, score) in enumerate(ref):
+            assert np.asarray(out.tokens[b, j, : int(out.lengths[b, j])]).tolist() == toks
+            np.testing.assert_allclose(float(out.scores[b, j]), score, rtol=1e-4)
