@@ -305,6 +305,9 @@ def test_preset_wiring():
     assert p.strategy == {"constraints": (disjunctive([[5], [6]]), phrasal([3, 4]))}  # HF: constraints first
     with pytest.raises(ValueError, match="sampling"):
         presets.hf(do_sample=True, force_words_ids=[[3]])
+    with pytest.raises(ValueError, match="strategy"):
+        presets.stack([p, presets.hf()])
+    assert presets.stack([p, p]).strategy == p.strategy
 
 
 _TRACES = []
