@@ -13,15 +13,7 @@ import pytest
 
 from jaxsample import presets
 from jaxsample.decoding import BIGRAM, Model, beam_search, constrained_beam_search
-from jaxsample.decoding.constrained import (
-    _add,
-    _bank,
-    _init,
-    _tables,
-    as_constraints,
-    disjunctive,
-    phrasal,
-)
+from jaxsample.decoding.constraints import add, as_constraints, bank, build_tries, disjunctive, init_state, phrasal
 
 
 # ----------------------------------------------------------------------------- HF reference (Python)
@@ -260,13 +252,13 @@ def test_documented_example_forced_word():
 
 
 def test_state_machine_quirks_by_hand():
-    tb = _tables(as_constraints(force_words_ids=[[1, 2, 3], [[4], [5, 6]]]))  # max_seqlen 3
-    add, bank = jax.jit(functools.partial(_add, tb)), jax.jit(functools.partial(_bank, tb))
-    st = _init(tb, ())
+    tb = build_tries(as_constraints(force_words_ids=[[1, 2, 3], [[4], [5, 6]]]))  # max_seqlen 3
+    add_, bank_ = jax.jit(functools.partial(add, tb)), jax.jit(functools.partial(bank, tb))
+    st = init_state(tb, ())
     got = []
     for tok in [1, 2, 1, 2, 3, 5, 6]:
-        st = add(st, jnp.asarray(tok))
-        got.append((np.asarray(st.status).tolist(), int(bank(st))))
+        st = add_(st, jnp.asarray(tok))
+        got.append((np.asarray(st.status).tolist(), int(bank_(st))))
     assert got == [
         ([1, 0], 1),  # phrase 1/3: bank = 3 - remaining(2)
         ([1, 0], 2),  # 2/3
@@ -279,12 +271,12 @@ def test_state_machine_quirks_by_hand():
 
 
 def test_pending_order_after_reset_decides_which_constraint_a_token_advances():
-    tb = _tables(as_constraints(force_words_ids=[[1, 2], [1, 3]]))
-    add = jax.jit(functools.partial(_add, tb))
-    st = add(_init(tb, ()), jnp.asarray(1))
+    tb = build_tries(as_constraints(force_words_ids=[[1, 2], [1, 3]]))
+    add_ = jax.jit(functools.partial(add, tb))
+    st = add_(init_state(tb, ()), jnp.asarray(1))
     assert np.asarray(st.status).tolist() == [1, 0]  # the first pending one
-    st = add(st, jnp.asarray(9))  # breaks it: [1, 2] moves behind [1, 3]
-    st = add(st, jnp.asarray(1))
+    st = add_(st, jnp.asarray(9))  # breaks it: [1, 2] moves behind [1, 3]
+    st = add_(st, jnp.asarray(1))
     assert np.asarray(st.status).tolist() == [0, 1]
 
 

@@ -19,7 +19,8 @@ for tests and benchmarks.
 
 from jaxsample.decoding._stopping import FinishReason, Logprobs
 from jaxsample.decoding.beam import BeamOutput, beam_sample, beam_search, group_beam_search
-from jaxsample.decoding.constrained import Constraint, constrained_beam_search
+from jaxsample.decoding.constrained import constrained_beam_search
+from jaxsample.decoding.constraints import Constraint
 from jaxsample.decoding.contrastive import contrastive_search
 from jaxsample.decoding.dola import dola_generate
 from jaxsample.decoding.generate import GenerateOutput, generate

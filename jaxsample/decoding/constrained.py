@@ -1,13 +1,9 @@
 """Constrained beam search (HF ``force_words_ids`` / ``constraints``): phrasal and disjunctive
 constraints with the bank-based beam allocation of HuggingFace's ``ConstrainedBeamSearchScorer``.
 
-Constraints are compiled on the host into tries (a phrasal constraint is a one-word disjunctive
-one). Each beam carries HF's ``ConstraintListState`` as fixed-shape integers: per constraint a
-status (pending / in progress / complete) and a pending-order key, plus the trie node of the
-constraint in progress. The state machine (``ConstraintListState.add``) is exact to HF, quirks
-included: a token that breaks an in-progress constraint sends it to the back of the pending list
-and is not tried against the other constraints; a token advances only the first pending
-constraint (in list order) it fits; the prompt's tokens count (HF scans ``input_ids``).
+Each beam carries HF's ``ConstraintListState`` as fixed-shape integers
+(:mod:`jaxsample.decoding.constraints`, exact to HF, quirks included); the prompt's tokens count
+(HF resets the state from ``input_ids``).
 
 One step, per prompt (``K`` beams, all shapes static):
 
@@ -44,11 +40,10 @@ constraints including its last token).
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from jaxsample import _math, _validate
@@ -56,185 +51,20 @@ from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler, SamplerState
 from jaxsample.decoding import _stopping
 from jaxsample.decoding._stopping import FinishReason, Stops
+from jaxsample.decoding.constraints import (
+    ConstraintState,
+    Tries,
+    add,
+    advance,
+    as_constraints,
+    bank,
+    build_tries,
+    completed,
+    init_state,
+)
 from jaxsample.decoding.beam import _BIG, BeamOutput, Finished, _merge, _penalty
 from jaxsample.decoding.generate import Config, prefill, prepare
 from jaxsample.decoding.model import Model, repeat_params, repeat_rows, take_rows, where_rows
-
-_NEVER = np.iinfo(np.int32).max
-
-
-class Constraint(NamedTuple):
-    """One constraint: the output must contain one of ``words`` (one word: HF ``PhrasalConstraint``,
-    several: ``DisjunctiveConstraint``)."""
-
-    words: tuple[tuple[int, ...], ...]
-
-
-def phrasal(token_ids: Sequence[int]) -> Constraint:
-    """HF ``PhrasalConstraint(token_ids)``: the ordered tokens must appear."""
-    return Constraint((_word(token_ids, "token_ids"),))
-
-
-def disjunctive(nested_token_ids: Sequence[Sequence[int]]) -> Constraint:
-    """HF ``DisjunctiveConstraint(nested_token_ids)``: one of the words must appear (no word may be a
-    prefix of another)."""
-    if isinstance(nested_token_ids, (str, bytes)) or not len(nested_token_ids):
-        raise ValueError(f"`nested_token_ids` has to be a non-empty list, but is {nested_token_ids!r}")
-    words = tuple(_word(w, "nested_token_ids") for w in nested_token_ids)
-    unique = set(words)
-    if any(a != b and b[: len(a)] == a for a in unique for b in unique) or len(unique) != len(words):
-        raise ValueError(
-            f"Each list in `nested_token_ids` can't be a complete subset of another list, but is {nested_token_ids}."
-        )
-    return Constraint(words)
-
-
-def _word(ids, name: str) -> tuple[int, ...]:
-    if isinstance(ids, (str, bytes, int)) or not hasattr(ids, "__len__") or not len(ids):
-        raise ValueError(f"`{name}` has to be a non-empty list of token ids, but is {ids!r}")
-    if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0 for t in ids):
-        raise ValueError(f"`{name}` has to be a list of non-negative integers, but is {ids!r}")
-    return tuple(int(t) for t in ids)
-
-
-def as_constraints(constraints=None, force_words_ids=None) -> tuple[Constraint, ...]:
-    """HF's ``constraints + force_words_ids`` list as :class:`Constraint` s.
-
-    ``constraints``: :class:`Constraint`, HF ``PhrasalConstraint`` / ``DisjunctiveConstraint``
-    objects (read through their ``token_ids``), token-id lists (phrasal) or lists of lists
-    (disjunctive). ``force_words_ids``: HF's format, a list whose items are a word (phrasal) or a
-    list of words (disjunctive).
-    """
-    out = []
-    for c in list(constraints or ()) + list(force_words_ids or ()):
-        if isinstance(c, Constraint):
-            out.append(c)
-            continue
-        ids = getattr(c, "token_ids", c)
-        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or not len(ids):
-            raise ValueError(f"a constraint must be a non-empty list of token ids (or of such lists), got {c!r}")
-        first = ids[0]
-        out.append(disjunctive(ids) if hasattr(first, "__len__") else phrasal(ids))
-    return tuple(out)
-
-
-class _Tables(NamedTuple):
-    """Tries of all constraints (static, hashable). Node 0.. are shared ids; ``-1`` is no node."""
-
-    root: tuple[int, ...]  # [C] root node of each constraint
-    seqlen: tuple[int, ...]  # [C] longest word (HF ``seqlen``)
-    depth: tuple[int, ...]  # [Nn] tokens from the root
-    leaf: tuple[bool, ...]  # [Nn]
-    parent: tuple[int, ...]  # [E] edges in insertion order
-    token: tuple[int, ...]  # [E]
-    child: tuple[int, ...]  # [E]
-    owner: tuple[int, ...]  # [E] constraint of the edge
-    rank: tuple[int, ...]  # [E] position among its siblings (HF dict order)
-    from_root: tuple[bool, ...]  # [E]
-
-
-def _tables(constraints: tuple[Constraint, ...]) -> _Tables:
-    root, seqlen, depth, kids = [], [], [], []
-    edges = []  # (parent, token, child, owner, rank, from_root)
-    for ci, c in enumerate(constraints):
-        r = len(depth)
-        root.append(r)
-        depth.append(0)
-        kids.append({})
-        seqlen.append(max(len(w) for w in c.words))
-        for w in c.words:
-            node = r
-            for tok in w:
-                if tok not in kids[node]:
-                    kids.append({})
-                    depth.append(depth[node] + 1)
-                    kids[node][tok] = len(depth) - 1
-                    edges.append((node, tok, len(depth) - 1, ci, len(kids[node]) - 1, node == r))
-                node = kids[node][tok]
-    leaf = tuple(not k for k in kids)
-    cols = list(zip(*edges))
-    return _Tables(tuple(root), tuple(seqlen), tuple(depth), leaf, *(tuple(col) for col in cols))
-
-
-class ConstraintState(NamedTuple):
-    """HF ``ConstraintListState`` of one beam (any leading batch shape)."""
-
-    status: Array  # int32[..., C]: 0 pending, 1 in progress, 2 complete
-    node: Array  # int32[...]: trie node of the constraint in progress, -1 if none
-    order: Array  # int32[..., C]: pending-list order (smaller first)
-
-
-def _init(tb: _Tables, shape: tuple[int, ...]) -> ConstraintState:
-    c = len(tb.root)
-    return ConstraintState(
-        jnp.zeros(shape + (c,), jnp.int32),
-        jnp.full(shape, -1, jnp.int32),
-        jnp.broadcast_to(jnp.arange(c, dtype=jnp.int32), shape + (c,)),
-    )
-
-
-def _arr(tb: _Tables, name: str):
-    return jnp.asarray(getattr(tb, name))
-
-
-def _add_one(tb: _Tables, st: ConstraintState, token: Array) -> ConstraintState:
-    """``ConstraintListState.add(token)`` for one beam (vmapped by :func:`_add`)."""
-    status, node, order = st
-    c_count = status.shape[-1]
-    done = jnp.all(status == 2)
-    in_prog = jnp.any(status == 1)
-    c_in = jnp.argmax(status == 1)
-    etok, eparent, echild, eowner = (_arr(tb, n) for n in ("token", "parent", "child", "owner"))
-    hit_in = (eparent == node) & (etok == token)
-    hit_pending = _arr(tb, "from_root") & (status[eowner] == 0) & (etok == token)
-    e_pending = jnp.argmin(jnp.where(hit_pending, order[eowner], _NEVER))
-    e_in = jnp.argmax(hit_in)
-    found = jnp.where(in_prog, jnp.any(hit_in), jnp.any(hit_pending))
-    edge = jnp.where(in_prog, e_in, e_pending)
-    c = jnp.where(in_prog, c_in, eowner[edge])
-    child = echild[edge]
-    leaf = _arr(tb, "leaf")[child]
-    apply = ~done & (in_prog | found)
-    this = apply & (jnp.arange(c_count) == c)
-    status = jnp.where(this, jnp.where(found, jnp.where(leaf, 2, 1), 0), status)
-    order = jnp.where(this & ~found, jnp.max(order) + 1, order)
-    node = jnp.where(apply, jnp.where(found & ~leaf, child, -1), node)
-    return ConstraintState(status, node.astype(jnp.int32), order.astype(jnp.int32))
-
-
-def _add(tb: _Tables, st: ConstraintState, token: Array) -> ConstraintState:
-    """:func:`_add_one` over any leading shape of ``token``."""
-    shape = token.shape
-    flat = ConstraintState(st.status.reshape(-1, st.status.shape[-1]), st.node.reshape(-1),
-                           st.order.reshape(-1, st.order.shape[-1]))
-    out = jax.vmap(functools.partial(_add_one, tb))(flat, token.reshape(-1))
-    return ConstraintState(out.status.reshape(shape + (-1,)), out.node.reshape(shape),
-                           out.order.reshape(shape + (-1,)))
-
-
-def _completed(st: ConstraintState) -> Array:
-    return jnp.all(st.status == 2, axis=-1)
-
-
-def _bank(tb: _Tables, st: ConstraintState) -> Array:
-    """``ConstraintListState.get_bank()``: ``complete * max_len + (max_len - remaining)``."""
-    max_len = max(tb.seqlen)
-    in_prog = jnp.any(st.status == 1, axis=-1)
-    c_in = jnp.argmax(st.status == 1, axis=-1)
-    remaining = _arr(tb, "seqlen")[c_in] - _arr(tb, "depth")[jnp.maximum(st.node, 0)]
-    return jnp.sum(st.status == 2, axis=-1) * max_len + jnp.where(in_prog, max_len - remaining, 0)
-
-
-def _advance(tb: _Tables, st: ConstraintState) -> tuple[Array, Array]:
-    """Advance tokens of every state: ``(valid bool[..., E], order key int32[..., E])`` over the edges."""
-    eparent, eowner, rank = _arr(tb, "parent"), _arr(tb, "owner"), _arr(tb, "rank")
-    in_prog = jnp.any(st.status == 1, axis=-1)[..., None]
-    pending = _arr(tb, "from_root") & (jnp.take(st.status, eowner, axis=-1) == 0)
-    valid = ~_completed(st)[..., None] & jnp.where(in_prog, eparent == st.node[..., None], pending)
-    width = max(tb.rank) + 1
-    key = jnp.where(in_prog, rank, jnp.take(st.order, eowner, axis=-1) * width + rank)
-    return valid, key
-
 
 class ConstrainedConfig(NamedTuple):
     decode: Config
@@ -243,7 +73,7 @@ class ConstrainedConfig(NamedTuple):
     early_stopping: bool | str
     normalization: str
     num_eos: int
-    tables: _Tables
+    tables: Tries
 
 
 class ConstrainedState(NamedTuple):
@@ -273,14 +103,14 @@ def _take_state(st: ConstraintState, idx: Array) -> ConstraintState:
     return ConstraintState(*(_take(x, idx) for x in st))
 
 
-def _allocate(tb: _Tables, scores, tokens, parents, states, valid, k: int):
+def _allocate(tb: Tries, scores, tokens, parents, states, valid, k: int):
     """HF ``step_sentence_constraint``'s selection over ``M`` candidates ``[B, M]`` in HF order."""
     b, m = scores.shape
-    bank = _bank(tb, states)
-    zipped = bank.astype(jnp.float32) * 100.0 + scores
+    banks = bank(tb, states)
+    zipped = banks.astype(jnp.float32) * 100.0 + scores
     pos = jnp.broadcast_to(jnp.arange(m), (b, m))
     order = jnp.lexsort((pos, -zipped, ~valid), axis=-1)  # valid first, zipped descending, stable
-    s_bank, s_valid = _take(bank, order), _take(valid, order)
+    s_bank, s_valid = _take(banks, order), _take(valid, order)
     change = jnp.concatenate([jnp.ones((b, 1), bool), s_bank[:, 1:] != s_bank[:, :-1]], axis=1)
     run_start = lax.cummax(jnp.where(change, pos, 0), axis=1)
     inc = jnp.where(s_valid, pos - run_start, m)
@@ -313,20 +143,22 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
     stop = may_stop & ~eos & _stopping.matches_stop(window, stops.stop_sequences[:, None])
     terminal = eos | stop
     parent_state = _take_state(state.constraint, parent)
-    child_state = _add(tb, parent_state, token)
-    fulfilled = jnp.where(eos, _completed(parent_state), _completed(child_state))
+    child_state = add(tb, parent_state, token)
+    fulfilled = jnp.where(eos, completed(parent_state), completed(child_state))
     pen_now = _penalty(gen, alpha, cfg.normalization)[:, None]
     gen_c = jnp.full((b, c), gen, jnp.int32)
     reason = jnp.where(eos, int(FinishReason.EOS), int(FinishReason.STOP_SEQUENCE))
-    add = terminal & (jnp.arange(c) < k) & fulfilled
-    fin = _merge(state.finished, Finished(jnp.where(add, cand / pen_now, -jnp.inf), seqs, gen_c, reason, add))
+    finishing = terminal & (jnp.arange(c) < k) & fulfilled
+    fin = _merge(
+        state.finished, Finished(jnp.where(finishing, cand / pen_now, -jnp.inf), seqs, gen_c, reason, finishing)
+    )
     _, j = lax.top_k(jnp.where(terminal, -jnp.inf, cand), k)
     top = (_take(cand, j), _take(token, j), _take(parent, j), _take_state(child_state, j))
 
     # 2. advance proposals of every beam, without duplicates of candidates or earlier proposals
-    valid, key = _advance(tb, state.constraint)  # [B, K, E]
+    valid, key = advance(tb, state.constraint)  # [B, K, E]
     e = valid.shape[-1]
-    a_tok = jnp.broadcast_to(_arr(tb, "token"), (b, k, e))
+    a_tok = jnp.broadcast_to(jnp.asarray(tb.token), (b, k, e))
     a_score = jnp.take_along_axis(acc, a_tok, axis=2)
     a_parent = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[None, :, None], (b, k, e))
     same = jnp.all(state.run_tokens[:, :, None] == state.run_tokens[:, None, :], axis=-1)  # [B, K, K]
@@ -339,7 +171,7 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
     )  # [B, i, j]: proposal j comes before proposal i
     earlier = valid[:, None, :] & (a_tok[:, None, :] == a_tok[:, :, None]) & _take_cols(same_seq, a_parent) & before
     valid = valid & ~dup_top & ~jnp.any(earlier, axis=2)
-    a_state = _add(tb, _take_state(state.constraint, a_parent), a_tok)
+    a_state = add(tb, _take_state(state.constraint, a_parent), a_tok)
 
     # 3. banks: HF order (top-k candidates, then proposals by beam and advance order)
     prop = jnp.lexsort((key, a_parent, ~valid), axis=-1)
@@ -362,7 +194,7 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
     full = jnp.all(fin.flag, axis=1)
     cannot_improve = full & (jnp.min(fin.scores, axis=1) >= cand[:, 0] / _penalty(hyp_len, alpha, cfg.normalization))
     done = cannot_improve | (full & (cfg.early_stopping is True))
-    ok = _completed(new_state)
+    ok = completed(new_state)
     at_last = (gen >= stops.max_new_tokens) & ~done
     ended = at_last[:, None] & (ok | (jnp.sum(ok, axis=1, keepdims=True) < cfg.num_return))
     fin = _merge(
@@ -404,14 +236,14 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
     return ConstrainedState(t + 1, logits, cache, sst, run_scores, run_tokens, cstate, fin, done, state.prompt_lengths)
 
 
-def _prompt_state(tb: _Tables, prompt: Array, lengths: Array) -> ConstraintState:
+def _prompt_state(tb: Tries, prompt: Array, lengths: Array) -> ConstraintState:
     """HF resets each beam's state from ``input_ids``: the prompt's tokens count."""
 
     def body(st, i):
-        new = _add(tb, st, jnp.maximum(prompt[:, i], 0))
+        new = add(tb, st, jnp.maximum(prompt[:, i], 0))
         return where_rows(i < lengths, new, st), None
 
-    st, _ = lax.scan(body, _init(tb, (prompt.shape[0],)), jnp.arange(prompt.shape[1]))
+    st, _ = lax.scan(body, init_state(tb, (prompt.shape[0],)), jnp.arange(prompt.shape[1]))
     return st
 
 
@@ -521,7 +353,7 @@ def constrained_beam_search(
     )
     alpha = _validate.param(length_penalty, (req.prompt.shape[0],), "length_penalty")
     cfg = ConstrainedConfig(
-        req.cfg, k, r, early_stopping, length_normalization, int(req.stops.eos_ids.shape[-1]), _tables(cons)
+        req.cfg, k, r, early_stopping, length_normalization, int(req.stops.eos_ids.shape[-1]), build_tries(cons)
     )
     return _search_jit(
         model, req.sampler, cfg, params, req.prompt, req.lengths, cache, req.sampler_params, req.stops, alpha

@@ -112,7 +112,7 @@ def hf(
         if do_sample:
             raise ValueError("constraints / force_words_ids select constrained beam search, which does not support "
                              "sampling (do_sample=True), as in HF")
-        from jaxsample.decoding.constrained import as_constraints
+        from jaxsample.decoding.constraints import as_constraints
 
         strategy["constraints"] = as_constraints(constraints, force_words_ids)
     _positive("top_p", top_p, open_lo=False, hi=1.0)
