@@ -59,7 +59,9 @@ class _ListState:
     def clone(self):
         s = _ListState(self.constraints)
         s.complete = [c.clone() for c in self.complete]
-        s.inprogress = None if self.inprogress is None else self.inprogress.clone()
+        if self.inprogress is not None:  # HF's copy(stateful=True) shares the word list (aliasing kept)
+            s.inprogress = _Word(self.inprogress.words)
+            s.inprogress.seq = self.inprogress.seq
         s.pending = [c.fresh() for c in self.pending]
         s.completed = self.completed
         return s
@@ -86,6 +88,7 @@ class _ListState:
                     if not self.pending:
                         self.completed = True
             else:
+                c.seq = []  # HF reset() rebinds the list; the shared one is untouched
                 self.pending.append(c.fresh())
                 self.inprogress = None
             return
@@ -351,3 +354,17 @@ def test_matches_hf_transcription_on_a_transformer():
         for j, (toks, score) in enumerate(ref):
             assert np.asarray(out.tokens[b, j, : int(out.lengths[b, j])]).tolist() == toks
             np.testing.assert_allclose(float(out.scores[b, j]), score, rtol=1e-4)
+
+
+def test_proposals_share_the_word_list_as_hf():
+    """HF's DisjunctiveConstraint.copy(stateful=True) aliases the word list: after "5", proposals 6 and
+    10 are tried from [5] and then from [5, 6], so the second one resets (bank 0 instead of 3)."""
+    from jaxsample.decoding.constraints import proposal_states
+
+    tb = build_tries(as_constraints(force_words_ids=[[[5, 6], [7, 8, 9], [5, 10]]]))
+    st = jax.jit(functools.partial(add, tb))(init_state(tb, ()), jnp.asarray(5))
+    props = jax.jit(functools.partial(proposal_states, tb))(st, jnp.asarray(tb.token))
+    banks = np.asarray(jax.jit(functools.partial(bank, tb))(props))
+    by_token = {(p, t): int(bk) for p, t, bk in zip(tb.parent, tb.token, banks)}
+    node5 = tb.child[tb.token.index(5)]
+    assert by_token[(node5, 6)] == 3 and by_token[(node5, 10)] == 0

@@ -20,12 +20,11 @@ One step, per prompt (``K`` beams, all shapes static):
    at ``max_new_tokens`` the beams that fulfil the constraints become hypotheses, and, if fewer than
    ``num_return_sequences`` do, all the other beams too (HF's ``finalize`` fallback).
 
-Deliberate differences from HF: ties in step 3 are broken stably (top-k candidates first, then
-proposals in beam order; torch's unstable sort leaves them unspecified); a disjunctive constraint in
-progress with several next tokens gets the bank its state really has (HF's ``copy(stateful=True)``
-shares the word list between copies, so later proposals of the same beam see the earlier ones'
-token appended); stop sequences are supported (a hypothesis ending in one must fulfil the
-constraints including its last token).
+Proposals get HF's banks, including the aliasing of ``DisjunctiveConstraint.copy(stateful=True)``
+(:func:`jaxsample.decoding.constraints.proposal_states`). Deliberate differences from HF: ties in
+step 3 are broken stably (top-k candidates first, then proposals in beam order; torch's unstable
+sort leaves them unspecified); stop sequences are supported (a hypothesis ending in one must fulfil
+the constraints including its last token).
 
 >>> import jax.numpy as jnp
 >>> from jaxsample.decoding import BIGRAM
@@ -61,6 +60,7 @@ from jaxsample.decoding.constraints import (
     build_tries,
     completed,
     init_state,
+    proposal_states,
 )
 from jaxsample.decoding.beam import _BIG, BeamOutput, Finished, _merge, _penalty
 from jaxsample.decoding.generate import Config, prefill, prepare
@@ -171,7 +171,8 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
     )  # [B, i, j]: proposal j comes before proposal i
     earlier = valid[:, None, :] & (a_tok[:, None, :] == a_tok[:, :, None]) & _take_cols(same_seq, a_parent) & before
     valid = valid & ~dup_top & ~jnp.any(earlier, axis=2)
-    a_state = add(tb, _take_state(state.constraint, a_parent), a_tok)
+    a_state = proposal_states(tb, state.constraint, jnp.broadcast_to(jnp.asarray(tb.token), (b, k, e)))
+    a_state = ConstraintState(*(x.reshape((b, k * e) + x.shape[3:]) for x in a_state))
 
     # 3. banks: HF order (top-k candidates, then proposals by beam and advance order)
     prop = jnp.lexsort((key, a_parent, ~valid), axis=-1)

@@ -200,3 +200,35 @@ def advance(tb: Tries, st: ConstraintState) -> tuple[Array, Array]:
     width = max(tb.rank) + 1
     key = jnp.where(in_prog, rank, jnp.take(st.order, eowner, axis=-1) * width + rank)
     return valid, key
+
+
+def _shared_nodes_one(tb: Tries, node: Array) -> Array:
+    """Node each proposal of an in-progress constraint at ``node`` starts from, ``int32[E]``.
+
+    HF's ``DisjunctiveConstraint.copy(stateful=True)`` shares the word list between copies, so each
+    proposal of a beam appends its token to the list the next proposal starts from: proposal ``r``
+    (sibling rank) starts at the node reached by walking the earlier proposals' tokens from
+    ``node`` while they fit the trie.
+    """
+    eparent, etok, echild, rank = (_arr(tb, n) for n in ("parent", "token", "child", "rank"))
+    sibling = eparent == node
+    start, cur = jnp.full(etok.shape, node), node
+    for r in range(max(tb.rank) + 1):
+        mine = sibling & (rank == r)
+        start = jnp.where(mine, cur, start)
+        tok = jnp.sum(jnp.where(mine, etok, 0))
+        step = (eparent == cur) & (etok == tok) & jnp.any(mine)
+        cur = jnp.where(jnp.any(step), jnp.sum(jnp.where(step, echild, 0)), cur)
+    return start.astype(jnp.int32)
+
+
+def proposal_states(tb: Tries, st: ConstraintState, token: Array) -> ConstraintState:
+    """States of the proposals ``token int32[..., E]`` (the trie edges' tokens) of states ``st [...]``:
+    :func:`add` from the node HF's shared word list has reached (see :func:`_shared_nodes_one`)."""
+    flat = st.node.reshape(-1)
+    start = jax.vmap(functools.partial(_shared_nodes_one, tb))(flat).reshape(st.node.shape + (-1,))
+    in_prog = jnp.any(st.status == 1, axis=-1)[..., None]
+    e = token.shape[-1]
+    expand = lambda x: jnp.broadcast_to(x[..., None, :], x.shape[:-1] + (e, x.shape[-1]))  # noqa: E731
+    base = ConstraintState(expand(st.status), jnp.where(in_prog, start, st.node[..., None]), expand(st.order))
+    return add(tb, base, token)
