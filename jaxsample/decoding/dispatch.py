@@ -39,7 +39,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from jaxsample.decoding.beam import beam_search, group_beam_search
+from jaxsample.decoding.constrained import constrained_beam_search
 from jaxsample.decoding.contrastive import contrastive_search
+from jaxsample.decoding.dola import dola_generate
 from jaxsample.decoding.generate import generate
 from jaxsample.decoding.rank import sample_and_rank
 
@@ -50,6 +52,8 @@ STRATEGIES = {
     "group_beam_search": group_beam_search,
     "sample_and_rank": sample_and_rank,
     "contrastive_search": contrastive_search,
+    "dola_generate": dola_generate,
+    "constrained_beam_search": constrained_beam_search,
 }
 _TEXT = ("stop", "include_stop_str_in_output", "detokenize", "skip_special_tokens",
          "spaces_between_special_tokens", "output_kind", "stream_interval")
@@ -109,7 +113,7 @@ class DecodeRequest:
             if strategy == "sample_and_rank":
                 opts.update(n=n, best_of=best_of)
         elif source == "hf":
-            strategy, more = _hf_strategy(r)
+            strategy, more = _hf_strategy(r, getattr(preset, "strategy", {}))
             opts.update(more)
         else:
             strategy = "generate"
@@ -146,8 +150,17 @@ def _eos(eos) -> Any:
     return list(eos)
 
 
-def _hf_strategy(r: Mapping[str, Any]) -> tuple[str, dict]:
+def _hf_strategy(r: Mapping[str, Any], chosen: Mapping[str, Any]) -> tuple[str, dict]:
     beams, groups, returns = r["num_beams"], r["num_beam_groups"], r["num_return_sequences"]
+    if "dola_layers" in chosen:  # HF runs DoLa only as a one-beam search
+        if beams > 1:
+            raise ValueError("dola_layers needs num_beams=1 (DoLa is a greedy or sampling strategy, as in HF)")
+        return "dola_generate", dict(chosen)
+    if "constraints" in chosen:
+        if beams < 2:
+            raise ValueError("constraints / force_words_ids need num_beams > 1 (constrained beam search, as in HF)")
+        return "constrained_beam_search", dict(chosen, num_beams=beams, length_penalty=r["length_penalty"],
+                                               early_stopping=r["early_stopping"], num_return_sequences=returns)
     if beams > 1:
         opts = dict(num_beams=beams, length_penalty=r["length_penalty"], early_stopping=r["early_stopping"],
                     num_return_sequences=returns)

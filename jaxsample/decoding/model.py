@@ -11,6 +11,8 @@ A model is two plain callables (bundled in :class:`Model`, which is hashable so 
 * ``init_cache(batch_size, max_len) -> cache`` (decoder-only models). Encoder-decoder models build
   the cache with their encoder first and pass it to the strategy; decoding then starts from the
   decoder start token at position 0.
+* optionally ``early_exit`` (:class:`EarlyExit`): the same step also returning the logits of
+  intermediate layers (DoLa, :func:`jaxsample.decoding.dola_generate`).
 
 Every leaf of the cache has the batch as leading axis, so beams and samples are reordered with
 ``leaf[idx]`` (:func:`take_rows`) and expanded with :func:`repeat_rows`. Strategies that rewind
@@ -44,13 +46,30 @@ class StepOutput(NamedTuple):
     logits: Array  # float32[B, T, V]
     cache: Cache  # pytree; every leaf has leading axis B
     hidden: Array | None = None  # [B, T, D] last-layer hidden states (contrastive search), or None
+    layer_logits: Array | None = None  # float32[B, T, J, V] early-exit logits (EarlyExit.apply_step), or None
+
+
+class EarlyExit(NamedTuple):
+    """Early-exit logits of a model's intermediate layers (HF ``output_hidden_states`` + LM head).
+
+    ``apply_step(params, tokens, positions, cache, layers)`` is ``Model.apply_step`` whose
+    :class:`StepOutput` also carries ``layer_logits float32[B, T, J, V]``: the LM head applied to
+    the hidden state after layer ``layers[j]`` (a static tuple; ``0`` is the embedding output,
+    ``num_layers`` the last layer, whose logits are ``StepOutput.logits``).
+    """
+
+    num_layers: int  # N transformer layers
+    tied_embeddings: bool  # the LM head is the token embedding (HF ``tie_word_embeddings``)
+    apply_step: Callable[[Params, Array, Array, Cache, tuple[int, ...]], StepOutput]
 
 
 class Model(NamedTuple):
-    """A model as the decoding strategies see it: ``apply_step`` and (decoder-only) ``init_cache``."""
+    """A model as the decoding strategies see it: ``apply_step``, (decoder-only) ``init_cache``, and
+    optionally ``early_exit`` (needed by DoLa only)."""
 
     apply_step: Callable[[Params, Array, Array, Cache], StepOutput]
     init_cache: Callable[[int, int], Cache] | None = None
+    early_exit: EarlyExit | None = None
 
 
 def take_rows(tree: Any, rows: Array) -> Any:

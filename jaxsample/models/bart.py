@@ -94,14 +94,16 @@ class _BartNet(nn.Module):
         return tuple(layer.cross_kv(encoded) for layer in self.decoder_layers)
 
     def decode(self, tokens: Array, positions: Array, cross: tuple[KVCache, ...], encoder_mask: Array,
-               cache: DecoderCache | None = None, deterministic: bool = True) -> StepOutput:
+               cache: DecoderCache | None = None, deterministic: bool = True,
+               exits: tuple[int, ...] = ()) -> StepOutput:
+        dtype = self.config.compute_dtype
         x = self._embed(tokens, positions, self.decoder_positions, self.decoder_embed_norm, deterministic)
-        x, cache = layers.decoder_stack(self.decoder_layers, x, positions, cache, (cross, encoder_mask),
-                                        deterministic)
+        x, cache, taps = layers.decoder_stack(self.decoder_layers, x, positions, cache, (cross, encoder_mask),
+                                              deterministic, exits)
         if self.config.norm_first:
             x = self.decoder_final_norm(x)
-        logits = layers.lm_logits(self.shared.embedding, x, self.config.compute_dtype, self.logits_bias)
-        return StepOutput(logits, cache, x.astype(jnp.float32))
+        logits = layers.lm_logits(self.shared.embedding, x, dtype, self.logits_bias)
+        return StepOutput(logits, cache, x.astype(jnp.float32), layers.exit_logits(self.shared.embedding, taps, dtype))
 
     def __call__(self, input_ids: Array, attention_mask: Array, decoder_input_ids: Array,
                  decoder_positions: Array, deterministic: bool = True) -> StepOutput:
@@ -171,6 +173,24 @@ class Bart:
         out = layers.apply(self.module, params, tokens, positions, cache.cross, cache.encoder_mask, cache.decoder,
                            method=_BartNet.decode)
         return out._replace(cache=cache._replace(decoder=out.cache))
+
+    def apply_step_exits(self, params: Any, tokens: ArrayLike, positions: ArrayLike, cache: BartCache,
+                         exits: tuple[int, ...]) -> StepOutput:
+        """:meth:`apply_step` whose output also holds ``layer_logits float32[B, T, J, V]``: the tied LM
+        head (without the logits bias, HF's ``lm_head``) on the decoder hidden state after layer
+        ``exits[j]`` (``0``: the normalised embeddings)."""
+        tokens, positions = layers.check_tokens(tokens, positions)
+        layers.check_exits(exits, self.config.decoder_layers)
+        out = layers.apply(self.module, params, tokens, positions, cache.cross, cache.encoder_mask, cache.decoder,
+                           method=_BartNet.decode, exits=tuple(exits))
+        return out._replace(cache=cache._replace(decoder=out.cache))
+
+    @property
+    def early_exit(self):
+        """The :class:`~jaxsample.decoding.model.EarlyExit` of the decoder (for DoLa)."""
+        from jaxsample.decoding.model import EarlyExit
+
+        return EarlyExit(self.config.decoder_layers, True, self.apply_step_exits)
 
     def __call__(self, params: Any, input_ids: ArrayLike, attention_mask: ArrayLike | None,
                  decoder_input_ids: ArrayLike, decoder_positions: ArrayLike | None = None, *,

@@ -56,13 +56,14 @@ class _DecoderNet(nn.Module):
         self.dropout = nn.Dropout(c.dropout_rate)
 
     def __call__(self, tokens: Array, positions: Array, cache: DecoderCache | None = None,
-                 deterministic: bool = True) -> StepOutput:
+                 deterministic: bool = True, exits: tuple[int, ...] = ()) -> StepOutput:
         c = self.config
         x = self.dropout(self.embed(jnp.clip(tokens, 0, c.vocab_size - 1)), deterministic=deterministic)
-        x, cache = layers.decoder_stack(self.blocks, x, positions, cache, None, deterministic)
+        x, cache, taps = layers.decoder_stack(self.blocks, x, positions, cache, None, deterministic, exits)
         hidden = self.final_norm(x)
         logits = layers.lm_logits(self.embed.embedding, hidden, c.compute_dtype)
-        return StepOutput(logits, cache, hidden.astype(jnp.float32))
+        return StepOutput(logits, cache, hidden.astype(jnp.float32),
+                          layers.exit_logits(self.embed.embedding, taps, c.compute_dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +106,22 @@ class DecoderLM:
         if cache.written.shape[0] != tokens.shape[0]:
             raise ValueError(f"cache has batch {cache.written.shape[0]} but tokens have batch {tokens.shape[0]}")
         return layers.apply(self.module, params, tokens, positions, cache)
+
+    def apply_step_exits(self, params: Any, tokens: ArrayLike, positions: ArrayLike, cache: DecoderCache,
+                         exits: tuple[int, ...]) -> StepOutput:
+        """:meth:`apply_step` whose output also holds ``layer_logits float32[B, T, J, V]``: the tied LM
+        head on the hidden state after layer ``exits[j]`` (``0``: embeddings; no final LayerNorm, as
+        HF's DoLa reads ``hidden_states[j]``)."""
+        tokens, positions = layers.check_tokens(tokens, positions)
+        layers.check_exits(exits, self.config.num_layers)
+        return layers.apply(self.module, params, tokens, positions, cache, exits=tuple(exits))
+
+    @property
+    def early_exit(self):
+        """The :class:`~jaxsample.decoding.model.EarlyExit` of this model (for DoLa)."""
+        from jaxsample.decoding.model import EarlyExit
+
+        return EarlyExit(self.config.num_layers, True, self.apply_step_exits)
 
     def __call__(self, params: Any, tokens: ArrayLike, positions: ArrayLike | None = None, *,
                  dropout_rng: Array | None = None) -> StepOutput:

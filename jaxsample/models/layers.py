@@ -34,6 +34,7 @@ class StepOutput(NamedTuple):
     logits: Array  # float32[B, T, V]
     cache: Any  # pytree, every leaf with leading axis B
     hidden: Array | None  # float32[B, T, D] last-layer hidden states (what the LM head reads)
+    layer_logits: Array | None = None  # float32[B, T, J, V] early-exit logits when asked for (DoLa)
 
 
 class KVCache(NamedTuple):
@@ -279,7 +280,8 @@ def decoder_stack(
     cache: DecoderCache | None,
     cross: tuple[tuple[KVCache, ...], Array] | None,
     deterministic: bool,
-) -> tuple[Array, DecoderCache | None]:
+    exits: tuple[int, ...] = (),
+) -> tuple[Array, DecoderCache | None, tuple[Array, ...]]:
     """Runs causal ``blocks`` over ``x: [B, T, D]``, full-sequence (``cache=None``) or against a cache.
 
     Both paths compute the same function of the row's tokens: the full-sequence path masks keys by
@@ -288,6 +290,10 @@ def decoder_stack(
 
     Args:
       cross: ``(per-layer encoder keys/values, encoder valid mask bool[B, S])`` for encoder-decoders.
+      exits: layer indices whose output is also returned (``0``: the input ``x``, ``i``: after block ``i``).
+
+    Returns:
+      ``(x, cache, hidden states [B, T, D] after each layer of exits)``.
     """
     if cache is None:
         slots, written, mask, caches = None, None, causal_mask(positions), (None,) * len(blocks)
@@ -295,18 +301,21 @@ def decoder_stack(
         slots = cache_write(positions, cache.written.shape[1])
         written = cache.written | slots.hit
         mask, caches = cache_mask(positions, written), cache.layers
-    new = []
+    new, taps = [], [x]
     for i, block in enumerate(blocks):
         layer_cross = None if cross is None else (cross[0][i], padding_mask(cross[1], x.shape[1]))
         x, c = block(x, positions, mask, caches[i], slots, layer_cross, deterministic)
         new.append(c)
-    return x, (None if cache is None else DecoderCache(tuple(new), written))
+        taps.append(x)
+    return x, (None if cache is None else DecoderCache(tuple(new), written)), tuple(taps[i] for i in exits)
 
 
-def apply(module: nn.Module, params: Any, *args: Any, method: Any = None, dropout_rng: Array | None = None):
+def apply(module: nn.Module, params: Any, *args: Any, method: Any = None, dropout_rng: Array | None = None,
+          **kwargs: Any):
     """``module.apply`` on the ``params`` collection; dropout is on iff ``dropout_rng`` is given."""
     rngs = None if dropout_rng is None else {"dropout": dropout_rng}
-    return module.apply({"params": params}, *args, method=method, rngs=rngs, deterministic=dropout_rng is None)
+    return module.apply({"params": params}, *args, method=method, rngs=rngs, deterministic=dropout_rng is None,
+                        **kwargs)
 
 
 def check_tokens(tokens: Any, positions: Any, name: str = "tokens") -> tuple[Array, Array]:
@@ -317,8 +326,21 @@ def check_tokens(tokens: Any, positions: Any, name: str = "tokens") -> tuple[Arr
     return tokens, positions
 
 
+def check_exits(exits: Any, num_layers: int) -> None:
+    """``ValueError`` unless ``exits`` is a tuple of layer indices in ``[0, num_layers]``."""
+    if not isinstance(exits, tuple) or any(not isinstance(i, int) or not 0 <= i <= num_layers for i in exits):
+        raise ValueError(f"exits must be a tuple of layer indices in [0, {num_layers}], got {exits!r}")
+
+
 def lm_logits(embedding: Array, hidden: Array, dtype: Any, bias: Array | None = None) -> Array:
     """Tied output projection ``hidden [B, T, D] @ embedding.T`` accumulated in float32 -> ``[B, T, V]``."""
     logits = jnp.einsum("btd,vd->btv", hidden.astype(dtype), embedding.astype(dtype),
                         preferred_element_type=jnp.float32)
     return logits if bias is None else logits + bias.astype(jnp.float32)
+
+
+def exit_logits(embedding: Array, taps: tuple[Array, ...], dtype: Any) -> Array | None:
+    """``float32[B, T, J, V]`` LM head on each early-exit hidden state (no final norm, as HF DoLa), or None."""
+    if not taps:
+        return None
+    return jnp.stack([lm_logits(embedding, h, dtype) for h in taps], axis=2)

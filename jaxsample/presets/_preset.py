@@ -28,6 +28,10 @@ class Preset(NamedTuple):
     #: :class:`jaxsample.decoding.DecodeRequest` reads (strategy, budgets, EOS / pad ids, ``n``,
     #: beams, log-probs, stop strings ...); ``None`` for presets built without them.
     request: dict[str, Any] | None = None
+    #: keyword arguments of the decoding strategy the configuration selects (``{}``: any strategy),
+    #: e.g. ``{"dola_layers": "high"}`` for ``decoding.dola_generate`` or ``{"constraints": ...}``
+    #: for ``decoding.constrained_beam_search``.
+    strategy: dict[str, Any] = {}
 
     def params(self, batch_shape: tuple[int, ...] = (), **overrides) -> dict:
         """``sampler.params`` with this configuration's values, then ``overrides``."""
@@ -48,6 +52,9 @@ def stack(presets: Sequence[Preset]) -> Preset:
         raise ValueError("stack needs at least one preset")
     first = presets[0].sampler
     for i, p in enumerate(presets[1:], start=1):
+        if p.strategy != presets[0].strategy:
+            raise ValueError(f"preset {i} selects a different decoding strategy than preset 0 "
+                             f"({p.strategy} vs {presets[0].strategy})")
         if p.sampler != first:
             raise ValueError(
                 f"preset {i} has a different sampler structure than preset 0 (stages "
@@ -63,7 +70,7 @@ def stack(presets: Sequence[Preset]) -> Preset:
         else:
             values[name] = [list(np.atleast_1d(np.asarray(r)).tolist()) for r in rows]
     requests = [p.request for p in presets]
-    return Preset(first, values, _stack_requests(requests))
+    return Preset(first, values, _stack_requests(requests), presets[0].strategy)
 
 
 #: Request fields that may differ per row of a stacked preset (they become lists, one per row).

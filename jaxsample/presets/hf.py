@@ -17,6 +17,7 @@ the start token, ``forced_*``); strategy fields (``num_beams``, ``max_new_tokens
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -33,9 +34,6 @@ _UNSUPPORTED = {
     "guidance_scale": "classifier-free guidance needs a second (unconditional) model pass: combine the two "
     "logits with jaxsample.classifier_free_guidance before the chain",
     "prefix_allowed_tokens_fn": "a Python callback cannot run inside jit: use jaxsample.structured",
-    "constraints": "constrained beam search is not implemented",
-    "force_words_ids": "constrained beam search is not implemented",
-    "dola_layers": "DoLa needs intermediate-layer logits",
 }
 
 
@@ -85,11 +83,38 @@ def _sampler(
     renormalize_logits: bool = False,
     eos_token_id: int | Sequence[int] | None = None,
     watermarking_config: Any = None,
+    dola_layers: str | Sequence[int] | None = None,
+    constraints: Sequence | None = None,
+    force_words_ids: Sequence | None = None,
     seed: int = 0,
     candidates: int = DEFAULT_CANDIDATES,
 ) -> Preset:
-    """The logits processors (and warpers when ``do_sample``) of validated fields (see :func:`hf`)."""
+    """The logits processors (and warpers when ``do_sample``) of validated fields (see :func:`hf`).
+
+    ``dola_layers`` and ``constraints`` / ``force_words_ids`` select a strategy: they land in
+    ``Preset.strategy`` for :func:`jaxsample.decoding.dola_generate` (which warns, as HF, when
+    ``repetition_penalty < 1.2``) and :func:`jaxsample.decoding.constrained_beam_search` (HF order,
+    constraints first; no sampling).
+    """
     eos = _ids(eos_token_id)
+    strategy: dict[str, Any] = {}
+    if dola_layers is not None:
+        if constraints or force_words_ids:
+            raise ValueError("dola_layers does not combine with constraints / force_words_ids (DoLa needs num_beams=1)")
+        strategy["dola_layers"] = dola_layers if isinstance(dola_layers, str) else [int(i) for i in dola_layers]
+        if repetition_penalty < 1.2:
+            warnings.warn(
+                f"`repetition_penalty` is set to a value of {repetition_penalty}, which could induce unwanted "
+                "repetition. The recommended value for DoLa decoding is `repetition_penalty>=1.2`.",
+                stacklevel=2,
+            )
+    if constraints or force_words_ids:
+        if do_sample:
+            raise ValueError("constraints / force_words_ids select constrained beam search, which does not support "
+                             "sampling (do_sample=True), as in HF")
+        from jaxsample.decoding.constraints import as_constraints
+
+        strategy["constraints"] = as_constraints(constraints, force_words_ids)
     _positive("top_p", top_p, open_lo=False, hi=1.0)
     if min_p is not None:
         _positive("min_p", min_p, open_lo=False, hi=1.0)
@@ -177,7 +202,7 @@ def _sampler(
     if renormalize_logits:
         parts.append(stages.log_softmax())
     select = stages.categorical(candidates=candidates) if do_sample else stages.greedy()
-    return Preset(chain(*parts, select=select), values)
+    return Preset(chain(*parts, select=select), values, strategy=strategy)
 
 
 #: ``GenerationConfig`` fields that build the logits processors (plus this module's ``seed``,
@@ -187,8 +212,8 @@ SAMPLER_FIELDS = (
     "repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
     "bad_words_ids", "sequence_bias", "min_length", "min_new_tokens", "prompt_length", "max_new_tokens",
     "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-    "suppress_tokens", "begin_suppress_tokens", "renormalize_logits", "eos_token_id", "watermarking_config", "seed",
-    "candidates",
+    "suppress_tokens", "begin_suppress_tokens", "renormalize_logits", "eos_token_id", "watermarking_config",
+    "dola_layers", "constraints", "force_words_ids", "seed", "candidates",
 )
 #: Strategy and token-id fields: they go to ``Preset.request``.
 REQUEST_FIELDS = (
@@ -209,7 +234,7 @@ INERT_FIELDS = (
 )
 _OFF = {  # unavailable features: accepted only at these "off" values
     "guidance_scale": (None, 1.0), "prefix_allowed_tokens_fn": (None,),
-    "constraints": (None,), "force_words_ids": (None,), "dola_layers": (None,), "max_time": (None,),
+    "max_time": (None,),
     "token_healing": (None, False), "output_attentions": (None, False), "output_hidden_states": (None, False),
     "prompt_lookup_num_tokens": (None,), "use_mtp": (None, False), "speculation_type": (None,),
 }
@@ -355,7 +380,7 @@ def hf(config: Any = None, /, **fields: Any) -> Preset:
         "seed": get("seed"),
         "stop": stop,
     }
-    return Preset(preset.sampler, preset.values, request)
+    return Preset(preset.sampler, preset.values, request, preset.strategy)
 
 
 def _watermark_stage(config) -> tuple:
