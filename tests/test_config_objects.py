@@ -214,13 +214,15 @@ def test_hf_token_ids_keep_their_meaning():
     (dict(penalty_alpha=1.5, top_k=4), "penalty_alpha must be in \\[0, 1\\]"),
     (dict(stop_strings=[""]), "stop_strings cannot contain an empty string"),
     (dict(max_time=1.0), "max_time: a wall-clock limit"),
-    (dict(watermarking_config={"greenlist_ratio": 0.25}), "watermarking_config"),
+    (dict(watermarking_config={"greenlist_ratio": 1.5}), "greenlist_ratio"),
+    (dict(dola_layers="high", num_beams=2, repetition_penalty=1.2), "dola_layers needs num_beams=1"),
+    (dict(force_words_ids=[[5]], do_sample=True), "does not support sampling"),
     (dict(output_attentions=True), "output_attentions"),
     (dict(num_beem=4), "unknown field 'num_beem'"),
 ])
 def test_hf_validation_names_the_field(fields, message):
     with pytest.raises(ValueError, match=message):
-        presets.hf(fields)
+        DecodeRequest.from_preset(presets.hf(fields))
 
 
 def test_hf_bad_json_file(tmp_path):
