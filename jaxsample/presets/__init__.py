@@ -4,7 +4,8 @@
 * :func:`vllm` / :func:`vllm_batch`: ``SamplingParams`` fields (one structure for every request);
 * :func:`hf`: ``GenerationConfig`` fields (processors exist only when enabled, as in HF);
 * :func:`scenario`: the task presets of the seed table (code, technical writing, creative, chat,
-  brainstorming).
+  brainstorming);
+* :func:`recipe`: the seed table's sample-and-rank recipes (Meena, LaMDA) with their strategy settings.
 
 Each returns a :class:`Preset`: a :class:`jaxsample.Sampler` (static structure) plus the values of
 the configuration, so configurations differing only in values share one compilation.
@@ -13,6 +14,7 @@ the configuration, so configurations differing only in values share one compilat
 from jaxsample.presets._preset import Preset, stack
 from jaxsample.presets.hf import hf
 from jaxsample.presets.llama_cpp import DEFAULT_SAMPLERS, llama_cpp, llama_cpp_args
+from jaxsample.presets.recipes import RECIPES, Recipe, recipe
 from jaxsample.presets.vllm import vllm, vllm_batch
 
 #: Task presets (temperature / top-k / top-p) from the vLLM sampling guide in the project's seeds.
@@ -39,10 +41,13 @@ def scenario(name: str, **overrides) -> Preset:
 __all__ = [
     "DEFAULT_SAMPLERS",
     "Preset",
+    "RECIPES",
+    "Recipe",
     "SCENARIOS",
     "hf",
     "llama_cpp",
     "llama_cpp_args",
+    "recipe",
     "scenario",
     "stack",
     "vllm",
