@@ -1,10 +1,12 @@
 """Stopping rules and the per-row output buffer shared by every decoding strategy.
 
 :class:`Stops` holds the per-row rules as traced arrays (changing them never recompiles):
-several EOS ids, multi-token stop sequences, min and max new tokens. :func:`stops` builds it on the
+several EOS ids, multi-token stop sequences, min and max new tokens, and optionally vLLM's
+repetition detection (:mod:`jaxsample.decoding._repetition`). :func:`stops` builds it on the
 host from Python values and validates them. :class:`Tracker` is the fixed-shape output buffer;
 :func:`push` appends one token per row and applies the rules, in the order vLLM checks them:
-nothing stops a row before ``min_new_tokens`` tokens, then EOS, then a stop sequence, then length.
+nothing stops a row before ``min_new_tokens`` tokens, then EOS, then a stop sequence, then length,
+then repetition.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from jax import lax
 
 from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
+from jaxsample.decoding import _repetition
+from jaxsample.decoding._repetition import Repetition
 
 
 class FinishReason(enum.IntEnum):
@@ -27,6 +31,7 @@ class FinishReason(enum.IntEnum):
     EOS = 1
     STOP_SEQUENCE = 2
     LENGTH = 3
+    REPETITION = 4
 
 
 class Stops(NamedTuple):
@@ -36,6 +41,7 @@ class Stops(NamedTuple):
     stop_sequences: Array  # int32[B, S, L]; right-aligned, -1 = padding on the left
     min_new_tokens: Array  # int32[B]
     max_new_tokens: Array  # int32[B], clipped to the static buffer width
+    repetition: Repetition | None = None  # vLLM repetition detection (None: off, no cost)
 
 
 def _int_rows(value, batch: int, name: str, lo: int | None, hi: int | None) -> Array:
@@ -65,6 +71,7 @@ def stops(
     eos_ids: ArrayLike | None = None,
     stop_sequences=None,
     min_new_tokens: ArrayLike = 0,
+    repetition_detection=None,
 ) -> tuple[Stops, int]:
     """Validates the stopping rules for ``batch`` rows; returns them and the static buffer width ``N``.
 
@@ -77,6 +84,9 @@ def stops(
       stop_sequences: ``None``, a list of token-id lists, or an ``int[S, L]`` / ``int[B, S, L]`` array,
         right-aligned with ``-1`` padding on the left.
       min_new_tokens: int or ``int[B]``; EOS is masked and no rule stops a row before this many tokens.
+      repetition_detection: ``None`` or vLLM's ``RepetitionDetectionParams`` fields as a mapping
+        (``max_pattern_size``, ``min_pattern_size``, ``min_count``; ints or ``int[B]``; optional
+        static ``bound``) or an object with those attributes.
     """
     if max_tokens is None:
         if not _validate.is_concrete(max_new_tokens):
@@ -110,7 +120,7 @@ def stops(
                 "stop_sequences must be a list of token-id lists or an int array [S, L] / [B, S, L]"
             )
         seqs = jnp.broadcast_to(seqs.astype(jnp.int32), (batch,) + seqs.shape[-2:])
-    return Stops(eos, seqs, min_new, max_new), n
+    return Stops(eos, seqs, min_new, max_new, _repetition.params(batch, repetition_detection)), n
 
 
 # ------------------------------------------------------------------------------------ traced rules
@@ -239,11 +249,15 @@ def push(state: Tracker, stops: Stops, token: Array, active: Array, logprobs: tu
     width = stops.stop_sequences.shape[-1]
     stop = may_stop & matches_stop(last_tokens(tokens, length, width), stops.stop_sequences)
     full = write & (length >= stops.max_new_tokens)
+    repeated = jnp.zeros_like(full)
+    if stops.repetition is not None:
+        repeated = may_stop & ~(eos | stop | full) & _repetition.detect(tokens, length, stops.repetition)
+    reason = jnp.where(repeated, int(FinishReason.REPETITION), state.reason)
     reason = jnp.where(
         eos,
         int(FinishReason.EOS),
         jnp.where(
-            stop, int(FinishReason.STOP_SEQUENCE), jnp.where(full, int(FinishReason.LENGTH), state.reason)
+            stop, int(FinishReason.STOP_SEQUENCE), jnp.where(full, int(FinishReason.LENGTH), reason)
         ),
     ).astype(jnp.int32)
-    return Tracker(tokens, length, state.done | eos | stop | full, reason, lp)
+    return Tracker(tokens, length, state.done | eos | stop | full | repeated, reason, lp)

@@ -210,6 +210,7 @@ def prompt_lookup_generate(
     pad_id: int = 0,
     cache: Any = None,
     history_size: int | None = None,
+    repetition_detection=None,
 ) -> SpeculativeOutput:
     """Generates with ``model``'s sampler, verifying up to ``num_draft_tokens`` n-gram drafts per call.
 
@@ -225,6 +226,7 @@ def prompt_lookup_generate(
       source: optional ``int[B, S]`` tokens searched before the prompt (``-1`` padding), e.g. the
         encoder input of an encoder-decoder model, whose output copies it.
       cache: a prebuilt cache holding ``P + N + k + 1`` positions (default ``model.init_cache``).
+      repetition_detection: vLLM's repetition stop rule (see :func:`~jaxsample.decoding.generate`).
       Other arguments: as :func:`jaxsample.decoding.generate`.
 
     Returns:
@@ -249,6 +251,7 @@ def prompt_lookup_generate(
         top_logprobs=0,
         history_size=history_size,
         extra_positions=k + 1,
+        repetition_detection=repetition_detection,
     )
     b = req.prompt.shape[0]
     _validate.check_range(prompt_lookup_min, "prompt_lookup_min", lo=1, hi=max_n, integer=True)
