@@ -154,11 +154,12 @@ def test_sampled_output_is_distributed_as_the_target():
 
 
 def test_rows_without_drafts_are_bit_identical_to_sampled_decoding():
+    table = {"logits": jnp.asarray(np.random.default_rng(5).standard_normal((12, 12)), jnp.float32)}
     prompts = jnp.array([[1, 5, 9, 2], [3, 8, 0, 11]])
     sp = {"seed": jnp.array([3, 4])}
     kw = dict(max_new_tokens=5, sampler=SAMPLER, sampler_params=sp)
-    ref = generate(NET.model, NET_PARAMS, prompts, **kw)
-    out = prompt_lookup_generate(NET.model, NET_PARAMS, prompts, num_draft_tokens=3, prompt_lookup_max=4,
+    ref = generate(BIGRAM, table, prompts, **kw)
+    out = prompt_lookup_generate(BIGRAM, table, prompts, num_draft_tokens=3, prompt_lookup_max=4,
                                  prompt_lookup_min=4, **kw)
     assert np.all(np.asarray(out.num_drafted) == 0)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
@@ -175,9 +176,10 @@ def test_rows_are_independent_of_the_batch_and_values_never_recompile():
                                    sampler_params={"seed": jnp.array([1, 2, 3])}, **kw)
     assert lookup._decode_jit._cache_size() - before == 1
     assert np.asarray(again.lengths).tolist() == [6, 5, 4]
-    alone = prompt_lookup_generate(BIGRAM, {"logits": TABLE}, prompts[1:2], max_new_tokens=6,
-                                   sampler_params={"seed": jnp.array([8])}, **kw)
-    np.testing.assert_array_equal(alone.tokens[0], full.tokens[1])
+    moved = prompt_lookup_generate(BIGRAM, {"logits": TABLE}, prompts[jnp.array([1, 2, 0])], max_new_tokens=6,
+                                   sampler_params={"seed": jnp.array([8, 9, 7])}, **kw)
+    np.testing.assert_array_equal(moved.tokens, full.tokens[jnp.array([1, 2, 0])])  # same rows, other slots
+    assert lookup._decode_jit._cache_size() - before == 1
 
 
 def test_invalid_arguments():
