@@ -67,7 +67,8 @@ def params(batch: int, spec: Mapping[str, Any] | None, bound: int | None = None)
         if np.any(hi > bound):
             raise ValueError(f"repetition_detection.max_pattern_size must be <= bound ({bound})")
     min_size = jnp.maximum(values["min_pattern_size"], 1)
-    return Repetition(min_size, values["max_pattern_size"], values["min_count"], jnp.arange(1, bound + 1, dtype=jnp.int32))
+    sizes = jnp.arange(1, bound + 1, dtype=jnp.int32)
+    return Repetition(min_size, values["max_pattern_size"], values["min_count"], sizes)
 
 
 def detect(tokens: Array, length: Array, rep: Repetition) -> Array:
