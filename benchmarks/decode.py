@@ -13,7 +13,9 @@ median is reported. ``chain overhead`` is ``t_chain / t_greedy - 1``.
 ``--infill RUN_DIR`` instead times prompt-lookup decoding (:mod:`jaxsample.decoding.lookup`) against
 plain decoding on the demo's BART infilling task (a ``python -m jaxsample demo`` run directory: its
 checkpoint and held-out rows). The drafts are copied from the encoder input (``source=``), greedy
-and sampled (temperature 0.8), side by side in one process; it checks that greedy outputs are equal.
+and sampled (temperature 0.8), side by side in one process; it checks that greedy outputs are equal
+and also times one decoder call over ``k + 1`` tokens against a one-token call (the verification's
+cost: prompt lookup gains only when tokens per target call exceed it).
 
 ``--chain module:function`` names a zero-argument callable returning a :class:`jaxsample.Sampler`
 (optionally ``(sampler, params_dict)``); the default is llama.cpp's default chain
@@ -24,6 +26,7 @@ temperature 0.8, dist).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import statistics
 import time
@@ -78,8 +81,15 @@ def infill_lookup(run_dir: str, rows: int, draft: int, max_n: int, repeats: int)
         return prompt_lookup_generate(dmodel, ckpt.params, start, cache=cache, source=source, num_draft_tokens=draft,
                                       prompt_lookup_max=max_n, **common, **sp)
 
+    @functools.partial(jax.jit, static_argnums=0)
+    def call(t, cache):  # one decoder call over t tokens: what a verification costs against one step
+        toks = jnp.broadcast_to(start, (b, t))
+        return model.apply_step(ckpt.params, toks, jnp.broadcast_to(jnp.arange(t), (b, t)), cache).logits
+
     sampled = {"sampler": sampler, "sampler_params": {"seed": jnp.arange(b)}}
-    modes = {"greedy": lambda: plain({}), "greedy + lookup": lambda: looked({}),
+    enc = model.encode(ckpt.params, ids, mask, n + draft + 2)
+    modes = {"call 1 token": lambda: call(1, enc), f"call {draft + 1} tokens": lambda: call(draft + 1, enc),
+             "greedy": lambda: plain({}), "greedy + lookup": lambda: looked({}),
              "sample": lambda: plain(sampled), "sample + lookup": lambda: looked(sampled)}
     outs = {k: jax.block_until_ready(fn()) for k, fn in modes.items()}  # compile
     same = bool(jnp.all(outs["greedy"].tokens == outs["greedy + lookup"].tokens))
@@ -92,7 +102,11 @@ def infill_lookup(run_dir: str, rows: int, draft: int, max_n: int, repeats: int)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"devices: {jax.devices()}  rows={b} max_new_tokens={n} num_draft_tokens={draft} prompt_lookup_max={max_n}")
     print(f"{'mode':<18}{'time (s)':>10}{'tokens':>9}{'tokens/s':>11}{'accepted/drafted':>18}{'tok/call':>10}")
+    ratio = med[f"call {draft + 1} tokens"] / med["call 1 token"]
+    print(f"one decoder call over {draft + 1} tokens costs {ratio:.2f}x a one-token call")
     for name, t in med.items():
+        if name.startswith("call"):
+            continue
         o = outs[name]
         tokens = int(o.lengths.sum())
         acc = f"{int(o.num_accepted.sum())}/{int(o.num_drafted.sum())}" if hasattr(o, "num_accepted") else "-"
@@ -100,7 +114,7 @@ def infill_lookup(run_dir: str, rows: int, draft: int, max_n: int, repeats: int)
         print(f"{name:<18}{t:>10.4f}{tokens:>9}{tokens / t:>11.0f}{acc:>18}{calls:>10}")
     speed = {m: med[m] / med[m + " + lookup"] for m in ("greedy", "sample")}
     print(f"speed-up: greedy {speed['greedy']:.2f}x, sample {speed['sample']:.2f}x; greedy outputs identical: {same}")
-    return {"median_s": med, "speedup": speed, "identical": same}
+    return {"median_s": med, "speedup": speed, "identical": same, "verify_call_ratio": ratio}
 
 
 def main(argv=None) -> dict:
