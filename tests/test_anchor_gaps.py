@@ -77,3 +77,19 @@ def test_published_values_and_the_recipe_runs():
         presets.recipe("gpt")
     with pytest.raises(ValueError, match="n must be"):
         presets.recipe("lamda", n=17)
+
+
+def test_vllm_preset_thinking_token_budget():
+    p = presets.vllm(temperature=0.0, think_start_token_ids=[4], think_end_token_ids=[5], thinking_token_budget=1)
+    assert [s.name for s in p.sampler.stages][:4] == ["allowed_tokens", "min_tokens", "logit_bias", "reasoning_budget"]
+    params = p.params((1,))
+    st = p.sampler.init(params, vocab_size=V, prompt=jnp.array([[1, 4]]), history_size=8)
+    x = jnp.zeros((1, V)).at[0, 2].set(3.0)
+    toks = []
+    for _ in range(3):
+        tok, _, st = p.sampler.sample(x, st, params)
+        toks.append(int(tok[0]))
+    assert toks == [2, 5, 2]
+    assert "reasoning_budget" not in [s.name for s in presets.vllm().sampler.stages]
+    with pytest.raises(ValueError, match="thinking_token_budget"):
+        presets.vllm(thinking_token_budget=3)

@@ -42,6 +42,9 @@ def vllm(
     allowed_token_ids: Sequence[int] | None = None,
     bad_words_ids: Sequence[Sequence[int]] = (),
     eos_token_ids: Sequence[int] = (),
+    thinking_token_budget: int | None = None,
+    think_start_token_ids: Sequence[int] | None = None,
+    think_end_token_ids: Sequence[int] | None = None,
     list_capacity: int = 64,
     candidates: int = DEFAULT_CANDIDATES,
 ) -> Preset:
@@ -52,7 +55,10 @@ def vllm(
     are the model's EOS ids (stop ids for ``min_tokens``). ``logit_bias`` is clamped to
     ``[-100, 100]`` as vLLM's API does. ``list_capacity`` is the static size of the per-row id lists
     (logit bias, allowed ids, stop ids). The penalties stage reads the whole history: pass
-    ``history_size`` (prompt + max tokens) to ``Sampler.init``.
+    ``history_size`` (prompt + max tokens) to ``Sampler.init``. With ``think_start_token_ids`` and
+    ``think_end_token_ids`` (vLLM's ``ReasoningConfig``) the chain gets vLLM's thinking-token budget
+    (:func:`jaxsample.stages.reasoning_budget`, after the logit bias; ``thinking_token_budget``
+    ``None`` = no budget, the per-row value stays traced).
 
     >>> vllm(temperature=0.0).values["temperature"]
     0.0
@@ -88,6 +94,16 @@ def vllm(
     parts += [
         stages.min_tokens(stop_ids=tuple(int(i) for i in eos_token_ids), capacity=list_capacity),
         stages.logit_bias(capacity=list_capacity, clamp=100.0),
+    ]
+    thinking = think_start_token_ids is not None and think_end_token_ids is not None
+    if thinking:
+        parts.append(stages.reasoning_budget(tuple(think_start_token_ids), tuple(think_end_token_ids)))
+    elif thinking_token_budget is not None:
+        _check(False, "thinking_token_budget", "needs think_start_token_ids and think_end_token_ids",
+               thinking_token_budget)
+    if thinking_token_budget is not None:
+        _check(thinking_token_budget >= -1, "thinking_token_budget", "must be -1 or >= 0", thinking_token_budget)
+    parts += [
         stages.penalties(scope="vllm"),
         stages.temperature(),
         stages.min_p(),
@@ -109,6 +125,8 @@ def vllm(
         "logit_bias_values": list(bias.values()),
         "allowed_tokens_ids": [int(t) for t in (allowed_token_ids or ())],
     }
+    if thinking:
+        values["thinking_token_budget"] = -1 if thinking_token_budget is None else thinking_token_budget
     return Preset(chain(*parts, select=stages.categorical(candidates=candidates)), values)
 
 
