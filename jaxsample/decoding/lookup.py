@@ -15,14 +15,17 @@ and vLLM's ``ngram`` proposer (``prompt_lookup_min``, ``prompt_lookup_max``,
    the stopping rules stop a row at an accepted EOS).
 2. **Verify**: the target runs ``[last, d_1, .., d_k]`` in one call; its logits go through the full
    chain position by position (as :mod:`jaxsample.decoding.speculative`).
-3. **Accept** with :mod:`~jaxsample.decoding.speculative`'s rejection rule for a point-mass
-   proposal ``q = onehot(d)``: ``d_i`` is accepted with probability ``min(1, p(d_i) / 1) = p(d_i)``
-   (greedy target: while ``d_i == argmax p``); at the first rejection the row draws from
-   ``normalize(max(p - q, 0))``, i.e. ``p`` with ``d_i`` removed. Then ``P(emit x) = p(d) [x = d] +
-   (1 - p(d)) p(x) / (1 - p(d)) [x != d] = p(x)``: exactly the target distribution (HF's
-   "sample, keep while equal to the candidate" is the same rule). A slot with no draft takes the
-   target's own selector on ``p``, with the key plain decoding would use at that position, so a
-   row for which nothing is ever drafted emits bit-identical tokens to :func:`~jaxsample.decoding.generate`.
+3. **Accept**: at every position the row draws the token plain decoding would draw there (the
+   target's selector, with plain decoding's key for that position and the chain state after the
+   drafts before it); drafts are accepted while they equal these tokens, and the first draw that
+   differs is emitted (HF's rule when the candidates carry no probabilities). This is
+   :mod:`~jaxsample.decoding.speculative`'s rejection rule for a point-mass proposal
+   ``q = onehot(d)``, realised with one coupling of the randomness: ``d`` is accepted with
+   probability ``p(d) = min(1, p(d) / q(d))`` and, when rejected, the emitted token is distributed as
+   ``p`` without ``d``, i.e. ``normalize(max(p - q, 0))``. Because every emitted token is the one
+   plain decoding draws at its position given the same prefix, the output is **bit-identical** to
+   :func:`~jaxsample.decoding.generate`, greedy or sampled (for any chain and seed), and only the
+   number of model calls changes.
 
 >>> import jax.numpy as jnp
 >>> from jaxsample.decoding import BIGRAM, generate
@@ -42,14 +45,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxsample import _math, _noise, _validate, selection
+from jaxsample import _validate
 from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler, SamplerState
 from jaxsample.decoding import _stopping
 from jaxsample.decoding._stopping import Stops, Tracker
 from jaxsample.decoding.generate import Config, prepare
 from jaxsample.decoding.model import Model, prompt_positions, where_rows
-from jaxsample.decoding.speculative import _ACCEPT_SALT, _RESIDUAL_SALT, SpeculativeOutput, _keys, _pick
+from jaxsample.decoding.speculative import SpeculativeOutput, _pick
 
 
 def propose(context: Array, length: Array, k: int, min_n: Array, max_n: int) -> tuple[Array, Array]:
@@ -101,7 +104,6 @@ def _step(model, sampler, cfg: Config, k, max_n, params, sparams, min_n, stops: 
     b = state.last.shape[0]
     active = ~out.done
     pos = state.prompt_lengths - 1 + out.length
-    greedy = sampler.selector.name == "greedy"
 
     drafts, count = propose(state.context, state.context_length, k, min_n, max_n)
     count = jnp.where(active, count, 0)
@@ -109,35 +111,21 @@ def _step(model, sampler, cfg: Config, k, max_n, params, sparams, min_n, stops: 
     positions = jnp.where(active[:, None], pos[:, None] + jnp.arange(k + 1), -1)
     t = model.apply_step(params, tokens, positions, state.cache)
 
-    def verify_one(sst, xs):
+    def verify_one(sst, xs):  # plain decoding's step at every position, the drafts fed as its tokens
         logits, nxt, j = xs
         x = _stopping.mask_eos(logits.astype(jnp.float32), stops, out.length + j)
         proc, sst = sampler.process(x, sst, sparams)
-        return sampler.accept(nxt, sst, sparams, active), (proc, sst)
+        tok, sst = sampler.select(proc, sst, sparams)
+        return sampler.accept(nxt, sst, sparams, active), (tok, sst)
 
     nexts = jnp.concatenate([drafts.T, jnp.zeros((1, b), jnp.int32)], axis=0)  # the last one is never used
     xs = (jnp.swapaxes(t.logits, 0, 1), nexts, jnp.arange(k + 1))
-    _, (procs, states) = lax.scan(verify_one, state.sampler, xs)  # procs float32[k + 1, B, V]
+    _, (chosen, states) = lax.scan(verify_one, state.sampler, xs)  # chosen int32[k + 1, B]
 
-    has = jnp.arange(k)[:, None] < count[None]  # [k, B]
-    if greedy:
-        ok = has & (drafts.T == jnp.argmax(procs[:k], axis=-1))
-    else:
-        p_d = jnp.take_along_axis(_math.softmax(procs[:k]), drafts.T[..., None], axis=-1)[..., 0]
-        u = jax.vmap(lambda i: _noise.uniform(_keys(sparams["seed"], out.length + i, _ACCEPT_SALT)))(jnp.arange(k))
-        ok = has & (p_d > 0) & (u <= p_d)
+    ok = (jnp.arange(k)[:, None] < count[None]) & (chosen[:k] == drafts.T)  # [k, B]
     n_ok = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=0), axis=0)  # [B] in 0..count
-
-    proc_a = _pick(procs, n_ok)
-    state_a = _pick(states, n_ok)
-    final, selected = sampler.select(proc_a, state_a, sparams)
-    if not greedy:
-        rejected = n_ok < count
-        d_a = jnp.take_along_axis(drafts, jnp.minimum(n_ok, k - 1)[:, None], axis=1)
-        resid = jnp.where(jnp.arange(proc_a.shape[-1]) == d_a, _math.NEG_INF, proc_a)  # p without d
-        recovered = selection.categorical(_keys(sparams["seed"], out.length + n_ok, _RESIDUAL_SALT), resid)
-        final = jnp.where(rejected, recovered, final)
-        selected = where_rows(rejected, state_a, selected)
+    final = jnp.take_along_axis(chosen, n_ok[None], axis=0)[0]
+    selected = _pick(states, n_ok)
     new_sampler = where_rows(active, sampler.accept(final, selected, sparams, active), state.sampler)
 
     new_out = out
