@@ -14,7 +14,8 @@ median is reported. ``chain overhead`` is ``t_chain / t_greedy - 1``.
 plain decoding on the demo's BART infilling task (a ``python -m jaxsample demo`` run directory: its
 checkpoint and held-out rows). The drafts are copied from the encoder input (``source=``), greedy
 and sampled (temperature 0.8), side by side in one process; it checks that the outputs are equal
-(prompt lookup emits exactly plain decoding's tokens) and also times one decoder call over ``k + 1`` tokens against a one-token call (the verification's
+(prompt lookup emits exactly plain decoding's tokens) and also times one decoder call over
+``k + 1`` tokens against a one-token call (the verification's
 cost: prompt lookup gains only when tokens per target call exceed it).
 
 ``--chain module:function`` names a zero-argument callable returning a :class:`jaxsample.Sampler`
