@@ -42,7 +42,10 @@ def _brute_force(logprob_fn, prompt, alpha, normalization, r):
     scored = []
     for seq in _complete_sequences(V, N, EOS):
         s = logprob_fn(prompt, seq)
-        pen = len(seq) ** alpha if normalization == "hf" else ((5 + len(seq)) / 6) ** alpha
+        if normalization == "vllm":  # vLLM's get_beam_search_score: prompt + output, a final EOS not counted
+            pen = (len(prompt) + len(seq) - (seq[-1] == EOS)) ** alpha
+        else:
+            pen = len(seq) ** alpha if normalization == "hf" else ((5 + len(seq)) / 6) ** alpha
         scored.append((s / pen, list(seq)))
     scored.sort(key=lambda x: -x[0])
     return scored[:r]
@@ -63,7 +66,9 @@ def _hypotheses(out, b, r):
     return [list(np.asarray(out.tokens[b, i, : int(out.lengths[b, i])])) for i in range(r)]
 
 
-@pytest.mark.parametrize("alpha,normalization", [(0.0, "hf"), (1.0, "hf"), (-0.7, "hf"), (2.0, "gnmt")])
+@pytest.mark.parametrize(
+    "alpha,normalization", [(0.0, "hf"), (1.0, "hf"), (-0.7, "hf"), (2.0, "gnmt"), (1.0, "vllm"), (2.5, "vllm")]
+)
 def test_exhaustive_beam_equals_brute_force_enumeration(alpha, normalization):
     prompts = [[1], [2, 2]]
     out = beam_search(

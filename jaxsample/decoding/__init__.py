@@ -12,7 +12,8 @@ and ``init_cache(batch_size, max_len)``); see :mod:`jaxsample.decoding.model`. S
 * :func:`dola_generate` (DoLa: contrasting early-exit layers, for models with ``Model.early_exit``);
 * :func:`speculative_generate` (draft model + vLLM's rejection sampler);
 * :class:`DecodeRequest` / :func:`run_request`: a whole vLLM ``SamplingParams`` or HF
-  ``GenerationConfig`` request mapped to the right strategy call.
+  ``GenerationConfig`` request mapped to the right strategy call;
+* :func:`prompt_lookup_generate` (model-free n-gram drafts from the context, HF / vLLM ``ngram``).
 
 Every per-row value (sampling parameters, seeds, lengths, EOS ids, stop sequences, penalties) is a
 traced array: new values never recompile. :data:`BIGRAM` and :class:`TinyDecoder` are toy models
@@ -27,6 +28,7 @@ from jaxsample.decoding.contrastive import contrastive_search
 from jaxsample.decoding.dispatch import DecodeRequest, run_request
 from jaxsample.decoding.dola import dola_generate
 from jaxsample.decoding.generate import GenerateOutput, generate
+from jaxsample.decoding.lookup import prompt_lookup_generate
 from jaxsample.decoding.model import BIGRAM, EarlyExit, Model, StepOutput
 from jaxsample.decoding.rank import RankedOutput, sample_and_rank
 from jaxsample.decoding.speculative import SpeculativeOutput, speculative_generate
@@ -55,6 +57,7 @@ __all__ = sorted([
     "dola_generate",
     "generate",
     "group_beam_search",
+    "prompt_lookup_generate",
     "run_request",
     "sample_and_rank",
     "speculative_generate",

@@ -2,10 +2,11 @@
 
 :class:`Stops` holds the per-row rules as traced arrays (changing them never recompiles):
 several EOS ids, multi-token stop sequences or stop strings (:mod:`jaxsample.decoding.stop_strings`),
-min and max new tokens. :func:`stops` builds it on the host from Python values and validates them.
-:class:`Tracker` is the fixed-shape output buffer; :func:`push` appends one token per row and
-applies the rules, in the order vLLM checks them: nothing stops a row before ``min_new_tokens``
-tokens, then EOS, then a stop sequence or string, then length.
+min and max new tokens, and optionally vLLM's repetition detection (:mod:`jaxsample.decoding._repetition`).
+:func:`stops` builds it on the host from Python values and validates them. :class:`Tracker` is the
+fixed-shape output buffer; :func:`push` appends one token per row and applies the rules, in the order
+vLLM checks them: nothing stops a row before ``min_new_tokens`` tokens, then EOS, then a stop
+sequence or string, then length, then repetition.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from jax import lax
 from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
 from jaxsample.decoding import stop_strings as _stop_strings
+from jaxsample.decoding import _repetition
+from jaxsample.decoding._repetition import Repetition
 
 
 class FinishReason(enum.IntEnum):
@@ -29,6 +32,7 @@ class FinishReason(enum.IntEnum):
     EOS = 1
     STOP_SEQUENCE = 2
     LENGTH = 3
+    REPETITION = 4
 
 
 class Stops(NamedTuple):
@@ -39,6 +43,7 @@ class Stops(NamedTuple):
     min_new_tokens: Array  # int32[B]
     max_new_tokens: Array  # int32[B], clipped to the static buffer width
     stop_strings: _stop_strings.StopStrings | None = None  # text stop strings (shared tables)
+    repetition: Repetition | None = None  # vLLM repetition detection (None: off, no cost)
 
 
 def repeat(stops: Stops, n: int) -> Stops:
@@ -50,7 +55,11 @@ def repeat(stops: Stops, n: int) -> Stops:
     if table is not None:
         table = table._replace(target=rep(table.target))
     eos, seqs, lo, hi = (rep(x) for x in stops[:4])
-    return Stops(eos, seqs, lo, hi, table)
+    repetition = stops.repetition
+    if repetition is not None:
+        repetition = repetition._replace(**{k: rep(getattr(repetition, k)) for k in ("min_size", "max_size",
+                                                                                      "min_count")})
+    return Stops(eos, seqs, lo, hi, table, repetition)
 
 
 def stop_hits(window: Array, stops_: Stops, stop_sequences: Array, target_axis: bool = False) -> Array:
@@ -99,6 +108,7 @@ def stops(
     eos_ids: ArrayLike | None = None,
     stop_sequences=None,
     min_new_tokens: ArrayLike = 0,
+    repetition_detection=None,
 ) -> tuple[Stops, int]:
     """Validates the stopping rules for ``batch`` rows; returns them and the static buffer width ``N``.
 
@@ -112,6 +122,9 @@ def stops(
         right-aligned with ``-1`` padding on the left; or a
         :class:`~jaxsample.decoding.stop_strings.StopStrings` table (text stop strings, ``B`` rows).
       min_new_tokens: int or ``int[B]``; EOS is masked and no rule stops a row before this many tokens.
+      repetition_detection: ``None`` or vLLM's ``RepetitionDetectionParams`` fields as a mapping
+        (``max_pattern_size``, ``min_pattern_size``, ``min_count``; ints or ``int[B]``; optional
+        static ``bound``) or an object with those attributes.
     """
     if max_tokens is None:
         if not _validate.is_concrete(max_new_tokens):
@@ -152,7 +165,7 @@ def stops(
                 "stop_sequences must be a list of token-id lists or an int array [S, L] / [B, S, L]"
             )
         seqs = jnp.broadcast_to(seqs.astype(jnp.int32), (batch,) + seqs.shape[-2:])
-    return Stops(eos, seqs, min_new, max_new, table), n
+    return Stops(eos, seqs, min_new, max_new, table, _repetition.params(batch, repetition_detection)), n
 
 
 # ------------------------------------------------------------------------------------ traced rules
@@ -280,11 +293,15 @@ def push(state: Tracker, stops: Stops, token: Array, active: Array, logprobs: tu
     eos = may_stop & is_eos(token, stops.eos_ids)
     stop = may_stop & stop_hits(last_tokens(tokens, length, window_width(stops)), stops, stops.stop_sequences)
     full = write & (length >= stops.max_new_tokens)
+    repeated = jnp.zeros_like(full)
+    if stops.repetition is not None:
+        repeated = may_stop & ~(eos | stop | full) & _repetition.detect(tokens, length, stops.repetition)
+    reason = jnp.where(repeated, int(FinishReason.REPETITION), state.reason)
     reason = jnp.where(
         eos,
         int(FinishReason.EOS),
         jnp.where(
-            stop, int(FinishReason.STOP_SEQUENCE), jnp.where(full, int(FinishReason.LENGTH), state.reason)
+            stop, int(FinishReason.STOP_SEQUENCE), jnp.where(full, int(FinishReason.LENGTH), reason)
         ),
     ).astype(jnp.int32)
-    return Tracker(tokens, length, state.done | eos | stop | full, reason, lp)
+    return Tracker(tokens, length, state.done | eos | stop | full | repeated, reason, lp)

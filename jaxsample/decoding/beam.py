@@ -17,7 +17,9 @@ the sampler state are gathered by parent beam (``leaf[rows]``). One step, per pr
    ``False`` once the best running score, normalised at the current length, cannot beat the worst
    finished one; ``"never"`` uses ``max_new_tokens`` as that length when ``length_penalty > 0``.
 
-``pen(L)`` is HF's ``L ** length_penalty`` or GNMT's ``((5 + L) / 6) ** length_penalty`` (t5x).
+``pen(L)`` is HF's ``L ** length_penalty``, GNMT's ``((5 + L) / 6) ** length_penalty`` (t5x), or
+vLLM's ``(P + L - e) ** length_penalty`` (``get_beam_search_score``: the prompt length ``P`` counts
+and a final EOS does not, ``e = 1`` for a hypothesis ending in EOS).
 Finished prompts are frozen (no cache writes); the loop ends when every prompt is done.
 
 :func:`group_beam_search` splits the beams into ``G`` groups processed one after another each step;
@@ -75,7 +77,7 @@ class BeamConfig(NamedTuple):
     num_groups: int
     num_return: int
     early_stopping: bool | str
-    normalization: str  # "hf" | "gnmt"
+    normalization: str  # "hf" | "gnmt" | "vllm"
     do_sample: bool
     num_eos: int  # EOS slots E: C = max(2, 1 + E) * group_size candidates
 
@@ -102,9 +104,12 @@ class BeamState(NamedTuple):
     prompt_lengths: Array  # int32[B]
 
 
-def _penalty(length: Array, alpha: Array, normalization: str) -> Array:
-    length = length.astype(jnp.float32)
-    base = length if normalization == "hf" else (5.0 + length) / 6.0
+def _penalty(length: Array, alpha: Array, normalization: str, prompt_len=0, eos=False) -> Array:
+    """``pen(L)`` of ``length`` generated tokens (vLLM: ``prompt_len + length - eos``)."""
+    if normalization == "vllm":
+        length = prompt_len + length - jnp.asarray(eos, jnp.int32)
+    length = jnp.asarray(length).astype(jnp.float32)
+    base = (5.0 + length) / 6.0 if normalization == "gnmt" else length
     return jnp.power(base, alpha)
 
 
@@ -125,7 +130,7 @@ class _GroupStep(NamedTuple):
 
 
 def _group_step(
-    cfg: BeamConfig, legacy: bool, t, logp, run_scores, run_tokens, fin, stops: Stops, alpha, key
+    cfg: BeamConfig, legacy: bool, t, logp, run_scores, run_tokens, fin, stops: Stops, alpha, key, plen
 ):
     """One beam step of one group: ``logp [B, S, V]`` processed log-probs of its running beams."""
     b, s, v = logp.shape
@@ -156,7 +161,8 @@ def _group_step(
         eos, int(FinishReason.EOS), jnp.where(stop, int(FinishReason.STOP_SEQUENCE), int(FinishReason.LENGTH))
     )
     first = jnp.arange(c) < s  # only the first S candidates may finish
-    pen_now = _penalty(gen, alpha, cfg.normalization)[:, None]
+    pen_now = _penalty(gen, alpha[:, None], cfg.normalization, plen[:, None], eos)  # [B, C]
+    pen_run = _penalty(gen, alpha[:, None], cfg.normalization, plen[:, None])  # [B, 1]: no EOS
     gen_c = jnp.full((b, c), gen, jnp.int32)
 
     if legacy:
@@ -178,7 +184,7 @@ def _group_step(
     hyp_len = gen
     if cfg.early_stopping == "never":
         hyp_len = jnp.where(alpha > 0, stops.max_new_tokens, gen)
-    best_possible = best / _penalty(hyp_len, alpha, cfg.normalization)
+    best_possible = best / _penalty(hyp_len, alpha, cfg.normalization, plen)
     full = jnp.all(fin.flag, axis=1)
     if legacy:  # BeamHypotheses.is_done
         cannot_improve = full & (jnp.min(fin.scores, axis=1) >= best_possible)
@@ -195,7 +201,7 @@ def _group_step(
         fin = _merge(
             fin,
             Finished(
-                jnp.where(ended, new_scores / pen_now, -jnp.inf),
+                jnp.where(ended, new_scores / pen_run, -jnp.inf),
                 new_tokens,
                 gen_c[:, :s],
                 jnp.full((b, s), int(FinishReason.LENGTH)),
@@ -270,6 +276,7 @@ def _step(
             stops,
             alpha,
             key,
+            state.prompt_lengths,
         )
         was_done = state.done[:, g]
         keep = lambda new, old: jnp.where(was_done.reshape((b,) + (1,) * (new.ndim - 1)), old, new)  # noqa: E731
@@ -396,7 +403,8 @@ def beam_search(
       length_penalty: ``alpha`` per prompt (traced): scores are ``sum_logprobs / pen(L)``.
       early_stopping: ``True``, ``False`` or ``"never"`` (HF semantics, see the module docstring).
       num_return_sequences: static ``R <= K`` hypotheses returned per prompt, best first.
-      length_normalization: ``"hf"`` (``pen(L) = L ** alpha``) or ``"gnmt"`` (``((5 + L) / 6) ** alpha``).
+      length_normalization: ``"hf"`` (``pen(L) = L ** alpha``), ``"gnmt"`` (``((5 + L) / 6) ** alpha``)
+        or ``"vllm"`` (``(P + L - e) ** alpha``: prompt-inclusive, a final EOS not counted).
       do_sample: beam sampling (see :func:`beam_sample`).
       num_beam_groups, diversity_penalty: diverse beam search (see :func:`group_beam_search`).
       sampler: its stages process the per-step log-probs (its selector is unused); default none.
@@ -419,8 +427,8 @@ def beam_search(
         raise ValueError(f"num_return_sequences ({r}) must be <= num_beams ({k})")
     if early_stopping not in (True, False, "never"):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
-    if length_normalization not in ("hf", "gnmt"):
-        raise ValueError(f"length_normalization must be 'hf' or 'gnmt', got {length_normalization!r}")
+    if length_normalization not in ("hf", "gnmt", "vllm"):
+        raise ValueError(f"length_normalization must be 'hf', 'gnmt' or 'vllm', got {length_normalization!r}")
     req = prepare(
         model,
         prompt,

@@ -117,6 +117,10 @@ class DecodeRequest:
             opts.update(more)
         else:
             strategy = "generate"
+        if r.get("repetition_detection") is not None:
+            if strategy != "generate":
+                raise ValueError(f"repetition_detection: supported by generate only, not by {strategy}")
+            opts["repetition_detection"] = r["repetition_detection"]
         if logprobs is not None:
             if strategy != "generate":
                 raise ValueError(f"logprobs: log-probs are returned by generate only, not by {strategy} "

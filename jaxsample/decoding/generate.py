@@ -166,6 +166,7 @@ def prepare(
     top_logprobs: int,
     history_size: int | None,
     extra_positions: int = 0,
+    repetition_detection=None,
 ) -> Request:
     """Host-side validation shared by the strategies (``ValueError`` names the culprit)."""
     if not isinstance(model, Model):
@@ -183,6 +184,7 @@ def prepare(
         eos_ids=eos_ids,
         stop_sequences=stop_sequences,
         min_new_tokens=min_new_tokens,
+        repetition_detection=repetition_detection,
     )
     sampler, sparams = _request.sampler_inputs(sampler, sampler_params, b)
     top = _validate.static_int(top_logprobs, "top_logprobs", lo=0)
@@ -214,6 +216,7 @@ def generate(
     logprobs: bool = False,
     top_logprobs: int = 0,
     history_size: int | None = None,
+    repetition_detection=None,
 ) -> GenerateOutput:
     """Generates up to ``max_new_tokens`` tokens per row with any sampler chain (greedy by default).
 
@@ -240,6 +243,9 @@ def generate(
       top_logprobs: static ``n``: also return the ``n`` most likely tokens under the raw model.
       history_size: static sampler history window; default: what the chain's stages declare, or
         ``P + N`` when a stage reads the whole history.
+      repetition_detection: vLLM's ``RepetitionDetectionParams`` (a mapping of
+        ``max_pattern_size``, ``min_pattern_size``, ``min_count``, per row or not): a row whose
+        output ends in ``min_count`` copies of a pattern stops (``FinishReason.REPETITION``).
 
     Returns:
       :class:`GenerateOutput`.
@@ -260,6 +266,7 @@ def generate(
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         history_size=history_size,
+        repetition_detection=repetition_detection,
     )
     return decode(
         model, req.sampler, req.cfg, 1, params, req.prompt, req.lengths, cache, req.sampler_params, req.stops

@@ -204,8 +204,8 @@ class DecodingConfig:
             raise ValueError(f"num_return ({self.num_return}) must be <= best_of ({self.best_of})")
         if self.early_stopping not in (True, False, "never"):
             raise ValueError(f"early_stopping must be true, false or 'never', got {self.early_stopping!r}")
-        if self.length_normalization not in ("hf", "gnmt"):
-            raise ValueError(f"length_normalization must be 'hf' or 'gnmt', got {self.length_normalization!r}")
+        if self.length_normalization not in ("hf", "gnmt", "vllm"):
+            raise ValueError(f"length_normalization must be 'hf', 'gnmt' or 'vllm', got {self.length_normalization!r}")
         if self.rank_by not in ("raw", "processed"):
             raise ValueError(f"rank_by must be 'raw' or 'processed', got {self.rank_by!r}")
         if not 0.0 <= self.penalty_alpha <= 1.0:

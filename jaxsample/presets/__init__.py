@@ -6,7 +6,8 @@
 * :func:`hf`: a ``GenerationConfig`` object, dict, ``generation_config.json`` path or fields
   (processors exist only when enabled, as in HF);
 * :func:`scenario`: the task presets of the seed table (code, technical writing, creative, chat,
-  brainstorming).
+  brainstorming);
+* :func:`recipe`: the seed table's sample-and-rank recipes (Meena, LaMDA) with their strategy settings.
 
 Each returns a :class:`Preset`: a :class:`jaxsample.Sampler` (static structure) plus the values of
 the configuration, so configurations differing only in values share one compilation, and (for
@@ -19,6 +20,7 @@ from jaxsample.presets.hf import SAMPLER_FIELDS as HF_SAMPLER_FIELDS
 from jaxsample.presets.hf import hf
 from jaxsample.presets.llama_cpp import DEFAULT_SAMPLERS, llama_cpp, llama_cpp_args
 from jaxsample.presets.vllm import SAMPLER_FIELDS as VLLM_SAMPLER_FIELDS
+from jaxsample.presets.recipes import RECIPES, Recipe, recipe
 from jaxsample.presets.vllm import vllm, vllm_batch
 
 #: Task presets (temperature / top-k / top-p) from the vLLM sampling guide in the project's seeds.
@@ -46,11 +48,14 @@ __all__ = [
     "DEFAULT_SAMPLERS",
     "HF_SAMPLER_FIELDS",
     "Preset",
+    "RECIPES",
+    "Recipe",
     "SCENARIOS",
     "VLLM_SAMPLER_FIELDS",
     "hf",
     "llama_cpp",
     "llama_cpp_args",
+    "recipe",
     "scenario",
     "stack",
     "vllm",

@@ -33,8 +33,9 @@ def _check(cond: bool, field: str, message: str, value) -> None:
 
 #: Every ``SamplingParams`` field vLLM accepts (plus ``best_of``, kept by older versions), by role.
 SAMPLING_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "top_k",
-                   "min_p", "seed", "min_tokens", "logit_bias", "allowed_token_ids", "bad_words")
-REQUEST_FIELDS = ("n", "best_of", "max_tokens", "stop_token_ids", "ignore_eos", "logprobs")
+                   "min_p", "seed", "min_tokens", "logit_bias", "allowed_token_ids", "bad_words",
+                   "thinking_token_budget")
+REQUEST_FIELDS = ("n", "best_of", "max_tokens", "stop_token_ids", "ignore_eos", "logprobs", "repetition_detection")
 #: Fields that act on text or on output formatting (the text layer reads them from ``Preset.request``).
 TEXT_FIELDS = ("stop", "include_stop_str_in_output", "detokenize", "skip_special_tokens",
                "spaces_between_special_tokens", "output_kind", "stream_interval")
@@ -48,14 +49,14 @@ INERT_FIELDS = ("skip_clone", "skip_reading_prefix_cache", "extra_args", "routed
 _UNAVAILABLE = {
     "structured_outputs": (None, "compile the constraint with jaxsample.structured (regex / JSON schema / GBNF) "
                                  "and add its stage to the chain"),
-    "thinking_token_budget": ((None, -1), "a thinking-token budget is not implemented"),
-    "repetition_detection": (None, "repetition detection is not implemented: use a stop sequence or DRY"),
     "trace_decode_token_ids": (None, "forced decoding of given ids is teacher forcing: use the scoring API"),
 }
 #: Extra keywords of this function (not SamplingParams fields).
-OWN_FIELDS = ("bad_words_ids", "eos_token_ids", "list_capacity", "candidates", "tokenizer")
+OWN_FIELDS = ("bad_words_ids", "eos_token_ids", "list_capacity", "candidates", "tokenizer", "think_start_token_ids",
+              "think_end_token_ids")
 #: The fields a sampler config (no request) takes: what :mod:`jaxsample.evaluation` accepts.
-SAMPLER_FIELDS = SAMPLING_FIELDS + ("bad_words_ids", "eos_token_ids", "list_capacity", "candidates")
+SAMPLER_FIELDS = SAMPLING_FIELDS + ("bad_words_ids", "eos_token_ids", "list_capacity", "candidates",
+                                    "think_start_token_ids", "think_end_token_ids")
 _VLLM_MAX_N = 16384  # VLLM_MAX_N_SEQUENCES default
 
 
@@ -181,6 +182,12 @@ def vllm(config: Any = None, /, **fields: Any) -> Preset:
         min_tokens=min_tokens, logit_bias=bias, allowed_token_ids=allowed, bad_words_ids=tuple(bad_ids),
         eos_token_ids=eos, list_capacity=integer("list_capacity", get("list_capacity", 64)),
         candidates=integer("candidates", get("candidates", DEFAULT_CANDIDATES)),
+        thinking_token_budget=None if get("thinking_token_budget") is None
+        else integer("thinking_token_budget", get("thinking_token_budget")),
+        think_start_token_ids=None if get("think_start_token_ids") is None
+        else _fields.ids("think_start_token_ids", get("think_start_token_ids")),
+        think_end_token_ids=None if get("think_end_token_ids") is None
+        else _fields.ids("think_end_token_ids", get("think_end_token_ids")),
     )
     request = {
         "source": "vllm",
@@ -194,6 +201,7 @@ def vllm(config: Any = None, /, **fields: Any) -> Preset:
         "seed": seed,
         "stop": stop,
         "prompt_logprobs": prompt_logprobs,
+        "repetition_detection": get("repetition_detection"),
         **{k: get(k) for k in ("prompt_logprob_token_ids", "prompt_logprob_start", "logprob_token_ids")
            if get(k) is not None},
         "include_stop_str_in_output": get("include_stop_str_in_output", False),
@@ -271,10 +279,18 @@ def _sampler(
     allowed_token_ids: Sequence[int] | None = None,
     bad_words_ids: Sequence[Sequence[int]] = (),
     eos_token_ids: Sequence[int] = (),
+    thinking_token_budget: int | None = None,
+    think_start_token_ids: Sequence[int] | None = None,
+    think_end_token_ids: Sequence[int] | None = None,
     list_capacity: int = 64,
     candidates: int = DEFAULT_CANDIDATES,
 ) -> Preset:
-    """The sampler chain of validated sampling fields (see :func:`vllm`)."""
+    """The sampler chain of validated sampling fields (see :func:`vllm`).
+
+    With ``think_start_token_ids`` and ``think_end_token_ids`` (vLLM's ``ReasoningConfig``) the chain
+    gets vLLM's thinking-token budget (:func:`jaxsample.stages.reasoning_budget`, after the logit
+    bias; ``thinking_token_budget`` ``None`` = no budget, the per-row value stays traced).
+    """
     stop = list(dict.fromkeys([int(t) for t in (stop_token_ids or ())] + [int(t) for t in eos_token_ids]))
     bias = {int(k): max(-100.0, min(100.0, float(v))) for k, v in (logit_bias or {}).items()}
     for field, n in (("logit_bias", len(bias)), ("allowed_token_ids", len(allowed_token_ids or ())),
@@ -293,6 +309,16 @@ def _sampler(
     parts += [
         stages.min_tokens(capacity=list_capacity),
         stages.logit_bias(capacity=list_capacity, clamp=100.0),
+    ]
+    thinking = think_start_token_ids is not None and think_end_token_ids is not None
+    if thinking:
+        parts.append(stages.reasoning_budget(tuple(think_start_token_ids), tuple(think_end_token_ids)))
+    elif thinking_token_budget is not None:
+        _check(False, "thinking_token_budget", "needs think_start_token_ids and think_end_token_ids",
+               thinking_token_budget)
+    if thinking_token_budget is not None:
+        _check(thinking_token_budget >= -1, "thinking_token_budget", "must be -1 or >= 0", thinking_token_budget)
+    parts += [
         stages.penalties(scope="vllm"),
         stages.temperature(),
         stages.min_p(),
@@ -314,6 +340,8 @@ def _sampler(
         "logit_bias_values": list(bias.values()),
         "allowed_tokens_ids": [int(t) for t in (allowed_token_ids or ())],
     }
+    if thinking:
+        values["thinking_token_budget"] = -1 if thinking_token_budget is None else thinking_token_budget
     return Preset(chain(*parts, select=stages.categorical(candidates=candidates)), values)
 
 

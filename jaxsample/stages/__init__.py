@@ -16,6 +16,7 @@ from jaxsample.stages._history import (
     penalties,
     sequence_bias,
 )
+from jaxsample.stages._reasoning import reasoning_budget
 from jaxsample.stages._structured import grammar
 from jaxsample.stages._tokens import (
     allowed_tokens,
@@ -77,6 +78,7 @@ __all__ = [
     "no_repeat_ngram",
     "p_less",
     "penalties",
+    "reasoning_budget",
     "remove_inf_nan",
     "sequence_bias",
     "suppress_tokens",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxsample import _validate
+from jaxsample._types import Array
 from jaxsample import ngram as _ngram
 from jaxsample.chain import Param, Stage, StepInfo, cached
 from jaxsample.dry import dry as _dry_fn
@@ -36,6 +37,23 @@ def _with_prompt(info: StepInfo):
     return jnp.concatenate([info.prompt, info.history], axis=-1)
 
 
+def _hf_input_ids(info: StepInfo, ignore) -> Array:
+    """HF's ``input_ids`` (prompt + generated) with its first ``ignore [B]`` entries blanked (``prompt_ignore_length``).
+
+    A ring entry's index in the request is ``prompt_len + position - W + i`` (prompt left-aligned,
+    ``-1`` padding after it); prompt entries repeated by :func:`_with_prompt` keep their own index.
+    """
+    h = info.history
+    w = h.shape[-1]
+    plen = 0 if info.prompt is None else jnp.sum(info.prompt >= 0, axis=-1)
+    index = (plen + info.position - w)[..., None] + jnp.arange(w)
+    h = jnp.where(index >= ignore[..., None], h, -1)
+    if info.prompt is None:
+        return h
+    prompt = jnp.where(jnp.arange(info.prompt.shape[-1]) >= ignore[..., None], info.prompt, -1)
+    return jnp.concatenate([prompt, h], axis=-1)
+
+
 def _window_param(name: str, default: int, w: int) -> Param:
     return Param(name, default, jnp.int32, lo=-1, hi=None if w < 0 else w)
 
@@ -60,10 +78,11 @@ def penalties(
       presence over generated tokens only. Reads the whole ring (``history_size`` must cover the
       generation; the prompt comes from ``StepInfo.prompt``); ``last_n`` is ignored.
     * ``scope="hf"`` (``RepetitionPenaltyLogitsProcessor``): repetition only, over prompt and
-      generated ids; reads only ``repetition_penalty``; ``last_n`` is ignored.
+      generated ids except the first ``prompt_ignore_length`` of them (per row, default 0; HF's
+      ``generate`` passes the left-padding lengths); ``last_n`` is ignored.
 
     Params: ``repetition_penalty`` (``> 0``), ``frequency_penalty``, ``presence_penalty``,
-    ``penalty_last_n`` (llama scope).
+    ``penalty_last_n`` (llama scope), ``prompt_ignore_length`` (hf scope, ``>= 0``).
     """
     if scope not in _PENALTY_SCOPES:
         raise ValueError(f"scope must be one of {_PENALTY_SCOPES}, got {scope!r}")
@@ -73,9 +92,10 @@ def penalties(
     if scope == "hf":
 
         def update_hf(x, s, p, info):
-            return _penalties_fn(x, _with_prompt(info), repeat=p["repetition_penalty"]), s
+            return _penalties_fn(x, _hf_input_ids(info, p["prompt_ignore_length"]), repeat=p["repetition_penalty"]), s
 
-        return Stage(name, update_hf, params=(rep,), history=-1, nan_free=True)
+        ignore = Param("prompt_ignore_length", 0, jnp.int32, lo=0)
+        return Stage(name, update_hf, params=(rep, ignore), history=-1, nan_free=True)
     if scope == "vllm":
 
         def update_vllm(x, s, p, info):

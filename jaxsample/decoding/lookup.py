@@ -1,0 +1,257 @@
+"""Prompt-lookup (n-gram) speculative decoding: model-free drafts copied from the context.
+
+HF ``prompt_lookup_num_tokens`` / ``max_matching_ngram_size`` (``PromptLookupCandidateGenerator``)
+and vLLM's ``ngram`` proposer (``prompt_lookup_min``, ``prompt_lookup_max``,
+``num_speculative_tokens``). Each iteration, per row:
+
+1. **Propose** (:func:`propose`, on device, fixed shapes). The context is ``source ++ prompt ++
+   generated`` (``source``: optional extra tokens to copy from, e.g. an encoder-decoder's input).
+   Find the longest ``n`` in ``[prompt_lookup_min, prompt_lookup_max]`` such that the last ``n``
+   context tokens occur earlier in the context with at least one token after them; among the
+   occurrences of that length take the earliest. The drafts are the up to ``k`` tokens that follow
+   it (fewer at the end of the context or of ``source``). No match: no drafts this iteration (the
+   step is then one plain decoding step). This is vLLM's rule exactly, and HF's with
+   ``prompt_lookup_min = 1`` (HF also truncates drafts at EOS, which only changes the draft counts:
+   the stopping rules stop a row at an accepted EOS).
+2. **Verify**: the target runs ``[last, d_1, .., d_k]`` in one call; its logits go through the full
+   chain position by position (as :mod:`jaxsample.decoding.speculative`).
+3. **Accept**: at every position the row draws the token plain decoding would draw there (the
+   target's selector, with plain decoding's key for that position and the chain state after the
+   drafts before it); drafts are accepted while they equal these tokens, and the first draw that
+   differs is emitted (HF's rule when the candidates carry no probabilities). This is
+   :mod:`~jaxsample.decoding.speculative`'s rejection rule for a point-mass proposal
+   ``q = onehot(d)``, realised with one coupling of the randomness: ``d`` is accepted with
+   probability ``p(d) = min(1, p(d) / q(d))`` and, when rejected, the emitted token is distributed as
+   ``p`` without ``d``, i.e. ``normalize(max(p - q, 0))``. Because every emitted token is the one
+   plain decoding draws at its position given the same prefix, the output is **bit-identical** to
+   :func:`~jaxsample.decoding.generate`, greedy or sampled (for any chain and seed), and only the
+   number of model calls changes.
+
+>>> import jax.numpy as jnp
+>>> from jaxsample.decoding import BIGRAM, generate
+>>> table = jnp.log(jnp.array([[0.1, 0.6, 0.3], [0.2, 0.1, 0.7], [0.5, 0.4, 0.1]]))
+>>> prompt = jnp.array([[0, 1, 2, 0, 1]])
+>>> out = prompt_lookup_generate(BIGRAM, {"logits": table}, prompt, num_draft_tokens=3, max_new_tokens=6)
+>>> out.tokens.tolist() == generate(BIGRAM, {"logits": table}, prompt, max_new_tokens=6).tokens.tolist()
+True
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxsample import _validate
+from jaxsample._types import Array, ArrayLike
+from jaxsample.chain import Sampler, SamplerState
+from jaxsample.decoding import _stopping
+from jaxsample.decoding._stopping import Stops, Tracker
+from jaxsample.decoding.generate import Config, prepare
+from jaxsample.decoding.model import Model, prompt_positions, where_rows
+from jaxsample.decoding.speculative import SpeculativeOutput, _pick
+
+
+def propose(context: Array, length: Array, k: int, min_n: Array, max_n: int) -> tuple[Array, Array]:
+    """N-gram drafts: ``(drafts int32[B, k], count int32[B])`` (drafts past ``count`` are 0).
+
+    Args:
+      context: ``int32[B, C]``, oldest first; negative entries never match and end a draft.
+      length: ``int32[B]``: the row's context is ``context[b, :length[b]]``.
+      k: static number of draft slots.
+      min_n: ``int32[B]`` (or scalar) smallest n-gram to match (``>= 1``).
+      max_n: static largest n-gram to match.
+    """
+    b, c = context.shape
+    idx = jnp.arange(c)
+    run = jnp.zeros((b, c), jnp.int32)  # run[e]: matched suffix length of a window ending at e
+    alive = jnp.ones((b, c), bool)
+    for t in range(max_n):
+        at = length - 1 - t
+        suffix = jnp.where(at >= 0, jnp.take_along_axis(context, jnp.clip(at, 0, c - 1)[:, None], 1)[:, 0], -1)
+        shifted = jnp.pad(context, ((0, 0), (t, 0)), constant_values=-1)[:, :c]  # context[e - t]
+        alive = alive & (shifted == suffix[:, None]) & (shifted >= 0)
+        run = run + alive
+    run = jnp.where(idx[None] <= (length - 2)[:, None], run, 0)  # a continuation must exist
+    best = jnp.max(run, axis=-1)
+    end = jnp.argmax(run == best[:, None], axis=-1)  # earliest window of the longest match
+    start = end + 1
+    take = start[:, None] + jnp.arange(k)
+    drafts = jnp.take_along_axis(context, jnp.clip(take, 0, c - 1), axis=1)
+    ok = (take < length[:, None]) & (drafts >= 0)
+    count = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
+    count = jnp.where((best >= jnp.maximum(min_n, 1)) & (best > 0), count, 0).astype(jnp.int32)
+    return jnp.where(jnp.arange(k) < count[:, None], drafts, 0).astype(jnp.int32), count
+
+
+class LookupState(NamedTuple):
+    last: Array  # int32[B]: newest token, at position prompt_length - 1 + generated; not yet fed
+    cache: Any
+    sampler: SamplerState
+    prompt_lengths: Array  # int32[B]
+    context: Array  # int32[B, C]: source, prompt and generated tokens (-1 = none)
+    context_length: Array  # int32[B]
+    out: Tracker
+    drafted: Array  # int32[B]
+    accepted: Array  # int32[B]
+
+
+def _step(model, sampler, cfg: Config, k, max_n, params, sparams, min_n, stops: Stops, state):
+    out = state.out
+    b = state.last.shape[0]
+    active = ~out.done
+    pos = state.prompt_lengths - 1 + out.length
+
+    drafts, count = propose(state.context, state.context_length, k, min_n, max_n)
+    count = jnp.where(active, count, 0)
+    tokens = jnp.concatenate([state.last[:, None], drafts], axis=1)
+    positions = jnp.where(active[:, None], pos[:, None] + jnp.arange(k + 1), -1)
+    t = model.apply_step(params, tokens, positions, state.cache)
+
+    def verify_one(sst, xs):  # plain decoding's step at every position, the drafts fed as its tokens
+        logits, nxt, j = xs
+        x = _stopping.mask_eos(logits.astype(jnp.float32), stops, out.length + j)
+        proc, sst = sampler.process(x, sst, sparams)
+        tok, sst = sampler.select(proc, sst, sparams)
+        return sampler.accept(nxt, sst, sparams, active), (tok, sst)
+
+    nexts = jnp.concatenate([drafts.T, jnp.zeros((1, b), jnp.int32)], axis=0)  # the last one is never used
+    xs = (jnp.swapaxes(t.logits, 0, 1), nexts, jnp.arange(k + 1))
+    _, (chosen, states) = lax.scan(verify_one, state.sampler, xs)  # chosen int32[k + 1, B]
+
+    ok = (jnp.arange(k)[:, None] < count[None]) & (chosen[:k] == drafts.T)  # [k, B]
+    n_ok = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=0), axis=0)  # [B] in 0..count
+    final = jnp.take_along_axis(chosen, n_ok[None], axis=0)[0]
+    selected = _pick(states, n_ok)
+    new_sampler = where_rows(active, sampler.accept(final, selected, sparams, active), state.sampler)
+
+    new_out = out
+    emitted = []
+    for j in range(k + 1):
+        tok = jnp.where(j < n_ok, drafts[:, min(j, k - 1)], final)
+        emitted.append(tok)
+        new_out = _stopping.push(new_out, stops, jnp.where(active, tok, cfg.pad_id), active & (j <= n_ok))
+    emitted = jnp.stack(emitted, axis=1)  # [B, k + 1]
+    c = state.context.shape[1]
+    col = state.context_length[:, None] + jnp.arange(k + 1)
+    col = jnp.where(active[:, None] & (jnp.arange(k + 1) <= n_ok[:, None]), col, c)  # out of range -> dropped
+    context = state.context.at[jnp.arange(b)[:, None], col].set(emitted, mode="drop")
+    return LookupState(
+        jnp.where(active, final, state.last),
+        t.cache,
+        new_sampler,
+        state.prompt_lengths,
+        context,
+        state.context_length + jnp.where(active, n_ok + 1, 0),
+        new_out,
+        state.drafted + count,
+        state.accepted + jnp.where(active, n_ok, 0),
+    )
+
+
+def _decode(model, sampler, cfg, k, max_n, params, prompt, lengths, source, cache, sparams, min_n, stops):
+    b, p = prompt.shape
+    if cache is None:
+        cache = model.init_cache(b, cfg.cache_len)
+    tokens, positions = prompt_positions(prompt, lengths - 1)  # everything but the last prompt token
+    t = model.apply_step(params, tokens, positions, cache)
+    cache, v = t.cache, t.logits.shape[-1]
+    last = jnp.take_along_axis(prompt, (lengths - 1)[:, None], axis=1)[:, 0]
+    history = jnp.where(jnp.arange(p) < lengths[:, None], prompt, -1)
+    sst = sampler.init(sparams, vocab_size=v, prompt=history, history_size=cfg.history_size)
+    # context: [source | -1 | prompt (left-aligned) | room for the generation]
+    s = source.shape[1]
+    room = jnp.full((b, cfg.max_tokens + k + 1), -1, jnp.int32)
+    context = jnp.concatenate([source, jnp.full((b, 1), -1, jnp.int32), history, room], axis=1)
+    zeros = jnp.zeros((b,), jnp.int32)
+    out = _stopping.tracker(stops, cfg.max_tokens, cfg.pad_id, None)
+    state = LookupState(last, cache, sst, lengths, context, s + 1 + lengths, out, zeros, zeros)
+    body = functools.partial(_step, model, sampler, cfg, k, max_n, params, sparams, min_n, stops)
+    state = lax.while_loop(lambda st: ~jnp.all(st.out.done), body, state)
+    o = state.out
+    return SpeculativeOutput(o.tokens, o.length, o.reason, state.drafted, state.accepted)
+
+
+_decode_jit = jax.jit(_decode, static_argnums=(0, 1, 2, 3, 4))
+
+
+def prompt_lookup_generate(
+    model: Model,
+    params: Any,
+    prompt: ArrayLike,
+    prompt_lengths: ArrayLike | None = None,
+    *,
+    num_draft_tokens: int = 10,
+    prompt_lookup_max: int = 2,
+    prompt_lookup_min: ArrayLike = 1,
+    source: ArrayLike | None = None,
+    max_new_tokens: ArrayLike,
+    max_tokens: int | None = None,
+    sampler: Sampler | None = None,
+    sampler_params: Mapping[str, ArrayLike] | None = None,
+    eos_ids: ArrayLike | None = None,
+    stop_sequences=None,
+    min_new_tokens: ArrayLike = 0,
+    pad_id: int = 0,
+    cache: Any = None,
+    history_size: int | None = None,
+    repetition_detection=None,
+) -> SpeculativeOutput:
+    """Generates with ``model``'s sampler, verifying up to ``num_draft_tokens`` n-gram drafts per call.
+
+    The defaults are HF's (``prompt_lookup_num_tokens=10``, ``max_matching_ngram_size=2``,
+    n-grams down to 1); vLLM's ``ngram`` method is ``num_draft_tokens=num_speculative_tokens``,
+    ``prompt_lookup_max``, ``prompt_lookup_min``.
+
+    Args:
+      model, params: the target model (a :class:`~jaxsample.decoding.Model`).
+      num_draft_tokens: static ``k >= 1`` draft slots per iteration.
+      prompt_lookup_max: static largest n-gram matched (``>= 1``).
+      prompt_lookup_min: smallest n-gram matched, int or ``int[B]`` (traced, ``1..prompt_lookup_max``).
+      source: optional ``int[B, S]`` tokens searched before the prompt (``-1`` padding), e.g. the
+        encoder input of an encoder-decoder model, whose output copies it.
+      cache: a prebuilt cache holding ``P + N + k + 1`` positions (default ``model.init_cache``).
+      repetition_detection: vLLM's repetition stop rule (see :func:`~jaxsample.decoding.generate`).
+      Other arguments: as :func:`jaxsample.decoding.generate`.
+
+    Returns:
+      :class:`~jaxsample.decoding.SpeculativeOutput` (``num_drafted`` / ``num_accepted`` per row).
+    """
+    k = _validate.static_int(num_draft_tokens, "num_draft_tokens", lo=1)
+    max_n = _validate.static_int(prompt_lookup_max, "prompt_lookup_max", lo=1)
+    req = prepare(
+        model,
+        prompt,
+        prompt_lengths,
+        max_new_tokens=max_new_tokens,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        sampler_params=sampler_params,
+        eos_ids=eos_ids,
+        stop_sequences=stop_sequences,
+        min_new_tokens=min_new_tokens,
+        pad_id=pad_id,
+        cache=cache,
+        logprobs=False,
+        top_logprobs=0,
+        history_size=history_size,
+        extra_positions=k + 1,
+        repetition_detection=repetition_detection,
+    )
+    b = req.prompt.shape[0]
+    _validate.check_range(prompt_lookup_min, "prompt_lookup_min", lo=1, hi=max_n, integer=True)
+    min_n = _validate.row_param(prompt_lookup_min, (b,), "prompt_lookup_min", jnp.int32)
+    if source is None:
+        src = jnp.full((b, 0), -1, jnp.int32)
+    else:
+        src = _validate.check_tokens(source, "source", (b,))
+        if src.ndim != 2:
+            raise ValueError(f"source must have shape [B, S], got {src.shape}")
+        src = jnp.where(src >= 0, src, -1).astype(jnp.int32)
+    return _decode_jit(
+        model, req.sampler, req.cfg, k, max_n, params, req.prompt, req.lengths, src, cache, req.sampler_params,
+        min_n, req.stops,
+    )
