@@ -313,7 +313,7 @@ def _sampler(
     thinking = think_start_token_ids is not None and think_end_token_ids is not None
     if thinking:
         parts.append(stages.reasoning_budget(tuple(think_start_token_ids), tuple(think_end_token_ids)))
-    elif thinking_token_budget is not None:
+    elif thinking_token_budget not in (None, -1):  # -1: no budget (vLLM's "off")
         _check(False, "thinking_token_budget", "needs think_start_token_ids and think_end_token_ids",
                thinking_token_budget)
     if thinking_token_budget is not None:
