@@ -390,7 +390,8 @@ class _NnxInit:
 
 
 def from_nnx(
-    module: Any, *, cached: bool = False, call: Callable | None = None, init_cache: Callable | None = None
+    module: Any, *, cached: bool = False, call: Callable | None = None, init_cache: Callable | None = None,
+    masks: bool | None = None,
 ) -> tuple[DecodingModel, Any]:
     """A Flax NNX module as ``(model, params)`` (``params``: the module's non-cache state).
 
@@ -402,7 +403,8 @@ def from_nnx(
     (:func:`from_shared_index` with ``single_token=True``). ``call(module, tokens, positions,
     attention_mask bool[B, 1, L]) -> logits`` runs the module with the mask (pass it to the attention
     layers as ``mask=attention_mask[:, None]``); without ``call`` the module is called as
-    ``module(tokens)`` and prompts of different lengths are refused. ``init_cache(module,
+    ``module(tokens)``; without a mask (no ``call``, or ``masks=False``) prompts of different lengths
+    are refused. ``init_cache(module,
     batch_size, max_len)`` allocates the caches in place (default: ``init_cache`` of every
     ``nnx.MultiHeadAttention`` in the module).
     """
@@ -420,6 +422,9 @@ def from_nnx(
     if not jax.tree.leaves(template):
         raise ValueError("from_nnx(cached=True): the module has no nnx.Cache variables after init_cache")
     model = from_shared_index(
-        _NnxStep(graphdef, call), _NnxInit(graphdef, init, params, template), masks=call is not None, single_token=True
+        _NnxStep(graphdef, call),
+        _NnxInit(graphdef, init, params, template),
+        masks=call is not None if masks is None else masks,
+        single_token=True,
     )
     return model, params

@@ -51,7 +51,7 @@ from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler, SamplerState
 from jaxsample.decoding import _stopping, sharding
 from jaxsample.decoding._stopping import FinishReason, Stops
-from jaxsample.decoding.loop import Config, prefill, prepare
+from jaxsample.decoding.loop import Config, fill_pad, prefill, prepare
 from jaxsample.decoding.model import Model, repeat_params, repeat_rows, take_rows, where_rows
 from jaxsample.decoding.options import DecodingOptions
 
@@ -398,7 +398,7 @@ def search(model, params, prompt, prompt_lengths, opts: DecodingOptions, *, cach
     )
     if req.cfg.batch_sharding is not None:
         alpha, diversity = sharding.place_rows((alpha, diversity), req.cfg.batch_sharding)
-    return _search_jit(
+    out = _search_jit(
         req.model,
         req.sampler,
         cfg,
@@ -411,6 +411,7 @@ def search(model, params, prompt, prompt_lengths, opts: DecodingOptions, *, cach
         alpha,
         diversity,
     )
+    return fill_pad(out, req.pad_id)
 
 
 def beam_search(

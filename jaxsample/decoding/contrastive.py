@@ -31,7 +31,7 @@ from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler, SamplerState
 from jaxsample.decoding import _stopping, sharding
 from jaxsample.decoding._stopping import Stops, Tracker
-from jaxsample.decoding.loop import GenerateOutput, begin, prefill, prepare
+from jaxsample.decoding.loop import GenerateOutput, begin, fill_pad, prefill, prepare
 from jaxsample.decoding.model import Model, repeat_rows, take_rows
 from jaxsample.decoding.options import DecodingOptions
 
@@ -116,7 +116,7 @@ def search(model, params, prompt, prompt_lengths, opts: DecodingOptions, *, cach
     alpha = jnp.clip(
         _validate.param(opts.penalty_alpha, (req.prompt.shape[0],), "penalty_alpha", lo=0.0, hi=1.0), 0.0, 1.0
     )
-    return _search_jit(
+    out = _search_jit(
         req.model,
         req.sampler,
         req.cfg,
@@ -129,6 +129,7 @@ def search(model, params, prompt, prompt_lengths, opts: DecodingOptions, *, cach
         req.stops,
         sharding.place_rows(alpha, req.cfg.batch_sharding),
     )
+    return fill_pad(out, req.pad_id)
 
 
 def contrastive_search(

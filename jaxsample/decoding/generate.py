@@ -49,8 +49,9 @@ def generate_tokens(model, params, prompt, prompt_lengths, opts: DecodingOptions
                     attention_mask=None, mesh=None) -> GenerateOutput:
     """Greedy / sampled generation from validated options (the ``generate`` strategy)."""
     req = loop.prepare(model, params, prompt, prompt_lengths, opts, cache=cache, attention_mask=attention_mask, mesh=mesh)
-    return loop.decode(req.model, req.sampler, req.cfg, 1, replicate(params, req.cfg.batch_sharding), req.prompt,
-                       req.lengths, req.cache, req.sampler_params, req.stops)
+    out = loop.decode(req.model, req.sampler, req.cfg, 1, replicate(params, req.cfg.batch_sharding), req.prompt,
+                      req.lengths, req.cache, req.sampler_params, req.stops)
+    return loop.fill_pad(out, req.pad_id)
 
 
 def generate(

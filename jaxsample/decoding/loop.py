@@ -47,11 +47,16 @@ class GenerateOutput(NamedTuple):
     logprobs: Logprobs | None  # when requested
 
 
+#: What the loops write after a row has finished; outputs map it to the request's ``pad_id`` on the way
+#: out (:func:`fill_pad`), so a new ``pad_id`` never recompiles.
+INTERNAL_PAD = -1
+
+
 class Config(NamedTuple):
     """Static decode configuration (part of the jit cache key)."""
 
     max_tokens: int  # output width N
-    pad_id: int
+    pad_id: int  # always INTERNAL_PAD inside the loops
     top_logprobs: int | None  # None: no log-probs; n >= 0: log-probs with top-n
     history_size: int | None  # sampler ring size (None: what the chain declares)
     cache_len: int  # positions the cache must hold (used when the cache is built here)
@@ -154,6 +159,14 @@ class Request(NamedTuple):
     sampler_params: dict
     stops: Stops
     cache: Any
+    pad_id: int  # the caller's pad id (see fill_pad)
+
+
+def fill_pad(out: Any, pad_id: int) -> Any:
+    """``out`` with the internal padding of its ``tokens`` replaced by ``pad_id`` (outside ``jit``: no recompile)."""
+    if pad_id == INTERNAL_PAD:
+        return out
+    return out._replace(tokens=jnp.where(out.tokens == INTERNAL_PAD, jnp.int32(pad_id), out.tokens))
 
 
 def prepare(
@@ -206,11 +219,11 @@ def prepare(
     adapters.check_model(model, params, prompt, cache, cache_len, name)
     cfg = Config(
         max_tokens=n,
-        pad_id=opts.pad_id,
+        pad_id=INTERNAL_PAD,
         top_logprobs=top if (opts.logprobs or top) else None,
         history_size=_request.history_size(sampler, opts.history_size, cache_len),
         cache_len=cache_len,
         batch_sharding=sharding.batch_sharding(mesh, b),
     )
-    req = Request(model, cfg, sampler, prompt, lengths, sparams, stops, cache)
+    req = Request(model, cfg, sampler, prompt, lengths, sparams, stops, cache, opts.pad_id)
     return sharding.place(req) if mesh is not None else req

@@ -29,7 +29,7 @@ from jaxsample import _validate
 from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler
 from jaxsample.decoding import sharding
-from jaxsample.decoding.loop import prepare, run
+from jaxsample.decoding.loop import fill_pad, prepare, run
 from jaxsample.decoding.model import Model, repeat_params, repeat_rows
 from jaxsample.decoding.options import DecodingOptions
 
@@ -80,7 +80,7 @@ def rank(model, params, prompt, prompt_lengths, opts: DecodingOptions, *, cache=
     rows["seed"] = rows["seed"] + jnp.tile(jnp.arange(best_of, dtype=jnp.int32), b)
     stops = repeat_rows(req.stops, best_of)
     s = req.cfg.batch_sharding
-    return _rank_jit(
+    out = _rank_jit(
         req.model,
         req.sampler,
         req.cfg,
@@ -95,6 +95,7 @@ def rank(model, params, prompt, prompt_lengths, opts: DecodingOptions, *, cache=
         stops,
         sharding.place_rows(alpha, s),
     )
+    return fill_pad(out, req.pad_id)
 
 
 def sample_and_rank(

@@ -46,7 +46,7 @@ from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler, SamplerState
 from jaxsample.decoding import _request, _stopping, adapters, sharding
 from jaxsample.decoding._stopping import Stops, Tracker
-from jaxsample.decoding.loop import Config, prepare
+from jaxsample.decoding.loop import Config, fill_pad, prepare
 from jaxsample.decoding.model import prompt_positions, where_rows
 from jaxsample.decoding.options import DecodingOptions
 
@@ -289,7 +289,7 @@ def speculate(
     if draft_sampler.history_size() == -1 and cfg.history_size is None:
         cfg = cfg._replace(history_size=cfg.cache_len)
     s = cfg.batch_sharding
-    return _decode_jit(
+    out = _decode_jit(
         req.model,
         draft,
         req.sampler,
@@ -306,6 +306,7 @@ def speculate(
         sharding.place_rows(dsparams, s),
         req.stops,
     )
+    return fill_pad(out, req.pad_id)
 
 
 def speculative_generate(

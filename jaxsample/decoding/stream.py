@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxsample._types import ArrayLike
 from jaxsample.decoding import sharding
-from jaxsample.decoding.loop import DecodeState, prepare, start, step
+from jaxsample.decoding.loop import INTERNAL_PAD, DecodeState, prepare, start, step
 
 
 class StreamChunk(NamedTuple):
@@ -82,6 +82,7 @@ def stream(
         state, token, emitted, reason, done = _step(
             req.model, req.sampler, req.cfg, params, req.sampler_params, req.stops, state
         )
-        yield StreamChunk(np.asarray(token), np.asarray(emitted), np.asarray(reason))
+        token = np.asarray(token)
+        yield StreamChunk(np.where(token == INTERNAL_PAD, req.pad_id, token), np.asarray(emitted), np.asarray(reason))
         if bool(done):
             return
