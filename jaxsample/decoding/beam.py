@@ -364,8 +364,10 @@ def _search(
         empty,
         lengths,
     )
-    body = functools.partial(_step, model, sampler, cfg, params, rows_params, stops, alpha, diversity)
-    state = lax.while_loop(lambda st: ~jnp.all(st.done), body, state)
+    step = functools.partial(_step, model, sampler, cfg, params, rows_params, stops, alpha, diversity)
+    # prompt-leading ([B, ...]) and row-leading ([B * K, ...]) leaves both split along the batch
+    keep = lambda st: sharding.constrain(sharding.constrain(st, dc.batch_sharding, b), dc.batch_sharding, b * k)  # noqa: E731
+    state = lax.while_loop(lambda st: ~jnp.all(st.done), lambda st: keep(step(st)), keep(state))
     fin = state.finished
     scores, j = lax.top_k(fin.scores, cfg.num_return)
     pick = lambda x: jnp.take_along_axis(x, j.reshape(j.shape + (1,) * (x.ndim - 2)), axis=1)  # noqa: E731

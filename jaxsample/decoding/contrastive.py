@@ -98,8 +98,9 @@ def _search(model, sampler, cfg, k, params, prompt, lengths, cache, sparams, sto
     context = jnp.zeros((b, p + cfg.max_tokens, d), jnp.float32).at[:, :p].set(hidden.astype(jnp.float32))
     valid = jnp.arange(p + cfg.max_tokens) < lengths[:, None]
     state = ContrastiveState(*base, context, valid)
-    body = functools.partial(_step, model, sampler, cfg, k, params, sparams, stops, alpha)
-    state = lax.while_loop(lambda s: ~jnp.all(s.out.done), body, state)
+    step = functools.partial(_step, model, sampler, cfg, k, params, sparams, stops, alpha)
+    keep = lambda s: sharding.constrain(sharding.constrain(s, cfg.batch_sharding, b), cfg.batch_sharding, b * k)  # noqa: E731
+    state = lax.while_loop(lambda s: ~jnp.all(s.out.done), lambda s: keep(step(s)), keep(state))
     o = state.out
     return GenerateOutput(o.tokens, o.length, o.reason, o.logprobs)
 

@@ -140,7 +140,12 @@ def finish(state: DecodeState) -> GenerateOutput:
 def run(model, sampler, cfg, expand, params, prompt, lengths, cache, sparams, stops) -> GenerateOutput:
     """The whole decode: :func:`start`, a ``while_loop`` of :func:`step`, :func:`finish`."""
     state = start(model, sampler, cfg, params, prompt, lengths, cache, sparams, stops, expand)
-    body = functools.partial(step, model, sampler, cfg, params, sparams, stops)
+    rows = state.prompt_lengths.shape[0]
+    state = sharding.constrain(state, cfg.batch_sharding, rows)
+
+    def body(s):
+        return sharding.constrain(step(model, sampler, cfg, params, sparams, stops, s), cfg.batch_sharding, rows)
+
     state = lax.while_loop(lambda s: ~jnp.all(s.out.done), body, state)
     return finish(state)
 

@@ -41,11 +41,21 @@ def batch_sharding(mesh: Mesh | None, batch: int) -> NamedSharding | None:
     return NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
 
 
-def constrain(tree: Any, sharding: NamedSharding | None) -> Any:
-    """``with_sharding_constraint`` of every batch-leading leaf (inside ``jit``); identity without a mesh."""
+def constrain(tree: Any, sharding: NamedSharding | None, batch: int | None = None) -> Any:
+    """``with_sharding_constraint`` of every leaf (with ``batch``: of leaves whose leading axis has that size).
+
+    Inside ``jit``; identity without a mesh. Applied to the loop state on entry and after each step,
+    so that XLA keeps the whole loop partitioned along the batch.
+    """
     if sharding is None:
         return tree
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding) if x.ndim else x, tree)
+
+    def one(x):
+        if x.ndim == 0 or (batch is not None and x.shape[0] != batch):
+            return x
+        return jax.lax.with_sharding_constraint(x, sharding)
+
+    return jax.tree.map(one, tree)
 
 
 def _put(tree: Any, sharding: NamedSharding) -> Any:
