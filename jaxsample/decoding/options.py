@@ -115,7 +115,10 @@ class DecodingOptions:
         if self.top_k is not None:
             _validate.static_int(self.top_k, "top_k", lo=1)
         if self.penalty_alpha is not None:
-            _validate.check_range(self.penalty_alpha, "penalty_alpha", lo=0.0, hi=1.0)
+            try:
+                _validate.check_range(self.penalty_alpha, "penalty_alpha", lo=0.0, hi=1.0)
+            except ValueError:
+                raise ValueError(f"penalty_alpha must be in [0, 1], got {self.penalty_alpha}") from None
         n = _validate.static_int(self.n, "n", lo=1)
         if self.best_of is not None and _validate.static_int(self.best_of, "best_of", lo=1) < n:
             raise ValueError(f"best_of ({self.best_of}) must be >= n ({n})")

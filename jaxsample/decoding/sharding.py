@@ -23,7 +23,9 @@ def find_mesh(mesh: Any, prompt: Any) -> Mesh | None:
         if not isinstance(mesh, Mesh):
             raise ValueError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
         return mesh
-    found = getattr(prompt, "sharding", None)
+    if not isinstance(prompt, jax.Array) or isinstance(prompt, jax.core.Tracer):
+        return None
+    found = prompt.sharding
     if isinstance(found, NamedSharding) and found.mesh.size > 1:
         return found.mesh
     return None
