@@ -74,7 +74,7 @@ def test_function_and_gemma_adapters_decode_like_each_other_with_ragged_prompts(
 def test_shared_index_ragged_batch_equals_rows_alone():
     kw = dict(max_new_tokens=5)
     batch = _rows(generate(GEMMA, PARAMS, RAGGED, **kw))
-    alone = [_rows(generate(GEMMA, PARAMS, [p], **kw))[0] for p in ([1, 2, 3], [4], [5, 6])]
+    alone = [_rows(generate(GEMMA, PARAMS, [p], **kw))[0] for p in ([1, 2, 3], [4, -1, -1], [5, 6, -1])]
     assert batch == alone
 
 

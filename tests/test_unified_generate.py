@@ -44,13 +44,15 @@ ALONE = [[3, 4], [5, 6, 7, 8], [2, 9, 1]]
 
 def test_left_padded_batch_equals_each_row_alone_greedy_and_beam():
     kw = dict(max_new_tokens=4, eos_ids=0)
-    alone = [_rows(generate(NET.model, NET_PARAMS, [p], **kw))[0] for p in ALONE]
+    # each row alone: batch 1, right-padded to the same width (one compilation for the three rows)
+    solo = [[p + [-1] * (4 - len(p))] for p in ALONE]
+    alone = [_rows(generate(NET.model, NET_PARAMS, p, **kw))[0] for p in solo]
     assert _rows(generate(NET.model, NET_PARAMS, LEFT, **kw)) == alone
     hf_ids = np.where(LEFT < 0, 0, LEFT)  # HF: pad id 0 under an attention mask
     assert _rows(generate(NET.model, NET_PARAMS, hf_ids, attention_mask=LEFT >= 0, **kw)) == alone
     beams = beam_search(NET.model, NET_PARAMS, hf_ids, attention_mask=(LEFT >= 0).astype(int), num_beams=3, **kw)
-    for b, p in enumerate(ALONE):
-        one = beam_search(NET.model, NET_PARAMS, [p], num_beams=3, **kw)
+    for b, p in enumerate(solo):
+        one = beam_search(NET.model, NET_PARAMS, p, num_beams=3, **kw)
         np.testing.assert_array_equal(beams.tokens[b], one.tokens[0])
         np.testing.assert_allclose(beams.scores[b], one.scores[0], rtol=1e-5)
 
@@ -70,6 +72,14 @@ def test_left_padded_batch_equals_each_row_alone_greedy_and_beam():
 def test_ambiguous_padding_is_a_value_error(prompt, mask, match):
     with pytest.raises(ValueError, match=match):
         generate(BIGRAM, TABLE, prompt, attention_mask=mask, max_new_tokens=2)
+
+
+def test_explicit_pad_id_leading_some_rows_without_a_mask_is_ambiguous():
+    with pytest.raises(ValueError, match="row 0 starts with pad_id=0"):
+        generate(BIGRAM, TABLE, [[0, 0, 3], [4, 5, 6]], pad_id=0, max_new_tokens=2)
+    ok = generate(BIGRAM, TABLE, [[0, 0, 3], [4, 5, 6]], pad_id=0, attention_mask=[[0, 0, 1], [1, 1, 1]], max_new_tokens=2)
+    assert _rows(ok) == [_rows(generate(BIGRAM, TABLE, [[3]], max_new_tokens=2))[0],
+                         _rows(generate(BIGRAM, TABLE, [[4, 5, 6]], max_new_tokens=2))[0]]
 
 
 def test_prompt_lengths_and_attention_mask_are_exclusive():

@@ -62,6 +62,26 @@ def prompt_inputs(
     return jnp.where(t < lengths[:, None], shifted, -1), jnp.clip(lengths, 1, p)
 
 
+def check_pad_prefix(prompt: ArrayLike, pad_id: int) -> None:
+    """HF's ambiguous case: rows starting with the explicit ``pad_id`` and no ``attention_mask``.
+
+    Some rows starting with ``pad_id`` while others do not looks like left padding with a pad id
+    that is also a token; decoding it as tokens would silently change those rows' continuations.
+    """
+    if pad_id < 0 or not _validate.is_concrete(prompt):
+        return
+    p = np.asarray(prompt)
+    if p.ndim != 2 or p.shape[1] < 2:
+        return
+    starts = p[:, 0] == pad_id
+    if starts.any() and not starts.all():
+        b = int(np.flatnonzero(starts)[0])
+        raise ValueError(
+            f"prompt row {b} starts with pad_id={pad_id} and no attention_mask was given: if that is left "
+            "padding, pass attention_mask (HF) or pad with -1; if it is a token, pass attention_mask of ones"
+        )
+
+
 def _check_contiguous(valid: np.ndarray, what: str) -> None:
     """Each row's tokens must form one run: padding on the left or on the right, not both, not inside."""
     for b, row in enumerate(valid):

@@ -201,6 +201,8 @@ def prepare(
             f"pass a cache (encoder-decoder models: model.encode(...)) or a {name} with init_cache"
         )
     mesh = sharding.find_mesh(mesh, prompt)
+    if opts.pad_id is not None and attention_mask is None and prompt_lengths is None:
+        _request.check_pad_prefix(prompt, opts.pad_id)
     prompt, lengths = _request.prompt_inputs(prompt, prompt_lengths, attention_mask)
     b, p = prompt.shape
     stops, n = _stopping.stops(
@@ -230,5 +232,5 @@ def prepare(
         cache_len=cache_len,
         batch_sharding=sharding.batch_sharding(mesh, b),
     )
-    req = Request(model, cfg, sampler, prompt, lengths, sparams, stops, cache, opts.pad_id)
+    req = Request(model, cfg, sampler, prompt, lengths, sparams, stops, cache, 0 if opts.pad_id is None else opts.pad_id)
     return sharding.place(req) if mesh is not None else req

@@ -41,7 +41,9 @@ class DecodingOptions:
       eos_ids: an id, a list, ``int[E]`` or ``int[B, E]`` (``-1`` = unused slot).
       stop_sequences: list of token-id lists, or ``int[S, L]`` / ``int[B, S, L]`` right-aligned.
       min_new_tokens: int or ``int[B]``: EOS masked and no stop rule before this many tokens.
-      pad_id: token written after a row has finished (static).
+      pad_id: token written after a row has finished (default 0; a new value never recompiles). Given
+        explicitly (HF ``pad_token_id``), a prompt whose rows start with it without an
+        ``attention_mask`` is ambiguous (left padding or tokens?) and raises ``ValueError``.
       logprobs, top_logprobs: return chosen-token log-probs (and the static top-``n``).
     Sampling:
       sampler, sampler_params: a :class:`jaxsample.Sampler` chain and its per-row values.
@@ -62,7 +64,7 @@ class DecodingOptions:
     eos_ids: Any = None
     stop_sequences: Any = None
     min_new_tokens: Any = 0
-    pad_id: int = 0
+    pad_id: int | None = None
     logprobs: bool = False
     top_logprobs: int = 0
     sampler: Sampler | None = None
@@ -86,7 +88,8 @@ class DecodingOptions:
     def __post_init__(self):
         if self.max_new_tokens is None:
             raise ValueError("max_new_tokens is required")
-        _validate.static_int(self.pad_id, "pad_id")
+        if self.pad_id is not None:
+            _validate.static_int(self.pad_id, "pad_id")
         _validate.static_int(self.top_logprobs, "top_logprobs", lo=0)
         if self.max_tokens is not None:
             _validate.static_int(self.max_tokens, "max_tokens", lo=0)
