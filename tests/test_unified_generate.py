@@ -147,6 +147,8 @@ def test_hf_mapping_errors_name_the_option():
         DecodingOptions(max_new_tokens=2, top_k=5).strategy()
     with pytest.raises(ValueError, match="do_sample"):
         DecodingOptions(max_new_tokens=2, num_return_sequences=2).strategy()
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        beam_search(BIGRAM, TABLE, [[1]], num_beams=1, num_return_sequences=2, max_new_tokens=2)
     opts = DecodingOptions(max_new_tokens=2, num_beams=2)
     assert generate(BIGRAM, TABLE, [[1]], options=opts, num_return_sequences=2).tokens.shape == (1, 2, 2)
 

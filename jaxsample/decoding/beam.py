@@ -383,6 +383,8 @@ _search_jit = jax.jit(_search, static_argnums=(0, 1, 2))
 def search(model, params, prompt, prompt_lengths, opts: DecodingOptions, *, cache=None, attention_mask=None,
            mesh=None) -> BeamOutput:
     """Beam search from validated options (``num_beams``, groups, ``do_sample`` ...; see :func:`beam_search`)."""
+    if opts.num_return_sequences > opts.num_beams:
+        raise ValueError(f"num_return_sequences ({opts.num_return_sequences}) must be <= num_beams ({opts.num_beams})")
     req = prepare(model, params, prompt, prompt_lengths, opts.replace(logprobs=False, top_logprobs=0), cache=cache,
                   attention_mask=attention_mask, mesh=mesh)
     b = req.prompt.shape[0]

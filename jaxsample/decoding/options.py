@@ -54,7 +54,7 @@ class DecodingOptions:
     Beams (``num_beams > 1``):
       num_beams, num_beam_groups, diversity_penalty, length_penalty (``None``: 1.0 for beams, 0.0
       for ranking), early_stopping, num_return_sequences, length_normalization (``"hf"`` | ``"gnmt"``).
-    Contrastive search (``penalty_alpha > 0`` and ``top_k > 1``): top_k (static), penalty_alpha.
+    Contrastive search (both given): top_k (static candidate count), penalty_alpha (traced, ``[0, 1]``).
     Sample-and-rank (``best_of > n`` or ``n > 1``): n, best_of, rank_by (``"raw"`` | ``"processed"``).
     Speculative decoding: num_draft_tokens (static, with a draft model given to ``generate``).
     """
@@ -142,8 +142,8 @@ class DecodingOptions:
         """The strategy HF / vLLM would run for these options (one of :data:`STRATEGIES`).
 
         ``num_beams > 1``: beam search (beam sampling with ``do_sample``, diverse beam search with
-        groups); ``penalty_alpha > 0`` and ``top_k > 1``: contrastive search; ``n > 1`` or
-        ``best_of > n``: sample-and-rank; a draft model: speculative decoding; otherwise
+        groups); ``penalty_alpha`` and ``top_k`` (its static candidate count): contrastive search;
+        ``n > 1``, ``best_of > n`` or (HF) ``do_sample`` with ``num_return_sequences > 1``: sample-and-rank; a draft model: speculative decoding; otherwise
         ``generate`` (``num_beams=1`` is greedy unless ``do_sample`` or the sampler says otherwise).
         """
         if draft:
