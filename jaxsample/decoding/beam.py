@@ -40,7 +40,7 @@ group is done once full and unable to improve (judged on the best candidate scor
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

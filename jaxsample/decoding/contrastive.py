@@ -20,7 +20,7 @@ cache row and its logits for the next step. Stopping rules, log-probs and output
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,11 +28,11 @@ from jax import lax
 
 from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
-from jaxsample.chain import Sampler, SamplerState
+from jaxsample.chain import SamplerState
 from jaxsample.decoding import _stopping, sharding
 from jaxsample.decoding._stopping import Stops, Tracker
 from jaxsample.decoding.loop import GenerateOutput, begin, fill_pad, prefill, prepare
-from jaxsample.decoding.model import Model, repeat_rows, take_rows
+from jaxsample.decoding.model import repeat_rows, take_rows
 from jaxsample.decoding.options import DecodingOptions
 
 

@@ -21,8 +21,7 @@ identical tokens; beam, contrastive and speculative decoding reuse :func:`prepar
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

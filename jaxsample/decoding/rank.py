@@ -19,7 +19,7 @@ Everything, the ranking included, is one ``jax.jit``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,10 +27,9 @@ from jax import lax
 
 from jaxsample import _validate
 from jaxsample._types import Array, ArrayLike
-from jaxsample.chain import Sampler
 from jaxsample.decoding import sharding
 from jaxsample.decoding.loop import fill_pad, prepare, run
-from jaxsample.decoding.model import Model, repeat_params, repeat_rows
+from jaxsample.decoding.model import repeat_params, repeat_rows
 from jaxsample.decoding.options import DecodingOptions
 
 

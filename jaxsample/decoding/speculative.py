@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxsample import _math, _noise, _validate, selection
+from jaxsample import _math, _noise, selection
 from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler, SamplerState
 from jaxsample.decoding import _request, _stopping, adapters, sharding
