@@ -16,7 +16,7 @@ from jaxsample import structured as st
 from jaxsample.decoding import BIGRAM, FinishReason, generate
 from tests._structured_vocab import bpe_vocab
 
-generate_module = importlib.import_module("jaxsample.decoding.generate")  # the package exports the function
+generate_module = importlib.import_module("jaxsample.decoding.loop")  # the compiled loop kernel of generate
 
 V = 1216  # logits wider than the 1200-token tokenizer: padded columns
 EOS = (0, 2)

@@ -1,10 +1,17 @@
 """Decoding strategies over any model with a KV cache, each one ``jax.jit``-compiled loop.
 
-The model protocol is :class:`Model` (``apply_step(params, tokens, positions, cache) -> StepOutput``
-and ``init_cache(batch_size, max_len)``); see :mod:`jaxsample.decoding.model`. Strategies:
+The model protocol is :class:`DecodingModel` (first named ``Model``: ``apply_step(params, tokens,
+positions, cache) -> StepOutput`` and ``init_cache(batch_size, max_len)``); see
+:mod:`jaxsample.decoding.model`. Every strategy also takes ``jaxsample.models`` models directly and
+the adapters of :mod:`jaxsample.decoding.adapters` (plain logits functions, Flax NNX modules,
+Gemma-style calls, shared-index caches). Options live in one validated
+:class:`~jaxsample.decoding.options.DecodingOptions`; the shared loop kernel is
+:mod:`jaxsample.decoding.loop`. Strategies:
 
-* :func:`generate` (greedy or any :class:`jaxsample.Sampler` chain) and :func:`stream` (the same
-  step, jitted with a donated state and driven from Python);
+* :func:`generate`: the one entry point (HF ``generate`` semantics: ``num_beams``, ``do_sample``,
+  ``num_beam_groups``, ``penalty_alpha`` / ``top_k``, ``n`` / ``best_of``, a draft model pick the
+  strategy below; alone it is greedy or any :class:`jaxsample.Sampler` chain); :func:`stream` (the
+  same step, jitted with a donated state and driven from Python);
 * :func:`beam_search`, :func:`beam_sample`, :func:`group_beam_search` (HuggingFace semantics);
 * :func:`constrained_beam_search` (HF ``force_words_ids`` / ``constraints``);
 * :func:`sample_and_rank` (``n`` / ``best_of``);
@@ -21,15 +28,18 @@ for tests and benchmarks.
 """
 
 from jaxsample.decoding._stopping import FinishReason, Logprobs
+from jaxsample.decoding.adapters import as_model, from_function, from_gemma, from_nnx, from_shared_index
 from jaxsample.decoding.beam import BeamOutput, beam_sample, beam_search, group_beam_search
 from jaxsample.decoding.constrained import constrained_beam_search
 from jaxsample.decoding.constraints import Constraint
 from jaxsample.decoding.contrastive import contrastive_search
 from jaxsample.decoding.dispatch import DecodeRequest, run_request
 from jaxsample.decoding.dola import dola_generate
-from jaxsample.decoding.generate import GenerateOutput, generate
+from jaxsample.decoding.generate import generate
 from jaxsample.decoding.lookup import prompt_lookup_generate
-from jaxsample.decoding.model import BIGRAM, EarlyExit, Model, StepOutput
+from jaxsample.decoding.loop import GenerateOutput
+from jaxsample.decoding.model import BIGRAM, DecodingModel, EarlyExit, Model, StepOutput
+from jaxsample.decoding.options import DecodingOptions
 from jaxsample.decoding.rank import RankedOutput, sample_and_rank
 from jaxsample.decoding.speculative import SpeculativeOutput, speculative_generate
 from jaxsample.decoding.stream import StreamChunk, stream
@@ -40,6 +50,8 @@ __all__ = sorted([
     "BeamOutput",
     "Constraint",
     "DecodeRequest",
+    "DecodingModel",
+    "DecodingOptions",
     "EarlyExit",
     "FinishReason",
     "GenerateOutput",
@@ -50,11 +62,16 @@ __all__ = sorted([
     "StepOutput",
     "StreamChunk",
     "TinyDecoder",
+    "as_model",
     "beam_sample",
     "beam_search",
     "constrained_beam_search",
     "contrastive_search",
     "dola_generate",
+    "from_function",
+    "from_gemma",
+    "from_nnx",
+    "from_shared_index",
     "generate",
     "group_beam_search",
     "prompt_lookup_generate",

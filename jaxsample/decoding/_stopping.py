@@ -46,20 +46,23 @@ class Stops(NamedTuple):
     repetition: Repetition | None = None  # vLLM repetition detection (None: off, no cost)
 
 
-def repeat(stops: Stops, n: int) -> Stops:
-    """Every row's rules ``n`` times (``[B] -> [B * n]``, row-major); stop-string tables stay shared."""
-    if n == 1:
-        return stops
-    rep = lambda x: jnp.repeat(x, n, axis=0)  # noqa: E731
+def map_rows(stops: Stops, fn) -> Stops:
+    """``fn`` applied to every batch-leading array of ``stops``; shared tables (the stop-string
+    vocabulary tables, repetition's pattern sizes) are left as they are."""
     table = stops.stop_strings
     if table is not None:
-        table = table._replace(target=rep(table.target))
-    eos, seqs, lo, hi = (rep(x) for x in stops[:4])
+        table = table._replace(target=fn(table.target))
     repetition = stops.repetition
     if repetition is not None:
-        repetition = repetition._replace(**{k: rep(getattr(repetition, k)) for k in ("min_size", "max_size",
-                                                                                      "min_count")})
+        repetition = repetition._replace(**{k: fn(getattr(repetition, k)) for k in ("min_size", "max_size",
+                                                                                   "min_count")})
+    eos, seqs, lo, hi = (fn(x) for x in stops[:4])
     return Stops(eos, seqs, lo, hi, table, repetition)
+
+
+def repeat(stops: Stops, n: int) -> Stops:
+    """Every row's rules ``n`` times (``[B] -> [B * n]``, row-major)."""
+    return stops if n == 1 else map_rows(stops, lambda x: jnp.repeat(x, n, axis=0))
 
 
 def stop_hits(window: Array, stops_: Stops, stop_sequences: Array, target_axis: bool = False) -> Array:

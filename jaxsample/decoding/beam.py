@@ -42,7 +42,7 @@ group is done once full and unable to improve (judged on the best candidate scor
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,10 +51,11 @@ from jax import lax
 from jaxsample import _math, _noise, _validate
 from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler, SamplerState
-from jaxsample.decoding import _stopping
+from jaxsample.decoding import _stopping, sharding
 from jaxsample.decoding._stopping import FinishReason, Stops
-from jaxsample.decoding.generate import Config, prefill, prepare
+from jaxsample.decoding.loop import Config, fill_pad, prefill, prepare
 from jaxsample.decoding.model import Model, repeat_params, repeat_rows, take_rows, where_rows
+from jaxsample.decoding.options import DecodingOptions
 
 _BIG = -1.0e9  # HF's "impossible" score (used instead of -inf so that arithmetic matches HF)
 _SAMPLE_SALT = 0x0BEA5A3
@@ -67,6 +68,7 @@ class BeamOutput(NamedTuple):
     lengths: Array  # int32[B, R]
     scores: Array  # float32[B, R]: sum of log-probs / pen(length) (HF ``sequences_scores``)
     finish_reason: Array  # int32[B, R]: FinishReason
+    beam_indices: Array  # int32[B, R, N]: HF ``beam_indices``: the row ``b * K + k`` whose logits chose token t; -1 after
 
 
 class BeamConfig(NamedTuple):
@@ -90,6 +92,7 @@ class Finished(NamedTuple):
     length: Array  # int32[B, S]
     reason: Array  # int32[B, S]
     flag: Array  # bool[B, S]: slot holds a finished hypothesis (HF is_sent_finished)
+    beams: Array  # int32[B, S, N]: beam index (b * K + k) of each token's parent row, -1 after the length
 
 
 class BeamState(NamedTuple):
@@ -99,6 +102,7 @@ class BeamState(NamedTuple):
     sampler: SamplerState  # rows B * K
     run_scores: Array  # float32[B, K]: accumulated processed log-probs of the running beams
     run_tokens: Array  # int32[B, K, N]
+    run_beams: Array  # int32[B, K, N]: beam_indices of the running beams
     finished: Finished  # [B, K] slots, group-major (group g owns slots g*S .. (g+1)*S - 1)
     done: Array  # bool[B, G]: the group of this prompt takes no more hypotheses
     prompt_lengths: Array  # int32[B]
@@ -125,12 +129,14 @@ class _GroupStep(NamedTuple):
     token: Array  # int32[B, S]
     run_scores: Array  # float32[B, S]
     run_tokens: Array  # int32[B, S, N]
+    run_beams: Array  # int32[B, S, N]
     finished: Finished
     done: Array  # bool[B]
 
 
 def _group_step(
-    cfg: BeamConfig, legacy: bool, t, logp, run_scores, run_tokens, fin, stops: Stops, alpha, key, plen
+    cfg: BeamConfig, legacy: bool, t, logp, run_scores, run_tokens, run_beams, row0, fin, stops: Stops, alpha, key,
+    plen,
 ):
     """One beam step of one group: ``logp [B, S, V]`` processed log-probs of its running beams."""
     b, s, v = logp.shape
@@ -146,6 +152,8 @@ def _group_step(
     parent, token = idx // v, (idx % v).astype(jnp.int32)
     seqs = jnp.take_along_axis(run_tokens, parent[..., None], axis=1)
     seqs = jnp.where(jnp.arange(n) == t, token[..., None], seqs)  # [B, C, N]
+    beams = jnp.take_along_axis(run_beams, parent[..., None], axis=1)
+    beams = jnp.where(jnp.arange(n) == t, (row0[:, None] + parent)[..., None], beams)  # [B, C, N]
 
     gen = t + 1
     may_stop = (gen >= stops.min_new_tokens)[:, None]
@@ -169,7 +177,7 @@ def _group_step(
         _, j = lax.top_k(jnp.where(terminal, -jnp.inf, cand), s)
         new_scores = jnp.take_along_axis(cand, j, axis=1)
         add = terminal & first
-        fin = _merge(fin, Finished(jnp.where(add, cand / pen_now, -jnp.inf), seqs, gen_c, reason, add))
+        fin = _merge(fin, Finished(jnp.where(add, cand / pen_now, -jnp.inf), seqs, gen_c, reason, add, beams))
         best = cand[:, 0] if key is None else jnp.max(cand, axis=1)
     else:
         hits = terminal | at_last
@@ -177,7 +185,7 @@ def _group_step(
         new_scores, j = lax.top_k(masked, s)
         just = hits & first
         fin = _merge(
-            fin, Finished(cand / pen_now + (~just).astype(jnp.float32) * _BIG, seqs, gen_c, reason, just)
+            fin, Finished(cand / pen_now + (~just).astype(jnp.float32) * _BIG, seqs, gen_c, reason, just, beams)
         )
         best = new_scores[:, 0]
 
@@ -195,6 +203,7 @@ def _group_step(
     new_parent = jnp.take_along_axis(parent, j, axis=1)
     new_token = jnp.take_along_axis(token, j, axis=1)
     new_tokens = jnp.take_along_axis(seqs, j[..., None], axis=1)
+    new_beams = jnp.take_along_axis(beams, j[..., None], axis=1)
     if legacy:  # at max length the running beams of groups still open become hypotheses
         last = at_last & ~done[:, None]
         ended = jnp.broadcast_to(last, (b, s))
@@ -206,12 +215,13 @@ def _group_step(
                 gen_c[:, :s],
                 jnp.full((b, s), int(FinishReason.LENGTH)),
                 ended,
+                new_beams,
             ),
         )
         done = done | at_last[:, 0]
     else:
         done = done | jnp.all(hits, axis=1)
-    return _GroupStep(new_parent.astype(jnp.int32), new_token, new_scores, new_tokens, fin, done)
+    return _GroupStep(new_parent.astype(jnp.int32), new_token, new_scores, new_tokens, new_beams, fin, done)
 
 
 def _split(tree, b: int, groups: int, g: int):
@@ -272,6 +282,8 @@ def _step(
             x.reshape(b, s, v),
             state.run_scores[:, lo : lo + s],
             state.run_tokens[:, lo : lo + s],
+            state.run_beams[:, lo : lo + s],
+            jnp.arange(b) * k + lo,
             fin_g,
             stops,
             alpha,
@@ -285,6 +297,7 @@ def _step(
             keep(out.token, jnp.full((b, s), cfg.decode.pad_id)),
             keep(out.run_scores, state.run_scores[:, lo : lo + s]),
             keep(out.run_tokens, state.run_tokens[:, lo : lo + s]),
+            keep(out.run_beams, state.run_beams[:, lo : lo + s]),
             Finished(*(keep(n, o) for n, o in zip(out.finished, fin_g))),
             was_done | out.done,
         )
@@ -317,6 +330,7 @@ def _step(
         _join(states, b),
         cat([o.run_scores for o in outs]),
         run_tokens,
+        cat([o.run_beams for o in outs]),
         finished,
         done,
         state.prompt_lengths,
@@ -329,7 +343,7 @@ def _search(
     dc = cfg.decode
     k, s = cfg.num_beams, cfg.num_beams // cfg.num_groups
     b = prompt.shape[0]
-    logits, cache, _ = prefill(model, params, prompt, lengths, cache, dc.cache_len)
+    logits, cache, _ = prefill(model, params, prompt, lengths, cache, dc.cache_len, dc.batch_sharding)
     logits, cache, rows_prompt, rows_len = repeat_rows((logits, cache, prompt, lengths), k)
     rows_params = repeat_params(sampler, sparams, k)
     history = jnp.where(jnp.arange(prompt.shape[1]) < rows_len[:, None], rows_prompt, -1)
@@ -343,6 +357,7 @@ def _search(
         jnp.zeros((b, k), jnp.int32),
         jnp.zeros((b, k), jnp.int32),
         jnp.zeros((b, k), bool),
+        jnp.full((b, k, n), -1, jnp.int32),
     )
     empty = jnp.broadcast_to((stops.max_new_tokens <= 0)[:, None], (b, cfg.num_groups))
     state = BeamState(
@@ -352,55 +367,90 @@ def _search(
         sst,
         run_scores,
         jnp.full((b, k, n), dc.pad_id, jnp.int32),
+        jnp.full((b, k, n), -1, jnp.int32),
         finished,
         empty,
         lengths,
     )
-    body = functools.partial(_step, model, sampler, cfg, params, rows_params, stops, alpha, diversity)
-    state = lax.while_loop(lambda st: ~jnp.all(st.done), body, state)
+    step = functools.partial(_step, model, sampler, cfg, params, rows_params, stops, alpha, diversity)
+    # prompt-leading ([B, ...]) and row-leading ([B * K, ...]) leaves both split along the batch
+    keep = lambda st: sharding.constrain(sharding.constrain(st, dc.batch_sharding, b), dc.batch_sharding, b * k)  # noqa: E731
+    state = lax.while_loop(lambda st: ~jnp.all(st.done), lambda st: keep(step(st)), keep(state))
     fin = state.finished
     scores, j = lax.top_k(fin.scores, cfg.num_return)
     pick = lambda x: jnp.take_along_axis(x, j.reshape(j.shape + (1,) * (x.ndim - 2)), axis=1)  # noqa: E731
     reason = jnp.where(pick(fin.flag), pick(fin.reason), int(FinishReason.NOT_FINISHED))
-    return BeamOutput(pick(fin.tokens), pick(fin.length), scores, reason)
+    length = pick(fin.length)
+    beams = jnp.where(jnp.arange(n) < length[..., None], pick(fin.beams), -1)
+    return BeamOutput(pick(fin.tokens), length, scores, reason, beams)
 
 
 _search_jit = jax.jit(_search, static_argnums=(0, 1, 2))
 
 
+def search(model, params, prompt, prompt_lengths, opts: DecodingOptions, *, cache=None, attention_mask=None,
+           mesh=None) -> BeamOutput:
+    """Beam search from validated options (``num_beams``, groups, ``do_sample`` ...; see :func:`beam_search`)."""
+    if opts.num_return_sequences > opts.num_beams:
+        raise ValueError(f"num_return_sequences ({opts.num_return_sequences}) must be <= num_beams ({opts.num_beams})")
+    req = prepare(model, params, prompt, prompt_lengths, opts.replace(logprobs=False, top_logprobs=0), cache=cache,
+                  attention_mask=attention_mask, mesh=mesh)
+    b = req.prompt.shape[0]
+    alpha = _validate.param(opts.beam_length_penalty(), (b,), "length_penalty")
+    diversity = _validate.param(opts.diversity_penalty, (b,), "diversity_penalty", lo=0.0)
+    cfg = BeamConfig(
+        req.cfg,
+        opts.num_beams,
+        opts.num_beam_groups,
+        opts.num_return_sequences,
+        opts.early_stopping,
+        opts.length_normalization,
+        bool(opts.do_sample),
+        int(req.stops.eos_ids.shape[-1]),
+    )
+    if req.cfg.batch_sharding is not None:
+        alpha, diversity = sharding.place_rows((alpha, diversity), req.cfg.batch_sharding)
+    out = _search_jit(
+        req.model,
+        req.sampler,
+        cfg,
+        sharding.replicate(params, req.cfg.batch_sharding),
+        req.prompt,
+        req.lengths,
+        req.cache,
+        req.sampler_params,
+        req.stops,
+        alpha,
+        diversity,
+    )
+    return fill_pad(out, req.pad_id)
+
+
 def beam_search(
-    model: Model,
+    model: Any,
     params: Any,
     prompt: ArrayLike,
     prompt_lengths: ArrayLike | None = None,
     *,
     num_beams: int,
     max_new_tokens: ArrayLike,
-    max_tokens: int | None = None,
-    length_penalty: ArrayLike = 1.0,
-    early_stopping: bool | str = False,
-    num_return_sequences: int = 1,
-    length_normalization: str = "hf",
-    do_sample: bool = False,
-    num_beam_groups: int = 1,
-    diversity_penalty: ArrayLike = 0.0,
-    sampler: Sampler | None = None,
-    sampler_params: Mapping[str, ArrayLike] | None = None,
-    eos_ids: ArrayLike | None = None,
-    stop_sequences=None,
-    min_new_tokens: ArrayLike = 0,
-    pad_id: int = 0,
+    attention_mask: ArrayLike | None = None,
     cache: Any = None,
-    history_size: int | None = None,
+    mesh: Any = None,
+    **kwargs: Any,
 ) -> BeamOutput:
     """Beam search (HF ``num_beams > 1``), one ``jit``-compiled ``while_loop``.
 
+    Unlike :func:`jaxsample.decoding.generate` (where ``num_beams=1`` is greedy, as in HF), this
+    always runs a beam search, one beam included.
+
     Args:
-      model, params, prompt, prompt_lengths, max_new_tokens, max_tokens, eos_ids, stop_sequences,
-        min_new_tokens, pad_id, cache, history_size: as in :func:`jaxsample.decoding.generate`
-        (``max_new_tokens`` and the other per-row values are per prompt).
+      model, params, prompt, prompt_lengths, attention_mask, cache, mesh: as in
+        :func:`jaxsample.decoding.generate`.
       num_beams: static ``K``.
-      length_penalty: ``alpha`` per prompt (traced): scores are ``sum_logprobs / pen(L)``.
+      max_new_tokens, max_tokens, eos_ids, stop_sequences, min_new_tokens, pad_id, history_size:
+        as in :func:`~jaxsample.decoding.generate` (per-row values are per prompt).
+      length_penalty: ``alpha`` per prompt (traced, default 1.0): scores are ``sum_logprobs / pen(L)``.
       early_stopping: ``True``, ``False`` or ``"never"`` (HF semantics, see the module docstring).
       num_return_sequences: static ``R <= K`` hypotheses returned per prompt, best first.
       length_normalization: ``"hf"`` (``pen(L) = L ** alpha``), ``"gnmt"`` (``((5 + L) / 6) ** alpha``)
@@ -410,72 +460,21 @@ def beam_search(
       sampler: its stages process the per-step log-probs (its selector is unused); default none.
       sampler_params: per-prompt values ``[B]``, shared by the prompt's beams; ``seed`` drives
         beam sampling.
+      options: a :class:`~jaxsample.decoding.options.DecodingOptions` the keywords override.
 
     Returns:
       :class:`BeamOutput` with ``[B, R]`` leading axes.
     """
-    k = _validate.static_int(num_beams, "num_beams", lo=1)
-    g = _validate.static_int(num_beam_groups, "num_beam_groups", lo=1)
-    if k % g:
-        raise ValueError(f"num_beams ({k}) must be divisible by num_beam_groups ({g})")
-    if do_sample and g > 1:
-        raise ValueError(
-            "beam sampling (do_sample=True) does not combine with num_beam_groups > 1 (as in HF)"
-        )
-    r = _validate.static_int(num_return_sequences, "num_return_sequences", lo=1)
-    if r > k:
-        raise ValueError(f"num_return_sequences ({r}) must be <= num_beams ({k})")
-    if early_stopping not in (True, False, "never"):
-        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
-    if length_normalization not in ("hf", "gnmt", "vllm"):
-        raise ValueError(f"length_normalization must be 'hf', 'gnmt' or 'vllm', got {length_normalization!r}")
-    req = prepare(
-        model,
-        prompt,
-        prompt_lengths,
-        max_new_tokens=max_new_tokens,
-        max_tokens=max_tokens,
-        sampler=sampler,
-        sampler_params=sampler_params,
-        eos_ids=eos_ids,
-        stop_sequences=stop_sequences,
-        min_new_tokens=min_new_tokens,
-        pad_id=pad_id,
-        cache=cache,
-        logprobs=False,
-        top_logprobs=0,
-        history_size=history_size,
-    )
-    b = req.prompt.shape[0]
-    alpha = _validate.param(length_penalty, (b,), "length_penalty")
-    diversity = _validate.param(diversity_penalty, (b,), "diversity_penalty", lo=0.0)
-    cfg = BeamConfig(
-        req.cfg,
-        k,
-        g,
-        r,
-        early_stopping,
-        length_normalization,
-        bool(do_sample),
-        int(req.stops.eos_ids.shape[-1]),
-    )
-    return _search_jit(
-        model,
-        req.sampler,
-        cfg,
-        params,
-        req.prompt,
-        req.lengths,
-        cache,
-        req.sampler_params,
-        req.stops,
-        alpha,
-        diversity,
-    )
+    from jaxsample.decoding.generate import options_from
+
+    opts = options_from(kwargs.pop("options", None), dict(kwargs, num_beams=num_beams, max_new_tokens=max_new_tokens))
+    if opts.penalty_alpha is not None or opts.n > 1 or opts.best_of is not None:
+        raise ValueError("beam_search takes no penalty_alpha / n / best_of")
+    return search(model, params, prompt, prompt_lengths, opts, cache=cache, attention_mask=attention_mask, mesh=mesh)
 
 
 def beam_sample(
-    model: Model, params: Any, prompt: ArrayLike, prompt_lengths: ArrayLike | None = None, **kwargs
+    model: Any, params: Any, prompt: ArrayLike, prompt_lengths: ArrayLike | None = None, **kwargs
 ) -> BeamOutput:
     """Beam sampling (HF ``num_beams > 1, do_sample=True``): :func:`beam_search` with ``do_sample=True``.
 
@@ -487,7 +486,7 @@ def beam_sample(
 
 
 def group_beam_search(
-    model: Model,
+    model: Any,
     params: Any,
     prompt: ArrayLike,
     prompt_lengths: ArrayLike | None = None,

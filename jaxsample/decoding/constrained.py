@@ -63,7 +63,8 @@ from jaxsample.decoding.constraints import (
     proposal_states,
 )
 from jaxsample.decoding.beam import _BIG, BeamOutput, Finished, _merge, _penalty
-from jaxsample.decoding.generate import Config, prefill, prepare
+from jaxsample.decoding.loop import Config, fill_pad, prefill, prepare
+from jaxsample.decoding.options import DecodingOptions
 from jaxsample.decoding.model import Model, repeat_params, repeat_rows, take_rows, where_rows
 
 class ConstrainedConfig(NamedTuple):
@@ -83,6 +84,7 @@ class ConstrainedState(NamedTuple):
     sampler: SamplerState
     run_scores: Array  # float32[B, K]
     run_tokens: Array  # int32[B, K, N]
+    run_beams: Array  # int32[B, K, N]: HF beam_indices of each running hypothesis
     constraint: ConstraintState  # [B, K]
     finished: Finished  # [B, K]
     done: Array  # bool[B]
@@ -135,12 +137,14 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
     cand, idx = lax.top_k(acc.reshape(b, k * v), c)
     parent, token = (idx // v).astype(jnp.int32), (idx % v).astype(jnp.int32)
     seqs = jnp.where(jnp.arange(n) == t, token[..., None], _take(state.run_tokens, parent))  # [B, C, N]
+    row0 = (jnp.arange(b) * k)[:, None]
+    beams = jnp.where(jnp.arange(n) == t, (row0 + parent)[..., None], _take(state.run_beams, parent))
     gen = t + 1
     may_stop = (gen >= stops.min_new_tokens)[:, None]
     eos = may_stop & _stopping.is_eos(token, stops.eos_ids[:, None, :])
-    width = stops.stop_sequences.shape[-1]
+    width = _stopping.window_width(stops)
     window = _stopping.last_tokens(seqs.reshape(b * c, n), jnp.full((b * c,), gen), width).reshape(b, c, width)
-    stop = may_stop & ~eos & _stopping.matches_stop(window, stops.stop_sequences[:, None])
+    stop = may_stop & ~eos & _stopping.stop_hits(window, stops, stops.stop_sequences[:, None], target_axis=True)
     terminal = eos | stop
     parent_state = _take_state(state.constraint, parent)
     child_state = add(tb, parent_state, token)
@@ -150,7 +154,8 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
     reason = jnp.where(eos, int(FinishReason.EOS), int(FinishReason.STOP_SEQUENCE))
     finishing = terminal & (jnp.arange(c) < k) & fulfilled
     fin = _merge(
-        state.finished, Finished(jnp.where(finishing, cand / pen_now, -jnp.inf), seqs, gen_c, reason, finishing)
+        state.finished,
+        Finished(jnp.where(finishing, cand / pen_now, -jnp.inf), seqs, gen_c, reason, finishing, beams),
     )
     _, j = lax.top_k(jnp.where(terminal, -jnp.inf, cand), k)
     top = (_take(cand, j), _take(token, j), _take(parent, j), _take_state(child_state, j))
@@ -187,6 +192,7 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
         k,
     )
     new_tokens = jnp.where(jnp.arange(n) == t, new_token[..., None], _take(state.run_tokens, new_parent))
+    new_beams = jnp.where(jnp.arange(n) == t, (row0 + new_parent)[..., None], _take(state.run_beams, new_parent))
 
     # 4. HF BeamHypotheses.is_done, then finalize at max_new_tokens
     hyp_len = gen
@@ -206,6 +212,7 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
             gen_c[:, :k],
             jnp.full((b, k), int(FinishReason.LENGTH)),
             ended,
+            new_beams,
         ),
     )
     done = done | (gen >= stops.max_new_tokens)
@@ -218,6 +225,7 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
     fin = Finished(*(keep(x, y) for x, y in zip(fin, state.finished)))
     run_scores = keep(new_scores, state.run_scores)
     run_tokens = keep(new_tokens, state.run_tokens)
+    run_beams = keep(new_beams, state.run_beams)
     cstate = ConstraintState(*(keep(x, y) for x, y in zip(new_state, state.constraint)))
     done = was | done
 
@@ -234,7 +242,8 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
         return o.logits[:, 0].astype(jnp.float32), o.cache
 
     logits, cache = lax.cond(jnp.any(running), call, lambda: (state.logits, cache))
-    return ConstrainedState(t + 1, logits, cache, sst, run_scores, run_tokens, cstate, fin, done, state.prompt_lengths)
+    return ConstrainedState(t + 1, logits, cache, sst, run_scores, run_tokens, run_beams, cstate, fin, done,
+                            state.prompt_lengths)
 
 
 def _prompt_state(tb: Tries, prompt: Array, lengths: Array) -> ConstraintState:
@@ -265,6 +274,7 @@ def _search(model, sampler, cfg: ConstrainedConfig, params, prompt, lengths, cac
         jnp.zeros((b, k), jnp.int32),
         jnp.zeros((b, k), jnp.int32),
         jnp.zeros((b, k), bool),
+        jnp.full((b, k, n), -1, jnp.int32),
     )
     state = ConstrainedState(
         jnp.int32(0),
@@ -273,6 +283,7 @@ def _search(model, sampler, cfg: ConstrainedConfig, params, prompt, lengths, cac
         sst,
         jnp.where(jnp.arange(k) == 0, 0.0, _BIG) * jnp.ones((b, 1)),
         jnp.full((b, k, n), dc.pad_id, jnp.int32),
+        jnp.full((b, k, n), -1, jnp.int32),
         cst,
         finished,
         stops.max_new_tokens <= 0,
@@ -283,7 +294,9 @@ def _search(model, sampler, cfg: ConstrainedConfig, params, prompt, lengths, cac
     fin = state.finished
     scores, j = lax.top_k(fin.scores, cfg.num_return)
     reason = jnp.where(_take(fin.flag, j), _take(fin.reason, j), int(FinishReason.NOT_FINISHED))
-    return BeamOutput(_take(fin.tokens, j), _take(fin.length, j), scores, reason)
+    lengths = _take(fin.length, j)
+    beams = jnp.where(jnp.arange(n) < lengths[..., None], _take(fin.beams, j), -1)
+    return BeamOutput(_take(fin.tokens, j), lengths, scores, reason, beams)
 
 
 _search_jit = jax.jit(_search, static_argnums=(0, 1, 2))
@@ -312,6 +325,7 @@ def constrained_beam_search(
     pad_id: int = 0,
     cache: Any = None,
     history_size: int | None = None,
+    attention_mask: ArrayLike | None = None,
 ) -> BeamOutput:
     """Constrained beam search (HF ``constraints`` / ``force_words_ids``), one jitted ``while_loop``.
 
@@ -335,27 +349,15 @@ def constrained_beam_search(
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
     if length_normalization not in ("hf", "gnmt"):
         raise ValueError(f"length_normalization must be 'hf' or 'gnmt', got {length_normalization!r}")
-    req = prepare(
-        model,
-        prompt,
-        prompt_lengths,
-        max_new_tokens=max_new_tokens,
-        max_tokens=max_tokens,
-        sampler=sampler,
-        sampler_params=sampler_params,
-        eos_ids=eos_ids,
-        stop_sequences=stop_sequences,
-        min_new_tokens=min_new_tokens,
-        pad_id=pad_id,
-        cache=cache,
-        logprobs=False,
-        top_logprobs=0,
-        history_size=history_size,
-    )
+    opts = DecodingOptions(max_new_tokens=max_new_tokens, max_tokens=max_tokens, sampler=sampler,
+                           sampler_params=sampler_params, eos_ids=eos_ids, stop_sequences=stop_sequences,
+                           min_new_tokens=min_new_tokens, pad_id=pad_id, history_size=history_size)
+    req = prepare(model, params, prompt, prompt_lengths, opts, cache=cache, attention_mask=attention_mask)
     alpha = _validate.param(length_penalty, (req.prompt.shape[0],), "length_penalty")
     cfg = ConstrainedConfig(
         req.cfg, k, r, early_stopping, length_normalization, int(req.stops.eos_ids.shape[-1]), build_tries(cons)
     )
-    return _search_jit(
-        model, req.sampler, cfg, params, req.prompt, req.lengths, cache, req.sampler_params, req.stops, alpha
+    out = _search_jit(
+        req.model, req.sampler, cfg, params, req.prompt, req.lengths, req.cache, req.sampler_params, req.stops, alpha
     )
+    return fill_pad(out, req.pad_id)

@@ -20,7 +20,7 @@ cache row and its logits for the next step. Stopping rules, log-probs and output
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,11 +28,12 @@ from jax import lax
 
 from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
-from jaxsample.chain import Sampler, SamplerState
-from jaxsample.decoding import _stopping
+from jaxsample.chain import SamplerState
+from jaxsample.decoding import _stopping, sharding
 from jaxsample.decoding._stopping import Stops, Tracker
-from jaxsample.decoding.generate import GenerateOutput, begin, prefill, prepare
-from jaxsample.decoding.model import Model, repeat_rows, take_rows
+from jaxsample.decoding.loop import GenerateOutput, begin, fill_pad, prefill, prepare
+from jaxsample.decoding.model import repeat_rows, take_rows
+from jaxsample.decoding.options import DecodingOptions
 
 
 class ContrastiveState(NamedTuple):
@@ -87,7 +88,7 @@ def _step(model, sampler, cfg, k, params, sparams, stops: Stops, alpha, state: C
 
 
 def _search(model, sampler, cfg, k, params, prompt, lengths, cache, sparams, stops, alpha) -> GenerateOutput:
-    logits, cache, hidden = prefill(model, params, prompt, lengths, cache, cfg.cache_len)
+    logits, cache, hidden = prefill(model, params, prompt, lengths, cache, cfg.cache_len, cfg.batch_sharding)
     if hidden is None:
         raise ValueError("contrastive search needs a model whose apply_step returns StepOutput.hidden")
     b, p, d = hidden.shape
@@ -97,8 +98,9 @@ def _search(model, sampler, cfg, k, params, prompt, lengths, cache, sparams, sto
     context = jnp.zeros((b, p + cfg.max_tokens, d), jnp.float32).at[:, :p].set(hidden.astype(jnp.float32))
     valid = jnp.arange(p + cfg.max_tokens) < lengths[:, None]
     state = ContrastiveState(*base, context, valid)
-    body = functools.partial(_step, model, sampler, cfg, k, params, sparams, stops, alpha)
-    state = lax.while_loop(lambda s: ~jnp.all(s.out.done), body, state)
+    step = functools.partial(_step, model, sampler, cfg, k, params, sparams, stops, alpha)
+    keep = lambda s: sharding.constrain(sharding.constrain(s, cfg.batch_sharding, b), cfg.batch_sharding, b * k)  # noqa: E731
+    state = lax.while_loop(lambda s: ~jnp.all(s.out.done), lambda s: keep(step(s)), keep(state))
     o = state.out
     return GenerateOutput(o.tokens, o.length, o.reason, o.logprobs)
 
@@ -106,8 +108,33 @@ def _search(model, sampler, cfg, k, params, prompt, lengths, cache, sparams, sto
 _search_jit = jax.jit(_search, static_argnums=(0, 1, 2, 3))
 
 
+def search(model, params, prompt, prompt_lengths, opts: DecodingOptions, *, cache=None, attention_mask=None,
+           mesh=None) -> GenerateOutput:
+    """Contrastive search from validated options (``top_k``, ``penalty_alpha``; see :func:`contrastive_search`)."""
+    if opts.top_k is None or opts.penalty_alpha is None:
+        raise ValueError("contrastive search needs top_k and penalty_alpha")
+    req = prepare(model, params, prompt, prompt_lengths, opts, cache=cache, attention_mask=attention_mask, mesh=mesh)
+    alpha = jnp.clip(
+        _validate.param(opts.penalty_alpha, (req.prompt.shape[0],), "penalty_alpha", lo=0.0, hi=1.0), 0.0, 1.0
+    )
+    out = _search_jit(
+        req.model,
+        req.sampler,
+        req.cfg,
+        opts.top_k,
+        sharding.replicate(params, req.cfg.batch_sharding),
+        req.prompt,
+        req.lengths,
+        req.cache,
+        req.sampler_params,
+        req.stops,
+        sharding.place_rows(alpha, req.cfg.batch_sharding),
+    )
+    return fill_pad(out, req.pad_id)
+
+
 def contrastive_search(
-    model: Model,
+    model: Any,
     params: Any,
     prompt: ArrayLike,
     prompt_lengths: ArrayLike | None = None,
@@ -115,17 +142,10 @@ def contrastive_search(
     top_k: int,
     penalty_alpha: ArrayLike,
     max_new_tokens: ArrayLike,
-    max_tokens: int | None = None,
-    sampler: Sampler | None = None,
-    sampler_params: Mapping[str, ArrayLike] | None = None,
-    eos_ids: ArrayLike | None = None,
-    stop_sequences=None,
-    min_new_tokens: ArrayLike = 0,
-    pad_id: int = 0,
+    attention_mask: ArrayLike | None = None,
     cache: Any = None,
-    logprobs: bool = False,
-    top_logprobs: int = 0,
-    history_size: int | None = None,
+    mesh: Any = None,
+    **kwargs: Any,
 ) -> GenerateOutput:
     """Contrastive search (HF ``penalty_alpha > 0, top_k > 1``).
 
@@ -133,39 +153,13 @@ def contrastive_search(
       top_k: static number of candidates ``k``.
       penalty_alpha: degeneration penalty weight ``alpha`` in ``[0, 1]`` per row (traced).
       sampler: its stages process the logits before the top-k (its selector is unused).
-      Other arguments: as :func:`jaxsample.decoding.generate`.
+      Other arguments: as :func:`jaxsample.decoding.generate` (``max_tokens``, ``sampler_params``,
+        ``eos_ids``, ``stop_sequences``, ``min_new_tokens``, ``pad_id``, ``logprobs``,
+        ``top_logprobs``, ``history_size``, ``options``).
     """
-    k = _validate.static_int(top_k, "top_k", lo=1)
-    req = prepare(
-        model,
-        prompt,
-        prompt_lengths,
-        max_new_tokens=max_new_tokens,
-        max_tokens=max_tokens,
-        sampler=sampler,
-        sampler_params=sampler_params,
-        eos_ids=eos_ids,
-        stop_sequences=stop_sequences,
-        min_new_tokens=min_new_tokens,
-        pad_id=pad_id,
-        cache=cache,
-        logprobs=logprobs,
-        top_logprobs=top_logprobs,
-        history_size=history_size,
+    from jaxsample.decoding.generate import options_from
+
+    opts = options_from(
+        kwargs.pop("options", None), dict(kwargs, top_k=top_k, penalty_alpha=penalty_alpha, max_new_tokens=max_new_tokens)
     )
-    alpha = jnp.clip(
-        _validate.param(penalty_alpha, (req.prompt.shape[0],), "penalty_alpha", lo=0.0, hi=1.0), 0.0, 1.0
-    )
-    return _search_jit(
-        model,
-        req.sampler,
-        req.cfg,
-        k,
-        params,
-        req.prompt,
-        req.lengths,
-        cache,
-        req.sampler_params,
-        req.stops,
-        alpha,
-    )
+    return search(model, params, prompt, prompt_lengths, opts, cache=cache, attention_mask=attention_mask, mesh=mesh)

@@ -42,8 +42,10 @@ import numpy as np
 from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler
-from jaxsample.decoding.generate import GenerateOutput, decode, prepare
+from jaxsample.decoding.adapters import as_model
+from jaxsample.decoding.loop import GenerateOutput, decode, fill_pad, prepare
 from jaxsample.decoding.model import Model, StepOutput
+from jaxsample.decoding.options import DecodingOptions
 
 _BASE_FILTERED = -1.0e-3  # HF's base_filter_value: premature log-prob of filtered tokens
 _RECOMMENDED_PENALTY = 1.2
@@ -159,6 +161,7 @@ def dola_generate(
     logprobs: bool = False,
     top_logprobs: int = 0,
     history_size: int | None = None,
+    attention_mask: ArrayLike | None = None,
 ) -> GenerateOutput:
     """DoLa decoding (HF ``dola_layers``), greedy or sampled by ``sampler``; one jitted loop.
 
@@ -172,34 +175,24 @@ def dola_generate(
       Other arguments: as :func:`jaxsample.decoding.generate`. Log-probs describe the contrasted
       distribution.
     """
-    if not isinstance(model, Model) or model.early_exit is None:
+    model = as_model(model)
+    if model.early_exit is None:
         raise ValueError(
-            "dola_generate needs a jaxsample.decoding.Model with early_exit (e.g. "
-            "Model(lm.apply_step, lm.init_cache, lm.early_exit))"
+            "dola_generate needs a model with early_exit: jaxsample.models' DecoderLM / Bart, or "
+            "DecodingModel(apply_step, init_cache, early_exit)"
         )
     ee = model.early_exit
     layers = candidate_layers(dola_layers, ee.num_layers, ee.tied_embeddings)
-    req = prepare(
-        model,
-        prompt,
-        prompt_lengths,
-        max_new_tokens=max_new_tokens,
-        max_tokens=max_tokens,
-        sampler=sampler,
-        sampler_params=sampler_params,
-        eos_ids=eos_ids,
-        stop_sequences=stop_sequences,
-        min_new_tokens=min_new_tokens,
-        pad_id=pad_id,
-        cache=cache,
-        logprobs=logprobs,
-        top_logprobs=top_logprobs,
-        history_size=history_size,
-    )
+    opts = DecodingOptions(max_new_tokens=max_new_tokens, max_tokens=max_tokens, sampler=sampler,
+                           sampler_params=sampler_params, eos_ids=eos_ids, stop_sequences=stop_sequences,
+                           min_new_tokens=min_new_tokens, pad_id=pad_id, logprobs=logprobs, top_logprobs=top_logprobs,
+                           history_size=history_size)
+    req = prepare(model, params, prompt, prompt_lengths, opts, cache=cache, attention_mask=attention_mask)
     _warn_penalty(req.sampler, sampler_params)
     b = req.prompt.shape[0]
     rt = _validate.param(relative_top, (b,), "relative_top", lo=0.0, hi=1.0, lo_open=True)
     inner = Model(_Contrasted(model, layers), model.init_cache)
-    return decode(
-        inner, req.sampler, req.cfg, 1, (params, rt), req.prompt, req.lengths, cache, req.sampler_params, req.stops
+    out = decode(
+        inner, req.sampler, req.cfg, 1, (params, rt), req.prompt, req.lengths, req.cache, req.sampler_params, req.stops
     )
+    return fill_pad(out, req.pad_id)

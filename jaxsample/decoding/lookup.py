@@ -50,8 +50,9 @@ from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler, SamplerState
 from jaxsample.decoding import _stopping
 from jaxsample.decoding._stopping import Stops, Tracker
-from jaxsample.decoding.generate import Config, prepare
+from jaxsample.decoding.loop import Config, fill_pad, prepare
 from jaxsample.decoding.model import Model, prompt_positions, where_rows
+from jaxsample.decoding.options import DecodingOptions
 from jaxsample.decoding.speculative import SpeculativeOutput, _pick
 
 
@@ -199,6 +200,7 @@ def prompt_lookup_generate(
     cache: Any = None,
     history_size: int | None = None,
     repetition_detection=None,
+    attention_mask: ArrayLike | None = None,
 ) -> SpeculativeOutput:
     """Generates with ``model``'s sampler, verifying up to ``num_draft_tokens`` n-gram drafts per call.
 
@@ -222,25 +224,12 @@ def prompt_lookup_generate(
     """
     k = _validate.static_int(num_draft_tokens, "num_draft_tokens", lo=1)
     max_n = _validate.static_int(prompt_lookup_max, "prompt_lookup_max", lo=1)
-    req = prepare(
-        model,
-        prompt,
-        prompt_lengths,
-        max_new_tokens=max_new_tokens,
-        max_tokens=max_tokens,
-        sampler=sampler,
-        sampler_params=sampler_params,
-        eos_ids=eos_ids,
-        stop_sequences=stop_sequences,
-        min_new_tokens=min_new_tokens,
-        pad_id=pad_id,
-        cache=cache,
-        logprobs=False,
-        top_logprobs=0,
-        history_size=history_size,
-        extra_positions=k + 1,
-        repetition_detection=repetition_detection,
-    )
+    opts = DecodingOptions(max_new_tokens=max_new_tokens, max_tokens=max_tokens, sampler=sampler,
+                           sampler_params=sampler_params, eos_ids=eos_ids, stop_sequences=stop_sequences,
+                           min_new_tokens=min_new_tokens, pad_id=pad_id, history_size=history_size,
+                           repetition_detection=repetition_detection)
+    req = prepare(model, params, prompt, prompt_lengths, opts, cache=cache, attention_mask=attention_mask,
+                  extra_positions=k + 1)
     b = req.prompt.shape[0]
     _validate.check_range(prompt_lookup_min, "prompt_lookup_min", lo=1, hi=max_n, integer=True)
     min_n = _validate.row_param(prompt_lookup_min, (b,), "prompt_lookup_min", jnp.int32)
@@ -251,7 +240,8 @@ def prompt_lookup_generate(
         if src.ndim != 2:
             raise ValueError(f"source must have shape [B, S], got {src.shape}")
         src = jnp.where(src >= 0, src, -1).astype(jnp.int32)
-    return _decode_jit(
-        model, req.sampler, req.cfg, k, max_n, params, req.prompt, req.lengths, src, cache, req.sampler_params,
-        min_n, req.stops,
+    out = _decode_jit(
+        req.model, req.sampler, req.cfg, k, max_n, params, req.prompt, req.lengths, src, req.cache,
+        req.sampler_params, min_n, req.stops,
     )
+    return fill_pad(out, req.pad_id)

@@ -1,7 +1,10 @@
 """The model protocol every decoding strategy drives, plus row-gathering helpers and a bigram toy model.
 
-A model is two plain callables (bundled in :class:`Model`, which is hashable so it can be a static
-``jit`` argument):
+A model is two plain callables (bundled in :class:`DecodingModel`, also exported under its first
+name ``Model``; it is hashable so it can be a static ``jit`` argument). Every strategy also takes
+any object with these two methods (``jaxsample.models.DecoderLM`` and ``Bart``,
+:class:`~jaxsample.decoding.TinyDecoder`) and, through :mod:`jaxsample.decoding.adapters`, plain
+logits functions, Flax NNX modules, Gemma-style calls and caches with one shared write index:
 
 * ``apply_step(params, tokens int32[B, T], positions int32[B, T], cache) -> StepOutput``.
   ``positions[b, t]`` is the absolute 0-based position of token ``t`` of row ``b``; ``-1`` marks
@@ -63,13 +66,26 @@ class EarlyExit(NamedTuple):
     apply_step: Callable[[Params, Array, Array, Cache, tuple[int, ...]], StepOutput]
 
 
-class Model(NamedTuple):
+class DecodingModel(NamedTuple):
     """A model as the decoding strategies see it: ``apply_step``, (decoder-only) ``init_cache``, and
-    optionally ``early_exit`` (needed by DoLa only)."""
+    optionally ``early_exit`` (needed by DoLa only).
+
+    ``lockstep`` is set by the shared-index adapters: the model writes every row at one shared
+    cache slot, so it serves only strategies whose running rows all advance together (every
+    strategy except speculative decoding). ``ragged`` is False when such a model takes no
+    attention mask, so prompts of different lengths cannot share a batch.
+    """
 
     apply_step: Callable[[Params, Array, Array, Cache], StepOutput]
     init_cache: Callable[[int, int], Cache] | None = None
     early_exit: EarlyExit | None = None
+    lockstep: bool = False
+    ragged: bool = True
+
+
+#: The first name of :class:`DecodingModel` (kept; ``jaxsample.models.Model`` is another thing:
+#: the union of the project's Flax model classes, also named ``jaxsample.models.LanguageModel``).
+Model = DecodingModel
 
 
 def take_rows(tree: Any, rows: Array) -> Any:
@@ -136,4 +152,4 @@ def _bigram_init_cache(batch_size: int, max_len: int) -> Cache:
 #: ``[V, V]`` table), the hidden state ``params["hidden"][last_token]`` if given (``[V, D]``). Its
 #: cache records the token written at each position (``{"tokens": int32[B, max_len]}``), so tests can
 #: check that strategies write and reorder caches correctly.
-BIGRAM = Model(_bigram_apply, _bigram_init_cache)
+BIGRAM = DecodingModel(_bigram_apply, _bigram_init_cache)

@@ -19,7 +19,7 @@ Everything, the ranking included, is one ``jax.jit``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,10 +27,10 @@ from jax import lax
 
 from jaxsample import _validate
 from jaxsample._types import Array, ArrayLike
-from jaxsample.chain import Sampler
-from jaxsample.decoding import _stopping
-from jaxsample.decoding.generate import _decode, prepare
-from jaxsample.decoding.model import Model, repeat_params
+from jaxsample.decoding import _stopping, sharding
+from jaxsample.decoding.loop import fill_pad, prepare, run
+from jaxsample.decoding.model import repeat_params
+from jaxsample.decoding.options import DecodingOptions
 
 
 class RankedOutput(NamedTuple):
@@ -45,7 +45,7 @@ class RankedOutput(NamedTuple):
 
 
 def _rank(model, sampler, cfg, best_of, n, rank_by, params, prompt, lengths, cache, sparams, stops, alpha):
-    out = _decode(model, sampler, cfg, best_of, params, prompt, lengths, cache, sparams, stops)
+    out = run(model, sampler, cfg, best_of, params, prompt, lengths, cache, sparams, stops)
     b = prompt.shape[0]
     valid = jnp.arange(cfg.max_tokens) < out.lengths[:, None]
     lp = out.logprobs.raw if rank_by == "raw" else out.logprobs.processed
@@ -67,8 +67,38 @@ def _rank(model, sampler, cfg, best_of, n, rank_by, params, prompt, lengths, cac
 _rank_jit = jax.jit(_rank, static_argnums=(0, 1, 2, 3, 4, 5))
 
 
+def rank(model, params, prompt, prompt_lengths, opts: DecodingOptions, *, cache=None, attention_mask=None,
+         mesh=None) -> RankedOutput:
+    """Sample-and-rank from validated options (``n``, ``best_of``, ``rank_by``; see :func:`sample_and_rank`)."""
+    n, best_of = opts.num_samples()
+    req = prepare(model, params, prompt, prompt_lengths, opts.replace(logprobs=True, top_logprobs=0), cache=cache,
+                  attention_mask=attention_mask, mesh=mesh)
+    b = req.prompt.shape[0]
+    alpha = _validate.param(opts.rank_length_penalty(), (b,), "length_penalty")
+    rows = repeat_params(req.sampler, req.sampler_params, best_of)
+    rows["seed"] = rows["seed"] + jnp.tile(jnp.arange(best_of, dtype=jnp.int32), b)
+    stops = _stopping.repeat(req.stops, best_of)
+    s = req.cfg.batch_sharding
+    out = _rank_jit(
+        req.model,
+        req.sampler,
+        req.cfg,
+        best_of,
+        n,
+        opts.rank_by,
+        sharding.replicate(params, s),
+        req.prompt,
+        req.lengths,
+        req.cache,
+        rows,
+        stops,
+        sharding.place_rows(alpha, s),
+    )
+    return fill_pad(out, req.pad_id)
+
+
 def sample_and_rank(
-    model: Model,
+    model: Any,
     params: Any,
     prompt: ArrayLike,
     prompt_lengths: ArrayLike | None = None,
@@ -76,17 +106,11 @@ def sample_and_rank(
     n: int = 1,
     best_of: int | None = None,
     max_new_tokens: ArrayLike,
-    max_tokens: int | None = None,
-    sampler: Sampler | None = None,
-    sampler_params: Mapping[str, ArrayLike] | None = None,
-    rank_by: str = "raw",
     length_penalty: ArrayLike = 0.0,
-    eos_ids: ArrayLike | None = None,
-    stop_sequences=None,
-    min_new_tokens: ArrayLike = 0,
-    pad_id: int = 0,
+    attention_mask: ArrayLike | None = None,
     cache: Any = None,
-    history_size: int | None = None,
+    mesh: Any = None,
+    **kwargs: Any,
 ) -> RankedOutput:
     """Draws ``best_of`` samples per prompt and returns the ``n`` best (both static, ``n <= best_of``).
 
@@ -98,46 +122,8 @@ def sample_and_rank(
       length_penalty: ``alpha`` per prompt: score ``= sum(log p) / length ** alpha`` (0: plain sum).
       Other arguments: as :func:`jaxsample.decoding.generate` (per prompt).
     """
-    n = _validate.static_int(n, "n", lo=1)
-    best_of = n if best_of is None else _validate.static_int(best_of, "best_of", lo=1)
-    if best_of < n:
-        raise ValueError(f"best_of ({best_of}) must be >= n ({n})")
-    if rank_by not in ("raw", "processed"):
-        raise ValueError(f"rank_by must be 'raw' or 'processed', got {rank_by!r}")
-    req = prepare(
-        model,
-        prompt,
-        prompt_lengths,
-        max_new_tokens=max_new_tokens,
-        max_tokens=max_tokens,
-        sampler=sampler,
-        sampler_params=sampler_params,
-        eos_ids=eos_ids,
-        stop_sequences=stop_sequences,
-        min_new_tokens=min_new_tokens,
-        pad_id=pad_id,
-        cache=cache,
-        logprobs=True,
-        top_logprobs=0,
-        history_size=history_size,
-    )
-    b = req.prompt.shape[0]
-    alpha = _validate.param(length_penalty, (b,), "length_penalty")
-    rows = repeat_params(req.sampler, req.sampler_params, best_of)
-    rows["seed"] = rows["seed"] + jnp.tile(jnp.arange(best_of, dtype=jnp.int32), b)
-    stops = _stopping.repeat(req.stops, best_of)
-    return _rank_jit(
-        model,
-        req.sampler,
-        req.cfg,
-        best_of,
-        n,
-        rank_by,
-        params,
-        req.prompt,
-        req.lengths,
-        cache,
-        rows,
-        stops,
-        alpha,
-    )
+    from jaxsample.decoding.generate import options_from
+
+    opts = options_from(kwargs.pop("options", None), dict(kwargs, n=n, best_of=best_of, max_new_tokens=max_new_tokens,
+                                                         length_penalty=length_penalty))
+    return rank(model, params, prompt, prompt_lengths, opts, cache=cache, attention_mask=attention_mask, mesh=mesh)

@@ -41,13 +41,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxsample import _math, _noise, _validate, selection
+from jaxsample import _math, _noise, selection
 from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler, SamplerState
-from jaxsample.decoding import _request, _stopping
+from jaxsample.decoding import _request, _stopping, adapters, sharding
 from jaxsample.decoding._stopping import Stops, Tracker
-from jaxsample.decoding.generate import Config, prepare
-from jaxsample.decoding.model import Model, prompt_positions, where_rows
+from jaxsample.decoding.loop import Config, fill_pad, prepare
+from jaxsample.decoding.model import prompt_positions, where_rows
+from jaxsample.decoding.options import DecodingOptions
 
 _DRAFT_SEED_SALT = 0x5BD1E995
 _ACCEPT_SALT = 0x0ACCE97
@@ -257,28 +258,74 @@ def _decode(
 _decode_jit = jax.jit(_decode, static_argnums=(0, 1, 2, 3, 4, 5))
 
 
+def speculate(
+    target, target_params, draft, draft_params, prompt, prompt_lengths, opts: DecodingOptions, *,
+    target_cache=None, draft_cache=None, draft_sampler=None, draft_sampler_params=None, attention_mask=None,
+    mesh=None,
+) -> SpeculativeOutput:
+    """Speculative decoding from validated options (``num_draft_tokens``; see :func:`speculative_generate`)."""
+    if opts.num_draft_tokens is None:
+        raise ValueError("speculative decoding needs num_draft_tokens")
+    k = opts.num_draft_tokens
+    draft = adapters.as_model(draft, "draft")
+    for name, m in (("target", adapters.as_model(target, "target")), ("draft", draft)):
+        if m.lockstep:
+            raise ValueError(
+                f"{name} is a shared-index model (one cache write index for the batch): speculative decoding "
+                "advances rows by different numbers of tokens and rewinds, which such a cache cannot do"
+            )
+    if draft_cache is None and draft.init_cache is None:
+        raise ValueError("pass draft_cache or a draft model with init_cache")
+    req = prepare(target, target_params, prompt, prompt_lengths, opts.replace(logprobs=False, top_logprobs=0),
+                  cache=target_cache, attention_mask=attention_mask, mesh=mesh, extra_positions=k + 1, name="target")
+    b = req.prompt.shape[0]
+    adapters.check_model(draft, draft_params, req.prompt, draft_cache, req.cfg.cache_len, "draft")
+    if draft_sampler is None:
+        draft_sampler = req.sampler
+        draft_sampler_params = req.sampler_params if draft_sampler_params is None else draft_sampler_params
+    draft_sampler, dsparams = _request.sampler_inputs(draft_sampler, draft_sampler_params, b)
+    dsparams = dict(dsparams, seed=dsparams["seed"] ^ jnp.int32(_DRAFT_SEED_SALT))
+    cfg = req.cfg
+    if draft_sampler.history_size() == -1 and cfg.history_size is None:
+        cfg = cfg._replace(history_size=cfg.cache_len)
+    s = cfg.batch_sharding
+    out = _decode_jit(
+        req.model,
+        draft,
+        req.sampler,
+        draft_sampler,
+        cfg,
+        k,
+        sharding.replicate(target_params, s),
+        sharding.replicate(draft_params, s),
+        req.prompt,
+        req.lengths,
+        req.cache,
+        sharding.place_rows(draft_cache, s) if draft_cache is not None else None,
+        req.sampler_params,
+        sharding.place_rows(dsparams, s),
+        req.stops,
+    )
+    return fill_pad(out, req.pad_id)
+
+
 def speculative_generate(
-    target: Model,
+    target: Any,
     target_params: Any,
-    draft: Model,
+    draft: Any,
     draft_params: Any,
     prompt: ArrayLike,
     prompt_lengths: ArrayLike | None = None,
     *,
     num_draft_tokens: int,
     max_new_tokens: ArrayLike,
-    max_tokens: int | None = None,
-    sampler: Sampler | None = None,
-    sampler_params: Mapping[str, ArrayLike] | None = None,
     draft_sampler: Sampler | None = None,
     draft_sampler_params: Mapping[str, ArrayLike] | None = None,
-    eos_ids: ArrayLike | None = None,
-    stop_sequences=None,
-    min_new_tokens: ArrayLike = 0,
-    pad_id: int = 0,
     target_cache: Any = None,
     draft_cache: Any = None,
-    history_size: int | None = None,
+    attention_mask: ArrayLike | None = None,
+    mesh: Any = None,
+    **kwargs: Any,
 ) -> SpeculativeOutput:
     """Generates with the target's sampler, drafting ``num_draft_tokens`` tokens per target call.
 
@@ -290,58 +337,16 @@ def speculative_generate(
       draft_sampler, draft_sampler_params: the draft chain (default: the target's) and values
         (default: the target's; seeds are salted either way).
       target_cache, draft_cache: prebuilt caches (default ``init_cache(B, P + N + k + 1)``).
-      Other arguments: as :func:`jaxsample.decoding.generate`.
+      Other arguments: as :func:`jaxsample.decoding.generate`. Shared-index models (one cache write
+      index for the batch) are refused: rows advance by different numbers of tokens.
 
     Returns:
       :class:`SpeculativeOutput`.
     """
-    k = _validate.static_int(num_draft_tokens, "num_draft_tokens", lo=1)
-    for name, m, c in (("target", target, target_cache), ("draft", draft, draft_cache)):
-        if not isinstance(m, Model):
-            raise ValueError(f"{name} must be a jaxsample.decoding.Model, got {type(m)}")
-        if c is None and m.init_cache is None:
-            raise ValueError(f"pass {name}_cache or a {name} model with init_cache")
-    req = prepare(
-        target,
-        prompt,
-        prompt_lengths,
-        max_new_tokens=max_new_tokens,
-        max_tokens=max_tokens,
-        sampler=sampler,
-        sampler_params=sampler_params,
-        eos_ids=eos_ids,
-        stop_sequences=stop_sequences,
-        min_new_tokens=min_new_tokens,
-        pad_id=pad_id,
-        cache=target_cache,
-        logprobs=False,
-        top_logprobs=0,
-        history_size=history_size,
-        extra_positions=k + 1,
-    )
-    b = req.prompt.shape[0]
-    if draft_sampler is None:
-        draft_sampler = req.sampler
-        draft_sampler_params = req.sampler_params if draft_sampler_params is None else draft_sampler_params
-    draft_sampler, dsparams = _request.sampler_inputs(draft_sampler, draft_sampler_params, b)
-    dsparams = dict(dsparams, seed=dsparams["seed"] ^ jnp.int32(_DRAFT_SEED_SALT))
-    cfg = req.cfg
-    if draft_sampler.history_size() == -1 and cfg.history_size is None:
-        cfg = cfg._replace(history_size=cfg.cache_len)
-    return _decode_jit(
-        target,
-        draft,
-        req.sampler,
-        draft_sampler,
-        cfg,
-        k,
-        target_params,
-        draft_params,
-        req.prompt,
-        req.lengths,
-        target_cache,
-        draft_cache,
-        req.sampler_params,
-        dsparams,
-        req.stops,
-    )
+    from jaxsample.decoding.generate import options_from
+
+    opts = options_from(kwargs.pop("options", None),
+                        dict(kwargs, num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens))
+    return speculate(target, target_params, draft, draft_params, prompt, prompt_lengths, opts,
+                     target_cache=target_cache, draft_cache=draft_cache, draft_sampler=draft_sampler,
+                     draft_sampler_params=draft_sampler_params, attention_mask=attention_mask, mesh=mesh)

@@ -1,7 +1,7 @@
 """Streaming generation: a jitted single decode step with a donated state, driven from Python.
 
 :func:`stream` yields one :class:`StreamChunk` per step, as soon as the step's tokens reach the host.
-Each step is the ``step`` function of :mod:`jaxsample.decoding.generate` (the body of :func:`generate`'s
+Each step is the ``step`` function of :mod:`jaxsample.decoding.loop` (the body of :func:`generate`'s
 ``lax.while_loop``) compiled on its own with ``donate_argnums`` on the decode state, so the KV cache
 is updated in place and the tokens equal :func:`generate`'s for the same inputs and seeds.
 
@@ -15,16 +15,15 @@ is updated in place and the tokens equal :func:`generate`'s for the same inputs 
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterator, Mapping, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxsample._types import ArrayLike
-from jaxsample.chain import Sampler
-from jaxsample.decoding.generate import DecodeState, prepare, start, step
-from jaxsample.decoding.model import Model
+from jaxsample.decoding import sharding
+from jaxsample.decoding.loop import INTERNAL_PAD, DecodeState, prepare, start, step
 
 
 class StreamChunk(NamedTuple):
@@ -49,54 +48,41 @@ def _step(model, sampler, cfg, params, sparams, stops, state: DecodeState):
 
 
 def stream(
-    model: Model,
+    model: Any,
     params: Any,
     prompt: ArrayLike,
     prompt_lengths: ArrayLike | None = None,
     *,
     max_new_tokens: ArrayLike,
-    max_tokens: int | None = None,
-    sampler: Sampler | None = None,
-    sampler_params: Mapping[str, ArrayLike] | None = None,
-    eos_ids: ArrayLike | None = None,
-    stop_sequences=None,
-    min_new_tokens: ArrayLike = 0,
-    pad_id: int = 0,
+    attention_mask: ArrayLike | None = None,
     cache: Any = None,
-    history_size: int | None = None,
+    mesh: Any = None,
+    **kwargs: Any,
 ) -> Iterator[StreamChunk]:
     """Generates like :func:`jaxsample.decoding.generate`, yielding each step's tokens.
 
-    Arguments are those of :func:`~jaxsample.decoding.generate` (log-probs are not streamed). The
-    generator stops after the step in which the last row finished; a row's tokens are the
-    ``tokens[b]`` of the chunks where ``emitted[b]`` is True.
+    Arguments are those of :func:`~jaxsample.decoding.generate` for greedy and sampled generation
+    (log-probs are not streamed). The generator stops after the step in which the last row
+    finished; a row's tokens are the ``tokens[b]`` of the chunks where ``emitted[b]`` is True.
     """
-    req = prepare(
-        model,
-        prompt,
-        prompt_lengths,
-        max_new_tokens=max_new_tokens,
-        max_tokens=max_tokens,
-        sampler=sampler,
-        sampler_params=sampler_params,
-        eos_ids=eos_ids,
-        stop_sequences=stop_sequences,
-        min_new_tokens=min_new_tokens,
-        pad_id=pad_id,
-        cache=cache,
-        logprobs=False,
-        top_logprobs=0,
-        history_size=history_size,
-    )
+    from jaxsample.decoding.generate import options_from
+
+    opts = options_from(kwargs.pop("options", None), dict(kwargs, max_new_tokens=max_new_tokens))
+    if opts.strategy() != "generate":
+        raise ValueError(f"stream runs greedy or sampled generation only; these options ask for {opts.strategy()}")
+    req = prepare(model, params, prompt, prompt_lengths, opts.replace(logprobs=False, top_logprobs=0), cache=cache,
+                  attention_mask=attention_mask, mesh=mesh)
+    params = sharding.replicate(params, req.cfg.batch_sharding)
     state = _start(
-        model, req.sampler, req.cfg, params, req.prompt, req.lengths, cache, req.sampler_params, req.stops
+        req.model, req.sampler, req.cfg, params, req.prompt, req.lengths, req.cache, req.sampler_params, req.stops
     )
     if bool(jnp.all(state.out.done)):
         return
     while True:
         state, token, emitted, reason, done = _step(
-            model, req.sampler, req.cfg, params, req.sampler_params, req.stops, state
+            req.model, req.sampler, req.cfg, params, req.sampler_params, req.stops, state
         )
-        yield StreamChunk(np.asarray(token), np.asarray(emitted), np.asarray(reason))
+        token = np.asarray(token)
+        yield StreamChunk(np.where(token == INTERNAL_PAD, req.pad_id, token), np.asarray(emitted), np.asarray(reason))
         if bool(done):
             return

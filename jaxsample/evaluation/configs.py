@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from jaxsample import config as _config
 from jaxsample import presets
+from jaxsample.decoding.options import DecodingOptions
 
 ECOSYSTEMS = ("llama.cpp", "vllm", "hf", "scenario")
 STRATEGIES = ("greedy", "sample", "beam", "beam_sample", "group_beam", "contrastive", "best_of")
@@ -191,27 +192,42 @@ class DecodingConfig:
             raise ValueError(f"num_return must be 1 for strategy {self.strategy!r} (it has one output)")
         if self.strategy in ("sample", "best_of") and self.sampler is None:
             raise ValueError(f"sampler is required for strategy {self.strategy!r}")
-        if self.strategy in ("beam", "beam_sample", "group_beam") and self.num_return > self.num_beams:
-            raise ValueError(f"num_return ({self.num_return}) must be <= num_beams ({self.num_beams})")
-        if self.strategy == "group_beam":
-            if self.num_beam_groups < 2 or self.num_beams % self.num_beam_groups:
-                raise ValueError(
-                    f"num_beam_groups must be >= 2 and divide num_beams={self.num_beams}, got {self.num_beam_groups}"
-                )
-            if self.diversity_penalty < 0:
-                raise ValueError(f"diversity_penalty must be >= 0, got {self.diversity_penalty}")
-        if self.strategy == "best_of" and self.num_return > self.best_of:
-            raise ValueError(f"num_return ({self.num_return}) must be <= best_of ({self.best_of})")
-        if self.early_stopping not in (True, False, "never"):
-            raise ValueError(f"early_stopping must be true, false or 'never', got {self.early_stopping!r}")
-        if self.length_normalization not in ("hf", "gnmt", "vllm"):
-            raise ValueError(f"length_normalization must be 'hf', 'gnmt' or 'vllm', got {self.length_normalization!r}")
-        if self.rank_by not in ("raw", "processed"):
-            raise ValueError(f"rank_by must be 'raw' or 'processed', got {self.rank_by!r}")
-        if not 0.0 <= self.penalty_alpha <= 1.0:
-            raise ValueError(f"penalty_alpha must be in [0, 1], got {self.penalty_alpha}")
+        if self.strategy == "group_beam" and self.num_beam_groups < 2:
+            raise ValueError(
+                f"num_beam_groups must be >= 2 and divide num_beams={self.num_beams}, got {self.num_beam_groups}"
+            )
+        try:  # every other rule (divisibility, ranges, early_stopping ...) is DecodingOptions'
+            self.options(max_new_tokens=1)
+        except ValueError as err:
+            message = str(err).replace("num_return_sequences", "num_return")
+            if "divisible by num_beam_groups" in message:
+                message = f"num_beam_groups must be >= 2 and divide num_beams={self.num_beams}: {message}"
+            raise ValueError(message) from None
         if self.sampler is not None and not isinstance(self.sampler, (str, Mapping, SamplerConfig)):
             raise ValueError(f"sampler must be a name, a path or a mapping, got {self.sampler!r}")
+
+    def options(self, **values: Any) -> DecodingOptions:
+        """The :class:`~jaxsample.decoding.DecodingOptions` of this strategy (``values``: ``max_new_tokens``,
+        ``eos_ids``, ``sampler``, traced penalties ... override the config's fields).
+
+        ``sample`` and ``greedy`` map to plain generation (``sample`` draws its ``num_return`` samples as
+        independent rows in the runner), ``beam*`` to beam search, ``contrastive`` to contrastive
+        search, ``best_of`` to sample-and-rank.
+        """
+        s = self.strategy
+        o: dict[str, Any] = {"min_new_tokens": self.min_new_tokens}
+        if s in ("beam", "beam_sample", "group_beam"):
+            o.update(num_beams=self.num_beams, num_return_sequences=self.num_return, length_penalty=self.length_penalty,
+                     early_stopping=self.early_stopping, length_normalization=self.length_normalization,
+                     do_sample=s == "beam_sample")
+            if s == "group_beam":
+                o.update(num_beam_groups=self.num_beam_groups, diversity_penalty=self.diversity_penalty)
+        elif s == "contrastive":
+            o.update(top_k=self.top_k, penalty_alpha=self.penalty_alpha)
+        elif s == "best_of":
+            o.update(n=self.num_return, best_of=self.best_of, rank_by=self.rank_by, length_penalty=self.length_penalty)
+        o.update(values)
+        return DecodingOptions(**o)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsample import decoding, distributed
+from jaxsample.decoding import beam, contrastive, rank
+from jaxsample.decoding.generate import generate_tokens
 from jaxsample.decoding.model import repeat_rows
 from jaxsample.evaluation import data as _data
 from jaxsample.evaluation import metrics as M
@@ -70,7 +72,8 @@ def _decode_fn(model, cfg: DecodingConfig, sampler, n_new: int) -> Callable:
     :func:`sharding.row_keys` (``fold_in(key(seed), r)``).
     """
     k, c = cfg.num_return, model.config
-    dmodel = decoding.Model(model.apply_step)
+    run = {"greedy": generate_tokens, "contrastive": contrastive.search, "best_of": rank.rank}.get(cfg.strategy, beam.search)
+    traced = [name for name in _TRACED[1:] if name in cfg.USES[cfg.strategy]]
 
     def fn(shared, local):
         params, ids, row, seed = shared["params"], local["input_ids"], local["row"], shared["seed"]
@@ -81,29 +84,15 @@ def _decode_fn(model, cfg: DecodingConfig, sampler, n_new: int) -> Callable:
         if sampler is not None:
             values = {n: jnp.broadcast_to(v, (b,) + v.shape[1:]) for n, v in shared["sampler"].items()}
             values["seed"] = sharding.row_keys(seed, row)
-        common = dict(max_new_tokens=n_new, eos_ids=c.eos_id, pad_id=c.pad_id, min_new_tokens=cfg.min_new_tokens,
-                      sampler=sampler, sampler_params=values)
-        s = cfg.strategy
-        if s == "sample":  # k independent samples per row, seeds fold_in(fold_in(key(seed), row), j)
+        common = dict(max_new_tokens=n_new, eos_ids=c.eos_id, pad_id=c.pad_id, sampler=sampler, sampler_params=values)
+        if cfg.strategy == "sample":  # k independent samples per row, seeds fold_in(fold_in(key(seed), row), j)
             many = repeat_rows(values, k)
             many["seed"] = sharding.row_keys(seed, row, k).reshape(-1)
-            out = decoding.generate(dmodel, params, repeat_rows(start, k), cache=repeat_rows(cache, k),
-                                    **{**common, "sampler_params": many})
-        elif s == "greedy":
-            out = decoding.generate(dmodel, params, start, cache=cache, **common)
-        elif s == "contrastive":
-            out = decoding.contrastive_search(dmodel, params, start, cache=cache, top_k=cfg.top_k,
-                                              penalty_alpha=shared["penalty_alpha"], **common)
-        elif s == "best_of":
-            out = decoding.sample_and_rank(dmodel, params, start, cache=cache, n=k, best_of=cfg.best_of,
-                                           rank_by=cfg.rank_by, length_penalty=shared["length_penalty"], **common)
-        else:
-            out = decoding.beam_search(
-                dmodel, params, start, cache=cache, num_beams=cfg.num_beams, num_return_sequences=k,
-                length_penalty=shared["length_penalty"], early_stopping=cfg.early_stopping,
-                length_normalization=cfg.length_normalization, do_sample=s == "beam_sample",
-                num_beam_groups=cfg.num_beam_groups if s == "group_beam" else 1,
-                diversity_penalty=shared["diversity_penalty"], **common)
+            opts = cfg.options(**{**common, "sampler_params": many})
+            out = generate_tokens(model, params, repeat_rows(start, k), None, opts, cache=repeat_rows(cache, k))
+        else:  # the config's DecodingOptions, with the traced settings as arguments of the compiled program
+            opts = cfg.options(**common, **{name: shared[name] for name in traced})
+            out = run(model, params, start, None, opts, cache=cache)
         return {"tokens": out.tokens.reshape(b, k, -1), "lengths": out.lengths.reshape(b, k),
                 "reason": out.finish_reason.reshape(b, k)}
 

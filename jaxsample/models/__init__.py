@@ -27,10 +27,14 @@ from jaxsample.models.configs import (
 from jaxsample.models.decoder import DecoderLM
 from jaxsample.models.layers import DecoderCache, KVCache, StepOutput, positions_from_mask
 
-Model = DecoderLM | Bart
+#: Either of the project's Flax model classes. Every ``jaxsample.decoding`` strategy takes one
+#: directly (its ``apply_step`` / ``init_cache``). Also exported as ``Model``, its first name; the
+#: decoding protocol type is the unrelated :class:`jaxsample.decoding.DecodingModel`.
+LanguageModel = DecoderLM | Bart
+Model = LanguageModel
 
 
-def make_model(config: ModelConfig) -> Model:
+def make_model(config: ModelConfig) -> LanguageModel:
     """The model class matching ``config`` (:class:`DecoderLM` or :class:`Bart`)."""
     if isinstance(config, BartConfig):
         return Bart(config)
@@ -47,6 +51,7 @@ __all__ = sorted([
     "DecoderConfig",
     "DecoderLM",
     "KVCache",
+    "LanguageModel",
     "Model",
     "ModelConfig",
     "StepOutput",
