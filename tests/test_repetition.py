@@ -56,7 +56,7 @@ def test_looping_rows_stop_with_reason_repetition():
 def test_priority_min_tokens_per_row_values_and_no_recompile():
     prompts = jnp.array([[2], [2], [2]])
     kw = dict(max_tokens=12, repetition_detection=dict(max_pattern_size=jnp.array([2, 0, 2]), min_count=3, bound=4))
-    decode = importlib.import_module("jaxsample.decoding.generate").decode  # the jitted loop
+    decode = importlib.import_module("jaxsample.decoding.loop").decode  # the jitted loop
     before = decode._cache_size()
     out = generate(BIGRAM, {"logits": TABLE}, prompts, max_new_tokens=jnp.array([12, 12, 6]),
                    min_new_tokens=jnp.array([8, 0, 0]), **kw)

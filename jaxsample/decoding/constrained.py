@@ -322,7 +322,7 @@ def constrained_beam_search(
     eos_ids: ArrayLike | None = None,
     stop_sequences=None,
     min_new_tokens: ArrayLike = 0,
-    pad_id: int = 0,
+    pad_id: int | None = None,
     cache: Any = None,
     history_size: int | None = None,
     attention_mask: ArrayLike | None = None,

@@ -156,7 +156,7 @@ def dola_generate(
     eos_ids: ArrayLike | None = None,
     stop_sequences=None,
     min_new_tokens: ArrayLike = 0,
-    pad_id: int = 0,
+    pad_id: int | None = None,
     cache: Any = None,
     logprobs: bool = False,
     top_logprobs: int = 0,

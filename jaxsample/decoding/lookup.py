@@ -196,7 +196,7 @@ def prompt_lookup_generate(
     eos_ids: ArrayLike | None = None,
     stop_sequences=None,
     min_new_tokens: ArrayLike = 0,
-    pad_id: int = 0,
+    pad_id: int | None = None,
     cache: Any = None,
     history_size: int | None = None,
     repetition_detection=None,
