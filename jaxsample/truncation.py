@@ -255,8 +255,9 @@ def top_n_sigma(logits: ArrayLike, n: ArrayLike) -> Array:
         count = jnp.maximum(jnp.sum(finite, axis=-1, keepdims=True, dtype=jnp.float32), 1.0)
         mean = jnp.sum(jnp.where(finite, x, 0.0), axis=-1, keepdims=True) / count
         std = jnp.sqrt(jnp.sum(jnp.where(finite, jnp.square(x - mean), 0.0), axis=-1, keepdims=True) / count)
-        keep = (n <= 0) | (x >= _math.row_max(x) - jnp.where(n > 0, n, 0.0) * std)
-        return _math.keep(x, keep)
+        # std == 0 (one finite logit, or all equal) keeps the maxima even for n = inf (no inf * 0)
+        margin = jnp.where((n > 0) & (std > 0), n * std, 0.0)
+        return _math.nonempty(_math.keep(x, (n <= 0) | (x >= _math.row_max(x) - margin)), x)
 
     return _math.restore(_math.if_any(n > 0, apply, lambda: x), dtype)
 
