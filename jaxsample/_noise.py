@@ -68,13 +68,18 @@ def _words(keys: Array) -> tuple[Array, Array]:
 
 
 def _to_unit_open(bits: Array) -> Array:
-    """``uint32`` -> float32 in ``(0, 1)``: ``(bits + 0.5) / 2**32``."""
-    return (bits.astype(jnp.float32) + 0.5) * jnp.float32(2.0**-32)
+    """``uint32`` -> float32 in ``(0, 1)``: ``((bits >> 8) + 0.5) / 2**24``, exact in float32.
+
+    The top 24 bits fill the float32 mantissa, so the result lies in ``[2**-25, 1 - 2**-25]``
+    (``(bits + 0.5) / 2**32`` would round to exactly ``1.0`` for the top 128 patterns, and the
+    Gumbel noise built from it to ``-inf``).
+    """
+    return ((bits >> 8).astype(jnp.float32) + 0.5) * jnp.float32(2.0**-24)
 
 
 def _gumbel_from_bits(bits: Array) -> Array:
-    # -log(E) with E = -log1p(-w) ~ Exp(1). For small w, log1p keeps full relative precision, so
-    # the upper tail of the Gumbel (the one argmax cares about) reaches -log(2**-33) ~ 22.9.
+    # -log(E) with E = -log1p(-w) ~ Exp(1): finite for every w in [2**-25, 1 - 2**-25], from
+    # -log(-log(2**-25)) ~ -2.85 to -log(2**-25) ~ 17.3.
     w = _to_unit_open(bits)
     return -jnp.log(-jnp.log1p(-w))
 

@@ -103,6 +103,7 @@ def top_k(logits: ArrayLike, k: ArrayLike, *, exact: bool = False, candidates: i
     >>> top_k(jnp.array([1.0, 3.0, 2.0, 3.0]), 1, exact=True).tolist()
     [-inf, 3.0, -inf, -inf]
     """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     x, dtype = _math.prepare(logits)
     batch, vocab = x.shape[:-1], x.shape[-1]
     k = _validate.param(k, batch, "k (top_k)", dtype=jnp.int32)
@@ -138,6 +139,7 @@ def top_p(logits: ArrayLike, p: ArrayLike, min_keep: ArrayLike = 1, *, candidate
     >>> (top_p(x, 0.7) > -jnp.inf).tolist()
     [False, False, True, True]
     """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     x, dtype = _math.prepare(logits)
     batch = x.shape[:-1]
     p = _probability(p, batch, "p (top_p)")
@@ -206,6 +208,7 @@ def typical(logits: ArrayLike, p: ArrayLike, min_keep: ArrayLike = 1, *, candida
     >>> (typical(x, 0.5) > -jnp.inf).tolist()
     [False, True, True, True]
     """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     x, dtype = _math.prepare(logits)
     batch = x.shape[:-1]
     p = _probability(p, batch, "p (typical)")

@@ -168,6 +168,7 @@ class DecodingConfig:
     }
 
     def __post_init__(self):
+        _config.check_types(self)
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}; got {self.strategy!r}")
         for f in dataclasses.fields(self):
@@ -196,7 +197,7 @@ class DecodingConfig:
                 raise ValueError(f"diversity_penalty must be >= 0, got {self.diversity_penalty}")
         if self.strategy == "best_of" and self.num_return > self.best_of:
             raise ValueError(f"num_return ({self.num_return}) must be <= best_of ({self.best_of})")
-        if self.early_stopping not in (True, False, "never"):
+        if not any(self.early_stopping is v for v in (True, False)) and self.early_stopping != "never":
             raise ValueError(f"early_stopping must be true, false or 'never', got {self.early_stopping!r}")
         if self.length_normalization not in ("hf", "gnmt"):
             raise ValueError(f"length_normalization must be 'hf' or 'gnmt', got {self.length_normalization!r}")

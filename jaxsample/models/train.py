@@ -55,6 +55,9 @@ class TrainConfig:
     log_every: int = 10  # host sync + callback period (steps)
 
     def __post_init__(self):
+        from jaxsample import config as _config
+
+        _config.check_types(self)
         if self.num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
         if not 0 <= self.warmup_steps <= self.num_steps:
@@ -212,6 +215,20 @@ class TrainResult(NamedTuple):
     seconds: float  # wall time of the loop, first step (compilation) included
 
 
+class NonFiniteLossError(FloatingPointError, ValueError):
+    """Training produced a NaN or infinite loss (or gradient norm); nothing after it was saved."""
+
+
+def _check_finite(row: dict[str, float]) -> None:
+    for name in ("loss", "grad_norm"):
+        if name in row and not np.isfinite(row[name]):
+            raise NonFiniteLossError(
+                f"training stopped: {name} is {row[name]} at step {row['step']} (learning rate "
+                f"{row['learning_rate']:.3g}); no checkpoint was written from this step on. Lower "
+                "train.learning_rate, enable train.clip_norm or check the data"
+            )
+
+
 def train(
     model,
     params: Any,
@@ -239,6 +256,10 @@ def train(
     Returns:
       :class:`TrainResult`; metrics are only copied to the host every ``log_every`` steps, so the
       device runs ahead of Python in between.
+
+    Raises:
+      NonFiniteLossError: (a ``ValueError``) at the first host sync that sees a NaN or infinite
+        loss or gradient norm; no checkpoint holds parameters from that step on.
     """
     optimizer = make_optimizer(config)
     step_fn = _loop_step(model, config)
@@ -255,6 +276,7 @@ def train(
         for i, m in enumerate(host):
             s = step - len(host) + i
             rows.append({"step": s, **{k: float(v) for k, v in m.items()}, "learning_rate": float(lr(s))})
+            _check_finite(rows[-1])
         pending.clear()
         if callback is not None and host:
             callback(step, rows[-1])
@@ -271,6 +293,7 @@ def train(
         if (step - start_step) % config.log_every == 0:
             flush()
         if checkpoint_dir and checkpoint_every and step % checkpoint_every == 0:
+            flush()  # a non-finite loss stops training before its parameters are saved
             _checkpoint.save(checkpoint_dir, step, params, model.config, opt_state=opt_state)
     flush()
     jax.block_until_ready(params)

@@ -16,7 +16,7 @@ import numpy as np
 from jaxsample import stages
 from jaxsample._candidates import DEFAULT_CANDIDATES
 from jaxsample.chain import chain
-from jaxsample.presets._preset import Preset
+from jaxsample.presets._preset import Preset, check_bias, check_fields
 
 _UNSUPPORTED = {
     "guidance_scale": "classifier-free guidance needs a second (unconditional) model pass: combine the two "
@@ -92,6 +92,7 @@ def hf(
         reason = _UNSUPPORTED.get(field, "not a sampling field of GenerationConfig (decoding settings go to "
                                           "jaxsample.decoding)")
         raise ValueError(f"{field}: {reason}")
+    check_fields(hf, locals())
     eos = _ids(eos_token_id)
     _positive("top_p", top_p, open_lo=False, hi=1.0)
     if min_p is not None:
@@ -104,6 +105,7 @@ def hf(
     parts, values = [], {"seed": seed}
     if sequence_bias:
         items = list(sequence_bias.items()) if isinstance(sequence_bias, dict) else [tuple(x) for x in sequence_bias]
+        check_bias({i: b for i, (_, b) in enumerate(items)}, "sequence_bias")
         seqs = tuple(tuple(int(t) for t in s) for s, _ in items)
         parts.append(stages.sequence_bias(seqs, tuple(0.0 for _ in seqs)))
         values.update({f"sequence_bias_{i}": float(b) for i, (_, b) in enumerate(items)})

@@ -8,13 +8,14 @@ penalties (repetition over prompt and output, frequency / presence over output) 
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Sequence
 
 from jaxsample import stages
 from jaxsample._candidates import DEFAULT_CANDIDATES
 from jaxsample.chain import chain
-from jaxsample.presets._preset import Preset, stack
+from jaxsample.presets._preset import Preset, check_bias, check_fields, stack
 
 _SAMPLING_EPS = 1e-5
 _MIN_TEMP = 0.01
@@ -57,6 +58,8 @@ def vllm(
     >>> vllm(temperature=0.0).values["temperature"]
     0.0
     """
+    check_fields(vllm, locals())
+    check_bias(logit_bias or {}, "logit_bias", allow=(-math.inf, math.inf))  # infinities clamp to +-100
     _check(-2.0 <= presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]", presence_penalty)
     _check(-2.0 <= frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]", frequency_penalty)
     _check(repetition_penalty > 0.0, "repetition_penalty", "must be > 0", repetition_penalty)
