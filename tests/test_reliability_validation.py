@@ -179,7 +179,7 @@ def test_penalties_never_empty_a_row_and_leave_absent_tokens_alone():
     hist = jnp.array([[0, 1, 2, 3]])
     for kw in (dict(repeat=np.inf), dict(frequency=np.inf), dict(presence=np.inf), dict(frequency=-np.inf)):
         out = np.asarray(jax.jit(lambda h, **k: js.penalties(x, h, **k))(hist, **kw))
-        assert np.isfinite(out).any() and not np.isnan(out).any(), (kw, out)
+        assert (out > -np.inf).any() and not np.isnan(out).any(), (kw, out)
     absent = jnp.array([[0, -1, -1, -1]])
     for kw in (dict(repeat=np.inf), dict(repeat=np.nan), dict(frequency=np.nan), dict(presence=-np.inf)):
         out = np.asarray(jax.jit(lambda **k: js.penalties(x, absent, **{n: jnp.float32(v) for n, v in k.items()}))(**kw))
