@@ -16,6 +16,8 @@ import inspect
 import typing
 import warnings
 
+import hypothesis
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -159,6 +161,28 @@ def test_function_parameters_reject_or_keep_the_contract(fn, param):
     traced = jax.jit(lambda v: _call(fn, {**FUNCTIONS[fn], param: v}))
     for value in TRACED:
         check_contract(traced(jnp.float32(value)))
+
+
+_JITTED: dict = {}
+
+
+@hypothesis.given(
+    case=st.sampled_from(FUNCTION_PARAMS),
+    value=st.floats(width=32, allow_nan=True, allow_infinity=True)
+    | st.sampled_from([2.0**31, 2.0**63, -(2.0**63), 3e38, 1e-38, -1e-38]),
+    row=st.integers(0, B - 1),
+)
+def test_property_any_traced_value_keeps_the_contract(case, value, row):
+    """Hypothesis over every function parameter: one row gets an arbitrary (non-finite, huge, tiny)
+    value, the others the base value; the output keeps the contract in every row."""
+    fn, param = case
+    if case not in _JITTED:
+        _JITTED[case] = jax.jit(lambda v: _call(fn, {**FUNCTIONS[fn], param: v}))
+    base = np.float32(np.asarray(FUNCTIONS[fn].get(param, 1.0), np.float32).reshape(-1)[0]) \
+        if param in FUNCTIONS[fn] else np.float32(1.0)
+    values = np.full(B, base, np.float32)
+    values[row] = np.float32(value)
+    check_contract(_JITTED[case](jnp.asarray(values if fn != "sequence_bias" else values[:1])))
 
 
 def test_none_parameter_is_named():
