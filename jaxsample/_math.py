@@ -69,6 +69,17 @@ def keep(x: Array, mask: Array) -> Array:
     return jnp.where(mask, x, NEG_INF)
 
 
+def nonempty(out: Array, x: Array) -> Array:
+    """``out`` with rows that lost every finite logit (while ``x`` had one) replaced by ``x``'s first maximum.
+
+    Guards rescaling transforms against extreme parameters (a temperature of ``3e38`` or ``1e-38``,
+    infinite penalties): the row keeps the token that was most probable before the transform,
+    the nearest meaningful value, instead of ending with no finite logit. ``out``, ``x``: ``[..., V]``.
+    """
+    lost = ~has_finite(out) & has_finite(x)
+    return jnp.where(lost[..., None], keep(x, first_max_mask(x)), out)
+
+
 def has_finite(x: Array) -> Array:
     """``bool[...]``: whether a row has at least one token that can still be sampled."""
     return jnp.any(x > NEG_INF, axis=-1)

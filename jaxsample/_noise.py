@@ -68,13 +68,18 @@ def _words(keys: Array) -> tuple[Array, Array]:
 
 
 def _to_unit_open(bits: Array) -> Array:
-    """``uint32`` -> float32 in ``(0, 1)``: ``(bits + 0.5) / 2**32``."""
-    return (bits.astype(jnp.float32) + 0.5) * jnp.float32(2.0**-32)
+    """``uint32`` -> float32 in ``(0, 1)``: ``((bits >> 9) + 0.5) / 2**23``, exact in float32.
+
+    The top 23 bits plus the half-step fit the 24-bit float32 significand, so the result lies in
+    ``[2**-24, 1 - 2**-24]`` (``(bits + 0.5) / 2**32`` rounds to exactly ``1.0`` for the top 128
+    patterns, and the Gumbel noise built from it to ``-inf``).
+    """
+    return ((bits >> 9).astype(jnp.float32) + 0.5) * jnp.float32(2.0**-23)
 
 
 def _gumbel_from_bits(bits: Array) -> Array:
-    # -log(E) with E = -log1p(-w) ~ Exp(1). For small w, log1p keeps full relative precision, so
-    # the upper tail of the Gumbel (the one argmax cares about) reaches -log(2**-33) ~ 22.9.
+    # -log(E) with E = -log1p(-w) ~ Exp(1): finite for every w in [2**-24, 1 - 2**-24], from
+    # -log(-log(2**-24)) ~ -2.82 to -log(2**-24) ~ 16.6.
     w = _to_unit_open(bits)
     return -jnp.log(-jnp.log1p(-w))
 

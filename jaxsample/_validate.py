@@ -44,9 +44,7 @@ def check_range(
     """
     if value is None or not is_concrete(value):
         return
-    arr = np.asarray(value)
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    arr = host_array(value, name)
     if arr.size == 0:
         return
     if np.issubdtype(arr.dtype, np.floating):
@@ -64,6 +62,24 @@ def check_range(
         if bad.any():
             op = "<" if hi_open else "<="
             raise ValueError(f"{name} must be {op} {hi}, got {_describe(arr[bad][:1])}")
+
+
+def host_array(value: Any, name: str) -> np.ndarray:
+    """A concrete numeric ``value`` as a numpy array; ``ValueError`` naming ``name`` otherwise.
+
+    Rejects ``None``, strings, booleans, objects and Python ints too large for 64 bits (which
+    numpy cannot hold) with a message instead of numpy's or JAX's ``TypeError``/``OverflowError``.
+    """
+    if value is None:
+        raise ValueError(f"{name} must be a number or an array of numbers, got None")
+    try:
+        arr = np.asarray(value)
+    except (OverflowError, TypeError, ValueError):
+        raise ValueError(f"{name} must be a number or an array of numbers, got {value!r}") from None
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
+        raise ValueError(f"{name} must be numeric, got {value!r}" if arr.size == 1 else
+                         f"{name} must be numeric, got dtype {arr.dtype}")
+    return arr
 
 
 def row_param(value: Any, batch_shape: tuple[int, ...], name: str, dtype=jnp.float32) -> Array:
@@ -91,9 +107,18 @@ def row_param(value: Any, batch_shape: tuple[int, ...], name: str, dtype=jnp.flo
             f"{name} has shape {shape}, which does not broadcast to the batch shape "
             f"{tuple(batch_shape)} (logits.shape[:-1])"
         )
+    if is_concrete(value) and not isinstance(value, jax.Array):
+        # Host values are cast on the host: JAX would raise OverflowError for Python ints >= 2**31.
+        arr = host_array(value, name)
+        if jnp.issubdtype(dtype, jnp.integer):
+            # Large or infinite "off" values (top_k=inf, top_k=2**40) saturate instead of wrapping.
+            info = np.iinfo(np.dtype(dtype))
+            if np.issubdtype(arr.dtype, np.floating):
+                arr = np.nan_to_num(arr, nan=0.0, posinf=info.max, neginf=info.min)
+            arr = np.clip(arr, info.min, info.max)
+        return jnp.broadcast_to(jnp.asarray(arr.astype(np.dtype(dtype))), batch_shape)
     arr = jnp.asarray(value)
     if jnp.issubdtype(dtype, jnp.integer) and jnp.issubdtype(arr.dtype, jnp.floating):
-        # Large or infinite "off" values (e.g. top_k=inf) saturate instead of wrapping.
         info = jnp.iinfo(dtype)
         arr = jnp.clip(jnp.nan_to_num(arr, nan=0.0), info.min, info.max)
     return jnp.broadcast_to(arr.astype(dtype), batch_shape)

@@ -178,6 +178,8 @@ def ignore_eos(logits: ArrayLike, eos_ids: ArrayLike, ignore: ArrayLike = True) 
     """
     x, dtype = _math.prepare(logits)
     batch = x.shape[:-1]
-    on = _validate.param(jnp.asarray(ignore).astype(jnp.int32), batch, "ignore", dtype=jnp.int32, lo=0, hi=1)
+    if ignore is not None and not isinstance(ignore, str) and jnp.result_type(ignore) == jnp.bool_:
+        ignore = jnp.asarray(ignore).astype(jnp.int32)  # bool flags are 0/1 (strings, None: named error)
+    on = _validate.param(ignore, batch, "ignore", dtype=jnp.int32, lo=0, hi=1)
     banned = _mask(_as_ids(eos_ids, batch, x.shape[-1], "eos_ids"), x.shape[-1]) & (on > 0)[..., None]
     return _math.restore(_math.keep(x, ~banned), dtype)

@@ -253,7 +253,7 @@ class Sampler(NamedTuple):
     # ----------------------------------------------------------------------------------- params
     def param_specs(self) -> dict[str, Param]:
         """All parameters read by the chain, by name (``seed`` is always present)."""
-        specs: dict[str, Param] = {"seed": Param("seed", 0, jnp.int32)}
+        specs: dict[str, Param] = {"seed": Param("seed", 0, jnp.int32, lo=-(2**31), hi=2**31 - 1)}
         for part in self.stages + (self.selector,):
             for p in part.params:
                 specs.setdefault(p.name, p)

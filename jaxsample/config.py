@@ -16,6 +16,7 @@ the file). Every CLI takes ``--config FILE`` plus ``--set section.key=value`` ov
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -122,13 +123,37 @@ def _coerce(name: str, value: Any, hint) -> Any:
         return None
     for option in options:
         if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
             return float(value)
+        if option is int and type(value) is int and not -(2**63) <= value < 2**63:
+            raise ValueError(f"{name} must be an integer in [-2**63, 2**63), got {value!r}")
         if option in (int, str, bool) and type(value) is option:
             return value
         if typing.get_origin(option) in (dict, tuple, list, Mapping) or option in (dict, tuple, list):
             return _coerce(name, value, option)
     names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
     raise ValueError(f"{name} must be {names}, got {value!r}")
+
+
+def check_types(config: Any, prefix: str = "") -> None:
+    """Checks every field of a config dataclass against its type hint (for configs built in Python).
+
+    The same rules as :func:`build`: ``float`` fields take finite numbers (ints are converted),
+    ``int`` and ``bool`` fields exactly that type (``True`` is not an int, ``0`` not a bool);
+    nested dataclass fields are skipped (they check themselves).
+
+    Raises:
+      ValueError: naming ``prefix + field``.
+    """
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        hint, value = hints[f.name], getattr(config, f.name)
+        if not f.init or dataclasses.is_dataclass(hint) or typing.get_origin(hint) is typing.ClassVar:
+            continue
+        coerced = _coerce(f"{prefix}{f.name}", value, hint)
+        if type(coerced) is float and type(value) is not float:
+            object.__setattr__(config, f.name, coerced)
 
 
 def set_path(data: dict, dotted: str, value: Any) -> None:
@@ -166,7 +191,7 @@ def read(path: str | os.PathLike | None, overrides: Sequence[str] = (), *, kind:
         if not isinstance(data, dict):
             raise ValueError(f"{where} must hold a mapping, got {type(data).__name__}")
         version = data.get("version", 1)
-        if version not in SUPPORTED_VERSIONS:
+        if type(version) is not int or version not in SUPPORTED_VERSIONS:
             raise ValueError(f"{where}: version {version!r} is not supported (supported: {SUPPORTED_VERSIONS})")
         if kind is not None and data.get("kind", kind) != kind:
             raise ValueError(f"{where}: kind is {data.get('kind')!r}, expected {kind!r}")

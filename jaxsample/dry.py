@@ -217,7 +217,7 @@ def dry(
     def apply():
         pen = _penalty(history, vocab, mult, jnp.where(on, b, 2.0), allowed, last_n, tables)
         out = x - pen
-        return jnp.where(on[..., None], _math.clean(out), x)
+        return _math.nonempty(jnp.where(on[..., None], _math.clean(out), x), x)  # an overflowing penalty never empties a row
 
     return _math.restore(_math.if_any(on, apply, lambda: x), dtype)
 

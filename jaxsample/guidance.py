@@ -25,7 +25,8 @@ def _combine(cond: Array, uncond: Array, s: Array) -> Array:
     limit = jnp.where(w == 0, 0.0, w * uncond) + jnp.where(s == 0, 0.0, s * cond)
     out = jnp.where(jnp.isfinite(cond) & jnp.isfinite(uncond), finite, limit)
     out = jnp.where(s == 1, cond, out)
-    return _math.clean(out)
+    # an infinite scale can send every finite score to -inf: keep cond's first maximum (never empty)
+    return _math.nonempty(_math.clean(out), cond)
 
 
 def _inputs(cond: ArrayLike, uncond: ArrayLike | None, scale: ArrayLike):

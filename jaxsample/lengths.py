@@ -126,9 +126,9 @@ def exponential_decay_length_penalty(
     batch, vocab = x.shape[:-1], x.shape[-1]
     pos = _validate.param(position, batch, "position", dtype=jnp.int32, lo=0)
     begin = _validate.param(start, batch, "start", dtype=jnp.int32)
-    f = _validate.param(factor, batch, "factor")
+    f = jnp.nan_to_num(_validate.param(factor, batch, "factor"), nan=1.0)  # traced NaN: off
     eos = _mask(_as_ids(eos_ids, batch, vocab, "eos_ids"), vocab)
     steps = (pos - begin).astype(jnp.float32)
     scale = (jnp.power(f, steps) - 1.0)[..., None]
     hit = eos & (pos > begin)[..., None] & jnp.isfinite(x)
-    return _math.restore(jnp.where(hit, x + jnp.abs(x) * scale, x), dtype)
+    return _math.restore(_math.clean(jnp.where(hit, x + jnp.abs(x) * scale, x)), dtype)

@@ -103,6 +103,7 @@ def mirostat(
     >>> int(token), round(float(mu), 3)   # k = 2: p(1) = 0.99988, surprise ~ 0.0002 bits
     (1, 10.5)
     """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     x, _ = _math.prepare(logits)
     batch, vocab = x.shape[:-1], x.shape[-1]
     mu = _validate.param(mu, batch, "mu (mirostat)")
@@ -146,6 +147,7 @@ def mirostat_v2(
     >>> int(token), float(mu)
     (0, 1.5)
     """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     x, _ = _math.prepare(logits)
     batch = x.shape[:-1]
     mu = _validate.param(mu, batch, "mu (mirostat_v2)")
@@ -213,6 +215,7 @@ def adaptive_p(
     >>> int(token), [round(float(v), 3) for v in state]
     (1, [0.2, 2.0])
     """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     x, _ = _math.prepare(logits)
     batch = x.shape[:-1]
     ws = _validate.param(weighted_sum, batch, "weighted_sum (adaptive_p)")

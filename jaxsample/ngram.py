@@ -243,8 +243,7 @@ def _row_biases(biases: ArrayLike, batch: tuple[int, ...], count: int) -> Array:
     shape = tuple(np.shape(biases))
     if not shape or shape[-1] != count:
         raise ValueError(f"biases must have a trailing axis of size {count} (one per sequence), got shape {shape}")
-    if _validate.is_concrete(biases) and np.isnan(np.asarray(biases, np.float32)).any():
-        raise ValueError("biases must not be NaN")
+    _validate.check_range(biases, "biases")  # numeric, not NaN (-inf bans)
     try:
         ok = np.broadcast_shapes(shape[:-1], batch) == tuple(batch)
     except ValueError:

@@ -76,8 +76,8 @@ def _counts(history: Array, vocab_size: int, last_n: Array) -> Array:
 def _penalise(x: Array, counts: Array, repeat: Array, frequency: Array, presence: Array) -> Array:
     """llama.cpp's formula on float32 ``x [..., V]``; parameters are ``[..., 1]``."""
     seen = counts > 0
-    x = jnp.where(seen, jnp.where(x <= 0, x * repeat, x / repeat), x)
-    return x - (counts.astype(jnp.float32) * frequency + seen.astype(jnp.float32) * presence)
+    y = jnp.where(x <= 0, x * repeat, x / repeat) - (counts.astype(jnp.float32) * frequency + presence)
+    return jnp.where(seen, y, x)  # tokens absent from the window stay exactly as they were
 
 
 def penalties(
@@ -128,10 +128,14 @@ def penalties(
     f = _validate.param(frequency, batch, "frequency")
     p = _validate.param(presence, batch, "presence")
     n = _validate.param(last_n, batch, "last_n", dtype=jnp.int32, lo=-1)
-    r = jnp.maximum(r, _TINY)
+    # Traced NaN values are off (the nearest meaningful value to "undefined").
+    r = jnp.maximum(jnp.nan_to_num(r, nan=1.0), _TINY)
+    f, p = jnp.nan_to_num(f, nan=0.0, posinf=jnp.inf, neginf=-jnp.inf), jnp.nan_to_num(p, nan=0.0, posinf=jnp.inf, neginf=-jnp.inf)
 
-    def apply():  # inf - inf (a +inf logit with an infinite penalty) counts as -inf, like NaN input
-        return _math.clean(_penalise(x, _counts(history, vocab, n), r[..., None], f[..., None], p[..., None]))
+    def apply():  # inf - inf (a +inf logit with an infinite penalty) counts as -inf, like NaN input;
+        # infinite penalties on every finite token keep the row's first maximum (never an empty row)
+        out = _math.clean(_penalise(x, _counts(history, vocab, n), r[..., None], f[..., None], p[..., None]))
+        return _math.nonempty(out, x)
 
     on = ((r != 1) | (f != 0) | (p != 0)) & (n != 0)  # neutral values leave every logit unchanged
     return _math.restore(_math.if_any(on, apply, lambda: x), dtype)
@@ -159,10 +163,11 @@ def encoder_repetition_penalty(logits: ArrayLike, encoder_ids: ArrayLike, penalt
     x, dtype = _math.prepare(logits)
     batch, vocab = x.shape[:-1], x.shape[-1]
     encoder_ids = _validate.check_tokens(encoder_ids, "encoder_ids", batch)
-    pen = jnp.maximum(_validate.param(penalty, batch, "penalty", lo=0.0, lo_open=True), _TINY)
+    pen = _validate.param(penalty, batch, "penalty", lo=0.0, lo_open=True)
+    pen = jnp.maximum(jnp.nan_to_num(pen, nan=1.0), _TINY)
     def apply():
         counts = _counts(encoder_ids, vocab, jnp.full(batch, -1, jnp.int32))
         zero = jnp.zeros(batch + (1,), jnp.float32)
-        return _math.clean(_penalise(x, counts, (1.0 / pen)[..., None], zero, zero))
+        return _math.nonempty(_math.clean(_penalise(x, counts, (1.0 / pen)[..., None], zero, zero)), x)
 
     return _math.restore(_math.if_any(pen != 1, apply, lambda: x), dtype)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxsample import _candidates, _math, _noise
+from jaxsample import _candidates, _math, _noise, _validate
 from jaxsample._types import Array, ArrayLike, KeyLike
 
 
@@ -61,6 +61,7 @@ def categorical(key: KeyLike, logits: ArrayLike, *, candidates: int = _candidate
     >>> int(categorical(jax.random.key(0), jnp.array([-jnp.inf, 0.0, -jnp.inf])))
     1
     """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     x, _ = _math.prepare(logits)
     x = certain(x)
     batch, vocab = x.shape[:-1], x.shape[-1]

@@ -10,7 +10,9 @@ from jaxsample._types import Array, ArrayLike
 
 def _scale(x: Array, t: Array) -> Array:
     """``x / t`` per row; rows with ``t <= 0`` keep only their first maximal logit."""
-    scaled = _math.clean(x / jnp.where(t > 0, t, 1.0))  # inf / inf (an infinite temperature) is NaN
+    # inf / inf (an infinite temperature) is NaN; a row that overflows to -inf everywhere (a tiny
+    # temperature) keeps its first maximum, the t -> 0 limit.
+    scaled = _math.nonempty(_math.clean(x / jnp.where(t > 0, t, 1.0)), x)
 
     def with_greedy_rows():
         return jnp.where(t > 0, scaled, _math.keep(x, _math.first_max_mask(x)))
@@ -81,6 +83,6 @@ def dynamic_temperature(
         lo_t = jnp.maximum(0.0, t - d)
         dyn_t = lo_t + (t + d - lo_t) * jnp.power(h, e)
         scaled = _scale(x, jnp.where(d > 0, dyn_t, t))
-        return jnp.where((d > 0) & (n <= 1), x, scaled)
+        return _math.nonempty(jnp.where((d > 0) & (n <= 1), x, scaled), x)
 
     return _math.restore(_math.if_any(d > 0, dynamic, lambda: _scale(x, t)), dtype)

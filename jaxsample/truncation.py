@@ -103,6 +103,7 @@ def top_k(logits: ArrayLike, k: ArrayLike, *, exact: bool = False, candidates: i
     >>> top_k(jnp.array([1.0, 3.0, 2.0, 3.0]), 1, exact=True).tolist()
     [-inf, 3.0, -inf, -inf]
     """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     x, dtype = _math.prepare(logits)
     batch, vocab = x.shape[:-1], x.shape[-1]
     k = _validate.param(k, batch, "k (top_k)", dtype=jnp.int32)
@@ -138,6 +139,7 @@ def top_p(logits: ArrayLike, p: ArrayLike, min_keep: ArrayLike = 1, *, candidate
     >>> (top_p(x, 0.7) > -jnp.inf).tolist()
     [False, False, True, True]
     """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     x, dtype = _math.prepare(logits)
     batch = x.shape[:-1]
     p = _probability(p, batch, "p (top_p)")
@@ -206,6 +208,7 @@ def typical(logits: ArrayLike, p: ArrayLike, min_keep: ArrayLike = 1, *, candida
     >>> (typical(x, 0.5) > -jnp.inf).tolist()
     [False, True, True, True]
     """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     x, dtype = _math.prepare(logits)
     batch = x.shape[:-1]
     p = _probability(p, batch, "p (typical)")
@@ -255,8 +258,9 @@ def top_n_sigma(logits: ArrayLike, n: ArrayLike) -> Array:
         count = jnp.maximum(jnp.sum(finite, axis=-1, keepdims=True, dtype=jnp.float32), 1.0)
         mean = jnp.sum(jnp.where(finite, x, 0.0), axis=-1, keepdims=True) / count
         std = jnp.sqrt(jnp.sum(jnp.where(finite, jnp.square(x - mean), 0.0), axis=-1, keepdims=True) / count)
-        keep = (n <= 0) | (x >= _math.row_max(x) - jnp.where(n > 0, n, 0.0) * std)
-        return _math.keep(x, keep)
+        # std == 0 (one finite logit, or all equal) keeps the maxima even for n = inf (no inf * 0)
+        margin = jnp.where((n > 0) & (std > 0), n * std, 0.0)
+        return _math.nonempty(_math.keep(x, (n <= 0) | (x >= _math.row_max(x) - margin)), x)
 
     return _math.restore(_math.if_any(n > 0, apply, lambda: x), dtype)
 

@@ -124,7 +124,7 @@ def test_names_resolve_next_to_the_referring_file_first(tmp_path):
 @pytest.mark.parametrize(
     "loader,overrides,message",
     [
-        (train.load, ["model.overrides={d_modl: 3}"], "model: unknown bart config field"),
+        (train.load, ["model.overrides={d_modl: 3}"], "model.overrides: unknown bart config field"),
         (train.load, ["model.arch=decoder"], "model.arch must be bart"),
         (train.load, ["train.num_steps=0"], "train.num_steps must be >= 1"),
         (train.load, ["batch_size=0"], "batch_size must be >= 1"),

@@ -140,3 +140,16 @@ def test_invalid_arguments():
         speculative_generate(BIGRAM, TARGET, BIGRAM, DRAFT, [[1]], num_draft_tokens=0, max_new_tokens=2)
     with pytest.raises(ValueError, match="draft"):
         speculative_generate(BIGRAM, TARGET, "draft", DRAFT, [[1]], num_draft_tokens=2, max_new_tokens=2)
+
+
+@pytest.mark.parametrize(
+    "role,select",
+    [("sampler", stages.mirostat_v2()), ("sampler", stages.adaptive_p(0.5)),
+     ("draft_sampler", stages.mirostat()), # a selector merely named like an exact one is not trusted
+     ("sampler", js.Selector("greedy", lambda x, s, p, info: (jnp.argmin(x, -1), s)))],
+)
+def test_selectors_without_an_exact_rule_are_refused(role, select):
+    chain = js.chain(select=select)
+    with pytest.raises(ValueError, match=f"^{role}: speculative decoding is exact only"):
+        speculative_generate(BIGRAM, TARGET, BIGRAM, DRAFT, [[1]], num_draft_tokens=2, max_new_tokens=2,
+                             **{role: chain})

@@ -261,3 +261,12 @@ def test_tiny_bart_learns_to_denoise_and_decodes_greedily_with_the_cache():
     own = np.asarray(T.shift_right(decoded, cfg.decoder_start_id, cfg.pad_id))
     logits = jax.jit(model.__call__)(result.params, test["input_ids"], test["attention_mask"], own).logits
     np.testing.assert_array_equal(np.argmax(logits, axis=-1), decoded)
+
+
+def test_non_finite_loss_stops_training_before_any_checkpoint(tmp_path):
+    params = jax.tree.map(lambda x: x * jnp.nan if x.ndim >= 2 else x, LM.init(jax.random.key(0)))
+    config = dataclasses.replace(TC, num_steps=4, warmup_steps=1, log_every=2)
+    with pytest.raises(T.NonFiniteLossError, match="loss is nan at step 0"):
+        T.train(LM, params, _stream(LM_BATCHES), config, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=2)
+    assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").iterdir())
+    assert issubclass(T.NonFiniteLossError, ValueError)  # the CLI prints one line

@@ -78,6 +78,23 @@ class SpecState(NamedTuple):
     accepted: Array  # int32[B]
 
 
+def _proposal(sampler: Sampler) -> str | None:
+    """``"greedy"`` or ``"softmax"``: the distribution the chain's selector draws from; ``None`` if neither.
+
+    Decided by the selector's function, not its (renameable) name: only :func:`stages.greedy` and
+    :func:`stages.categorical` qualify, the rule of this module being exact for them alone.
+    """
+    from jaxsample import stages
+
+    fn = sampler.selector.select
+    if fn is stages.greedy().select:
+        return "greedy"
+    if getattr(fn, "__module__", "") == stages.categorical.__module__ and \
+            getattr(fn, "__qualname__", "").startswith("categorical."):
+        return "softmax"
+    return None
+
+
 def _keys(seeds: Array, position: Array, salt: int) -> Array:
     return jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(jax.random.key(s), p), salt))(
         seeds, position
@@ -112,8 +129,8 @@ def _step(
     active = ~out.done
     pos = state.prompt_lengths - 1 + out.length
     run_pos = jnp.where(active, pos, -1)
-    greedy_target = sampler.selector.name == "greedy"
-    greedy_draft = draft_sampler.selector.name == "greedy"
+    greedy_target = _proposal(sampler) == "greedy"
+    greedy_draft = _proposal(draft_sampler) == "greedy"
 
     # 1. draft k tokens
     first = jnp.stack([jnp.maximum(state.extra, 0), state.last], axis=1)
@@ -284,6 +301,13 @@ def speculate(
         draft_sampler = req.sampler
         draft_sampler_params = req.sampler_params if draft_sampler_params is None else draft_sampler_params
     draft_sampler, dsparams = _request.sampler_inputs(draft_sampler, draft_sampler_params, b)
+    for role, chain in (("sampler", req.sampler), ("draft_sampler", draft_sampler)):
+        if _proposal(chain) is None:
+            raise ValueError(
+                f"{role}: speculative decoding is exact only for the selectors stages.greedy() and "
+                f"stages.categorical() (tokens drawn from softmax of the processed logits); selector "
+                f"{chain.selector.name!r} (e.g. mirostat, adaptive-p) draws from another distribution"
+            )
     dsparams = dict(dsparams, seed=dsparams["seed"] ^ jnp.int32(_DRAFT_SEED_SALT))
     cfg = req.cfg
     if draft_sampler.history_size() == -1 and cfg.history_size is None:

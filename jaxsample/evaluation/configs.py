@@ -175,6 +175,7 @@ class DecodingConfig:
     }
 
     def __post_init__(self):
+        _config.check_types(self)
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}; got {self.strategy!r}")
         for f in dataclasses.fields(self):

@@ -73,7 +73,7 @@ class ModelSection:
         try:
             return get_config(self.arch, self.size, **{**self.overrides, "vocab_size": vocab_size, **ids})
         except (ValueError, TypeError) as err:
-            raise ValueError(f"model: {err}") from None
+            raise ValueError(f"model.overrides: {err}") from None
 
 
 @dataclasses.dataclass(frozen=True)

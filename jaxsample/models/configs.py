@@ -46,8 +46,19 @@ class _Common:
     decoder_start_id: int = -1  # -1: the architecture's default (eos for BART, bos for the LM)
 
     arch: ClassVar[str] = ""
+    _SIZE_FIELDS: ClassVar[tuple[str, ...]] = ("vocab_size", "d_model", "num_heads", "d_ff", "max_len")
+    _POSITIVE_FLOATS: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self):
+        from jaxsample import config as _config
+
+        _config.check_types(self)
+        for name in self._SIZE_FIELDS:
+            if not 1 <= getattr(self, name) < 2**31:
+                raise ValueError(f"{name} must be in [1, 2**31), got {getattr(self, name)}")
+        for name in ("layer_norm_eps", "init_std") + self._POSITIVE_FLOATS:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -90,6 +101,8 @@ class DecoderConfig(_Common):
     rope_theta: float = 10_000.0
 
     arch: ClassVar[str] = "decoder"
+    _SIZE_FIELDS: ClassVar[tuple[str, ...]] = _Common._SIZE_FIELDS + ("num_layers",)
+    _POSITIVE_FLOATS: ClassVar[tuple[str, ...]] = ("rope_theta",)
 
     def _default_start(self) -> int:
         return self.bos_id
@@ -109,6 +122,7 @@ class BartConfig(_Common):
     norm_first: bool = False  # pre-LN + final stack norms (mBART) instead of post-LN (BART)
 
     arch: ClassVar[str] = "bart"
+    _SIZE_FIELDS: ClassVar[tuple[str, ...]] = _Common._SIZE_FIELDS + ("encoder_layers", "decoder_layers")
 
     def _default_start(self) -> int:
         return self.eos_id

@@ -56,6 +56,9 @@ class TrainConfig:
     log_every: int = 10  # host sync + callback period (steps)
 
     def __post_init__(self):
+        from jaxsample import config as _config
+
+        _config.check_types(self)
         if self.num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
         if not 0 <= self.warmup_steps <= self.num_steps:
@@ -254,6 +257,20 @@ class TrainResult(NamedTuple):
     stopped_early: bool = False  # early stopping ended the run before ``num_steps``
 
 
+class NonFiniteLossError(FloatingPointError, ValueError):
+    """Training produced a NaN or infinite loss (or gradient norm); nothing after it was saved."""
+
+
+def _check_finite(row: dict[str, float]) -> None:
+    for name in ("loss", "grad_norm"):
+        if name in row and not np.isfinite(row[name]):
+            raise NonFiniteLossError(
+                f"training stopped: {name} is {row[name]} at step {row['step']} (learning rate "
+                f"{row['learning_rate']:.3g}); no checkpoint was written from this step on. Lower "
+                "train.learning_rate, enable train.clip_norm or check the data"
+            )
+
+
 def train(
     model,
     params: Any,
@@ -303,6 +320,10 @@ def train(
     Returns:
       :class:`TrainResult`; metrics are only copied to the host every ``log_every`` steps, so the
       device runs ahead of Python in between.
+
+    Raises:
+      NonFiniteLossError: (a ``ValueError``) at the first host sync that sees a NaN or infinite
+        loss or gradient norm; no checkpoint holds parameters from that step on.
     """
     if early_stopping < 0 or eval_every < 0 or checkpoint_every < 0:
         raise ValueError("early_stopping, eval_every and checkpoint_every must be >= 0")
@@ -335,6 +356,7 @@ def train(
         for i, m in enumerate(host):
             s = step - len(host) + i
             rows.append({"step": s, **{k: float(v) for k, v in m.items()}, "learning_rate": float(lr(s))})
+            _check_finite(rows[-1])
         pending.clear()
         if callback is not None and host:
             callback(step, rows[-1])
@@ -351,6 +373,7 @@ def train(
             on_eval(step, metrics)
 
     def save() -> None:
+        flush()  # a non-finite loss stops training before its parameters are saved
         metadata = {**(checkpoint_metadata or {}), "best_eval": best_eval}
         if data_state is not None:
             metadata["data_state"] = data_state()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+import inspect
+import math
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -94,3 +96,69 @@ def _stack_requests(requests: list) -> dict | None:
             raise ValueError(f"stack: request field {key!r} is unset in some presets")
         out[key] = rows
     return out
+
+
+def _number(value: Any, field: str, integer: bool) -> None:
+    kind = "an integer" if integer else "a finite number"
+    ok = isinstance(value, (int, np.integer)) if integer else isinstance(value, (int, float, np.integer, np.floating))
+    if not ok or isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{field} must be {kind}, got {value!r}")
+    if not integer and not math.isfinite(value):
+        raise ValueError(f"{field} must be a finite number, got {value!r}")
+    if integer and not -(2**31) <= value < 2**31:
+        raise ValueError(f"{field} must be in [-2**31, 2**31), got {value!r}")
+
+
+def check_fields(builder: Callable, fields: Mapping[str, Any]) -> None:
+    """Checks the scalar fields of an ecosystem builder against its annotations, by the user's names.
+
+    Fields annotated ``float`` must be finite numbers (not bools, strings, NaN or infinities),
+    ``int`` fields integers in ``[-2**31, 2**31)``, ``bool`` fields bools (``| None`` also allows
+    ``None``). Other annotations (lists, mappings) are checked by the builder.
+
+    Raises:
+      ValueError: naming the first offending field.
+    """
+    for p in inspect.signature(builder).parameters.values():
+        if p.name not in fields:
+            continue
+        options = {a.strip() for a in str(p.annotation).split("|")}
+        value = fields[p.name]
+        if value is None and "None" in options:
+            continue
+        if options - {"None"} == {"float"}:
+            _number(value, p.name, integer=False)
+        elif options - {"None"} == {"int"}:
+            _number(value, p.name, integer=True)
+        elif options == {"bool"} and not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{p.name} must be true or false, got {value!r}")
+
+
+def check_bias(bias: Mapping, field: str, *, allow: tuple[float, ...] = (-math.inf,)) -> None:
+    """Token-id -> bias mappings: integer ids ``>= 0`` and finite biases (or one of ``allow``)."""
+    for token, value in bias.items():
+        token = int(token) if isinstance(token, str) and token.lstrip("-").isdigit() else token
+        _number(token, f"{field} token id", integer=True)
+        if token < 0:
+            raise ValueError(f"{field} token id must be >= 0, got {token!r}")
+        if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) and value in allow:
+            continue
+        _number(value, f"{field}[{token}]", integer=False)
+
+
+def check_values(preset: Preset, names: Mapping[str, str]) -> Preset:
+    """Validates a preset's values now (not at the first step), errors renamed to the user's fields.
+
+    ``names`` maps jaxsample parameter names to the ecosystem's field names (``typical_p`` ->
+    ``typ_p``).
+    """
+    try:
+        preset.params(())
+    except ValueError as err:
+        message = str(err)
+        for internal, user in names.items():
+            if message.startswith(internal + " ") and internal != user:
+                message = user + message[len(internal):]
+                break
+        raise ValueError(message) from None
+    return preset

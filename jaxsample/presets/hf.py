@@ -26,7 +26,7 @@ from jaxsample import stages
 from jaxsample._candidates import DEFAULT_CANDIDATES
 from jaxsample.chain import chain
 from jaxsample.presets import _fields
-from jaxsample.presets._preset import Preset
+from jaxsample.presets._preset import Preset, check_bias, check_fields
 from jaxsample.synthid import synthid_config
 from jaxsample.watermark import watermark_config
 
@@ -96,6 +96,7 @@ def _sampler(
     ``repetition_penalty < 1.2``) and :func:`jaxsample.decoding.constrained_beam_search` (HF order,
     constraints first; no sampling).
     """
+    check_fields(_sampler, locals())
     eos = _ids(eos_token_id)
     strategy: dict[str, Any] = {}
     if dola_layers is not None:
@@ -126,6 +127,7 @@ def _sampler(
     parts, values = [], {"seed": seed}
     if sequence_bias:
         items = list(sequence_bias.items()) if isinstance(sequence_bias, dict) else [tuple(x) for x in sequence_bias]
+        check_bias({i: b for i, (_, b) in enumerate(items)}, "sequence_bias")
         seqs = tuple(tuple(int(t) for t in s) for s, _ in items)
         parts.append(stages.sequence_bias(seqs, tuple(0.0 for _ in seqs)))
         values.update({f"sequence_bias_{i}": float(b) for i, (_, b) in enumerate(items)})

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from jaxsample import stages
 from jaxsample._candidates import DEFAULT_CANDIDATES
 from jaxsample.chain import chain
-from jaxsample.presets._preset import Preset
+from jaxsample.presets._preset import Preset, check_bias, check_fields, check_values
 
 #: llama.cpp's default ``samplers`` sequence (CLI ``--sampling-seq edskypmxt``).
 DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
@@ -156,6 +156,9 @@ def llama_cpp(
     >>> [s.name for s in p.sampler.stages], p.sampler.selector.name
     (['penalties', 'dry', 'top_n_sigma', 'top_k', 'typical', 'top_p', 'min_p', 'xtc', 'temperature'], 'dist')
     """
+    check_fields(llama_cpp, locals())
+    if logit_bias:
+        check_bias(logit_bias, "logit_bias")
     if mirostat not in (0, 1, 2):
         raise ValueError(f"mirostat must be 0, 1 or 2, got {mirostat}")
     if adaptive_target > 1.0:
@@ -214,7 +217,9 @@ def llama_cpp(
             values["dry_penalty_last_n"] = dry_penalty_last_n
     values = {k: v for k, v in values.items()
               if k in _used(parts, select) or k.startswith(("logit_bias", "grammar"))}
-    return Preset(chain(*parts, select=select), values)
+    names = {**{name: field for field, name in _FIELDS.items()}, "penalty_last_n": "penalty_last_n",
+             "dry_penalty_last_n": "dry_penalty_last_n", "logit_bias_values": "logit_bias"}
+    return check_values(Preset(chain(*parts, select=select), values), names)
 
 
 def _breakers(breakers, tokenizer) -> tuple[tuple[int, ...], ...]:

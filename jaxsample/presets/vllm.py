@@ -13,6 +13,7 @@ checked against vLLM main at commit 00388f6): the request-level fields (``n``, `
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Mapping, Sequence
 
@@ -20,7 +21,7 @@ from jaxsample import stages
 from jaxsample._candidates import DEFAULT_CANDIDATES
 from jaxsample.chain import chain
 from jaxsample.presets import _fields
-from jaxsample.presets._preset import Preset, stack
+from jaxsample.presets._preset import Preset, check_bias, stack
 
 _SAMPLING_EPS = 1e-5
 _MIN_TEMP = 0.01
@@ -291,6 +292,7 @@ def _sampler(
     gets vLLM's thinking-token budget (:func:`jaxsample.stages.reasoning_budget`, after the logit
     bias; ``thinking_token_budget`` ``None`` = no budget, the per-row value stays traced).
     """
+    check_bias(logit_bias or {}, "logit_bias", allow=(-math.inf, math.inf))  # infinities clamp to +-100
     stop = list(dict.fromkeys([int(t) for t in (stop_token_ids or ())] + [int(t) for t in eos_token_ids]))
     bias = {int(k): max(-100.0, min(100.0, float(v))) for k, v in (logit_bias or {}).items()}
     for field, n in (("logit_bias", len(bias)), ("allowed_token_ids", len(allowed_token_ids or ())),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxsample import _forms, selection
+from jaxsample import _forms, _validate, selection
 from jaxsample.temperature import dynamic_temperature as _dynamic_temperature
 from jaxsample.temperature import temperature as _temperature
 from jaxsample._candidates import DEFAULT_CANDIDATES
@@ -46,6 +46,7 @@ def greedy() -> Selector:
 @cached
 def categorical(*, candidates: int = DEFAULT_CANDIDATES) -> Selector:
     """Selector drawing from ``softmax(logits)`` with the row's per-step key (llama.cpp ``dist``)."""
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     return Selector(
         "dist",
         lambda x, s, p, info: (selection.categorical(info.key, x, candidates=candidates), s),

@@ -6,7 +6,7 @@ import functools as _functools
 
 import jax.numpy as _jnp
 
-from jaxsample import _forms
+from jaxsample import _forms, _validate
 from jaxsample import cutoffs as _cutoffs
 from jaxsample.mirostat import adaptive_p as _adaptive_p
 from jaxsample.mirostat import adaptive_p_init as _adaptive_p_init
@@ -30,6 +30,7 @@ def top_k(
     default: int = 0, *, exact: bool = False, candidates: int = DEFAULT_CANDIDATES, name: str = "top_k"
 ) -> Stage:
     """:func:`jaxsample.top_k` reading ``top_k`` (``<= 0`` off); ``exact=True`` is llama.cpp's exactly-k."""
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     fn = _functools.partial(_truncation.top_k, exact=exact, candidates=candidates)
     form = Form(
         update=lambda c, s, p, info: (_forms.top_k(c, p["top_k"], exact), s),
@@ -42,6 +43,7 @@ def top_k(
 @cached
 def top_p(default: float = 1.0, *, candidates: int = DEFAULT_CANDIDATES, name: str = "top_p") -> Stage:
     """:func:`jaxsample.top_p` reading ``top_p`` (``>= 1`` off) and ``min_keep``."""
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     fn = _functools.partial(_truncation.top_p, candidates=candidates)
     form = Form(
         update=lambda c, s, p, info: (_forms.top_p(c, _jnp.maximum(p["top_p"], 0.0), p["min_keep"]), s),
@@ -61,6 +63,7 @@ def min_p(default: float = 0.0, *, name: str = "min_p") -> Stage:
 @cached
 def typical(default: float = 1.0, *, candidates: int = DEFAULT_CANDIDATES, name: str = "typical") -> Stage:
     """:func:`jaxsample.typical` reading ``typical_p`` (``>= 1`` off) and ``min_keep``."""
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
     fn = _functools.partial(_truncation.typical, candidates=candidates)
     form = _idle_form(lambda p: p["typical_p"] >= 1)
     return stateless(name, fn, (Param("typical_p", default, lo=0.0), MIN_KEEP), form=form, nan_free=True)
@@ -119,6 +122,7 @@ def mirostat(
     name: str = "mirostat",
 ) -> Selector:
     """Mirostat v1 selector reading ``mirostat_tau``, ``mirostat_eta``; state ``mu [B]`` starts at ``2 * tau``."""
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
 
     def select(x, mu, p, info):
         return _mirostat_v1(
@@ -136,6 +140,7 @@ def mirostat_v2(
     tau: float = 5.0, eta: float = 0.1, *, candidates: int = DEFAULT_CANDIDATES, name: str = "mirostat_v2"
 ) -> Selector:
     """Mirostat v2 selector reading ``mirostat_tau``, ``mirostat_eta``; state ``mu [B]`` starts at ``2 * tau``."""
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
 
     def select(x, mu, p, info):
         return _mirostat_v2(info.key, x, mu, p["mirostat_tau"], p["mirostat_eta"], candidates=candidates)
@@ -154,6 +159,7 @@ def adaptive_p(
 
     State: :class:`jaxsample.mirostat.AdaptivePState` ``[B]``, initialised at the converged EMA.
     """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
 
     def select(x, state, p, info):
         return _adaptive_p(
