@@ -338,3 +338,19 @@ def test_score_text_joint_encoding_and_reranking(bpe):
     assert got[2].token_ids == [] and np.isnan(got[2].perplexity) and got[0].perplexity > 0
     with pytest.raises(ValueError, match="equal length"):
         score_text(BIGRAM, params, tok, ["a"], [])
+
+
+def test_run_request_matches_a_requests_stop_strings_with_a_tokenizer():
+    """A vLLM request's ``stop`` strings run through ``run_request`` exactly as a stop-string table."""
+    from jaxsample.decoding import DecodeRequest, FinishReason, run_request
+
+    req = DecodeRequest.from_vllm(temperature=0.0, max_tokens=12, stop=["orld"], seed=0)
+    prompt = jnp.array([[1], [2]])
+    with pytest.raises(ValueError, match="pass tokenizer="):
+        run_request(req, BIGRAM, PARAMS, prompt)
+    out = run_request(req, BIGRAM, PARAMS, prompt, tokenizer=TOK)
+    table = stop_strings.build(TOK.token_bytes, [["orld"], ["orld"]])
+    want = generate(BIGRAM, PARAMS, prompt, max_new_tokens=12, stop_sequences=table)
+    np.testing.assert_array_equal(out.tokens, want.tokens)
+    np.testing.assert_array_equal(out.finish_reason, want.finish_reason)
+    assert int(FinishReason.STOP_SEQUENCE) in np.asarray(out.finish_reason).tolist()

@@ -179,7 +179,7 @@ def _hf_strategy(r: Mapping[str, Any], chosen: Mapping[str, Any]) -> tuple[str, 
 
 
 def run_request(request: DecodeRequest, model, params, prompt=None, prompt_lengths=None, *, batch_size: int = 1,
-        vocab_size: int | None = None, **overrides: Any):
+        vocab_size: int | None = None, tokenizer: Any = None, **overrides: Any):
     """Runs ``request`` with its strategy on token ids; returns that strategy's output.
 
     Args:
@@ -187,19 +187,26 @@ def run_request(request: DecodeRequest, model, params, prompt=None, prompt_lengt
       model, params, prompt, prompt_lengths: as in :func:`jaxsample.decoding.generate`. Without a
         prompt, every row starts from ``request.start_id`` (``batch_size`` rows).
       vocab_size: needed only for vLLM ``logprobs=-1`` (every token's log-prob).
+      tokenizer: needed only for ``stop`` strings (anything :func:`jaxsample.text.as_tokenizer`
+        takes): they are matched on the device (:mod:`jaxsample.decoding.stop_strings`) and a row
+        stops on the token that completes one; the returned ids include that token (cut the text
+        with :func:`jaxsample.decoding.stop_strings.truncate`, or decode through
+        :func:`jaxsample.text.generate_text`, which applies ``include_stop_str_in_output``).
       overrides: strategy keywords that replace the request's (e.g. ``max_new_tokens``,
         ``sampler_params`` entries go through ``sampler_params=``).
 
     Raises:
-      ValueError: stop strings or scoring fields (they need the text layer / scoring API), a
-        missing token budget, or no prompt and no start token.
+      ValueError: stop strings without a tokenizer, scoring fields (prompt log-probs come from
+        :func:`jaxsample.scoring.score_tokens`), a missing token budget, or no prompt and no start token.
     """
-    if request.text.get("stop"):
-        raise ValueError(f"stop: stop strings {list(request.text['stop'])!r} are matched on text: decode "
-                         "through the text layer (it holds the tokenizer), or give token-id stop_sequences")
+    stop = list(request.text.get("stop") or ())
+    if stop and tokenizer is None:
+        raise ValueError(f"stop: stop strings {stop!r} are matched on text: pass tokenizer= (or decode through "
+                         "jaxsample.text.generate_text, or give token-id stop_sequences)")
     if request.scoring:
         name = next(iter(request.scoring))
-        raise ValueError(f"{name}: prompt log-probs come from the scoring API, not from a decoding strategy")
+        raise ValueError(f"{name}: prompt log-probs come from the scoring API (jaxsample.scoring.score_tokens), "
+                         "not from a decoding strategy")
     if prompt is None:
         if request.start_id is None:
             raise ValueError("no prompt and no start token (decoder_start_token_id / bos_token_id) in the request")
@@ -218,6 +225,14 @@ def run_request(request: DecodeRequest, model, params, prompt=None, prompt_lengt
         if vocab_size is None:
             raise ValueError("logprobs=-1 (every token) needs vocab_size=")
         opts["top_logprobs"] = vocab_size
+    if stop:
+        if opts.get("stop_sequences") is not None:
+            raise ValueError("stop: stop strings and token-id stop_sequences cannot be combined in one call")
+        from jaxsample.decoding import stop_strings
+        from jaxsample.text import as_tokenizer
+
+        rows = np.shape(prompt)[0]
+        opts["stop_sequences"] = stop_strings.build(as_tokenizer(tokenizer, eos_ids=()).token_bytes, [stop] * rows)
     preset = request.preset
     if preset is not None and "sampler" not in overrides:
         rows = np.shape(prompt)[0]
