@@ -188,6 +188,8 @@ def watermark(
     history = _validate.check_tokens(history, "history", batch)
     gamma = _validate.param(greenlist_ratio, batch, "greenlist_ratio", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     delta = _validate.param(bias, batch, "bias")
+    gamma = jnp.where(jnp.isnan(gamma), 0.0, jnp.clip(gamma, 0.0, 1.0))  # traced out-of-range values: clamped
+    delta = jnp.where(jnp.isnan(delta), 0.0, jnp.clip(delta, -1e30, 1e30))  # NaN: off; infinities: clamped
     w = cfg.context_width
     if history.shape[-1] < w:
         return _math.restore(x, dtype)

@@ -122,7 +122,11 @@ NO_PARAMS = {"greedy", "categorical", "chain", "compute_logprobs", "log_softmax"
              "allowed_tokens", "suppress_tokens", "bad_words", "no_repeat_ngram", "encoder_no_repeat_ngram",
              "infill", "infill_table", "infill_table_from_tokenizer", "token_pieces",
              "token_mask", "gather_logprobs", "step_logprobs", "top_logprobs", "adaptive_p_init",
-             "dry_sequence_breakers"}
+             "dry_sequence_breakers",
+             # watermark detection and SynthID helpers take tokens and validated configs (test_watermark.py,
+             # test_synthid.py); watermark's own per-row parameters are swept through stages.watermark
+             "detect_watermark", "greenlist", "synthid_config", "synthid_g_values", "synthid_init", "synthid_mask",
+             "synthid_mean_score", "synthid_watermark", "synthid_weighted_mean_score", "watermark", "watermark_config"}
 
 
 def _call(name: str, kw: dict):
@@ -249,6 +253,8 @@ STAGES = {  # factory -> arguments that build it (static parts); default () for 
     "sequence_bias": ((((1, 2),), (0.5,)), {}),
     "penalties": ((), dict(last_n=-1)),
     "dry": ((), dict(last_n=-1)),
+    "reasoning_budget": (((5,), (6,)), {}),
+    "synthid_watermark": ((2, (11, 12, 13)), dict(sampling_table_size=64, context_history_size=16)),
 }
 NOT_STAGES = {"MIN_KEEP", "grammar"}  # a constant; grammar needs compiled grammar tables (test_structured_stage)
 

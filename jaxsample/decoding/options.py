@@ -114,7 +114,7 @@ class DecodingOptions:
         r = _validate.static_int(self.num_return_sequences, "num_return_sequences", lo=1)
         if r > k and k > 1:
             raise ValueError(f"num_return_sequences ({r}) must be <= num_beams ({k})")
-        if self.early_stopping not in (True, False, "never"):
+        if not any(self.early_stopping is v for v in (True, False)) and self.early_stopping != "never":
             raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
         if self.length_normalization not in ("hf", "gnmt", "vllm"):
             raise ValueError(f"length_normalization must be 'hf', 'gnmt' or 'vllm', got {self.length_normalization!r}")

@@ -164,7 +164,7 @@ def vllm(config: Any = None, /, **fields: Any) -> Preset:
         if not isinstance(bias, Mapping):
             raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}")
         try:
-            bias = {int(k): num(f"logit_bias[{k!r}]", v) for k, v in bias.items()}
+            bias = {int(k): num(f"logit_bias[{k!r}]", v, finite=False) for k, v in bias.items()}  # inf: +-100
         except (TypeError, ValueError) as err:
             if "logit_bias[" in str(err):
                 raise
