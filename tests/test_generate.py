@@ -311,3 +311,26 @@ def test_zero_new_tokens_returns_empty_rows_and_an_empty_stream():
     np.testing.assert_array_equal(out.lengths, [0, 0])
     np.testing.assert_array_equal(out.finish_reason, [FinishReason.LENGTH] * 2)
     assert list(stream(BIGRAM, PARAMS, [[1], [2]], max_new_tokens=0)) == []
+
+
+def test_logprob_token_ids_are_recorded_at_every_step():
+    """vLLM ``logprob_token_ids``: raw log-probs of given ids per step, per row, -inf for unused slots."""
+    from jaxsample.decoding import DecodeRequest, run_request
+
+    prompt = jnp.array([[1], [3]])
+    ids = jnp.array([[0, 2, -1], [5, 5, 1]])
+    out = generate(BIGRAM, PARAMS, prompt, max_new_tokens=4, logprob_token_ids=ids)
+    req = out.logprobs.requested
+    assert req.shape == (2, 4, 3)
+    prev = np.concatenate([np.asarray(prompt), np.asarray(out.tokens)[:, :-1]], axis=1)  # token before each step
+    raw = jax.nn.log_softmax(TABLE[prev], axis=-1)  # the bigram model's logits are TABLE[previous token]
+    want = np.where(np.asarray(ids)[:, None, :] >= 0,
+                    np.take_along_axis(raw, np.maximum(np.asarray(ids), 0)[:, None, :], axis=-1), -np.inf)
+    np.testing.assert_allclose(req, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.logprobs.raw, np.take_along_axis(raw, np.asarray(out.tokens)[..., None], -1)[..., 0],
+                               rtol=1e-5, atol=1e-6)  # the chosen tokens' log-probs are recorded too
+    via = run_request(DecodeRequest.from_vllm(temperature=0.0, max_tokens=4, logprob_token_ids=[0, 2]),
+                      BIGRAM, PARAMS, prompt)
+    prev = np.concatenate([np.asarray(prompt), np.asarray(via.tokens)[:, :-1]], axis=1)
+    raw = jax.nn.log_softmax(TABLE[prev], axis=-1)
+    np.testing.assert_allclose(via.logprobs.requested, raw[..., [0, 2]], rtol=1e-5, atol=1e-6)

@@ -44,6 +44,7 @@ class Stops(NamedTuple):
     max_new_tokens: Array  # int32[B], clipped to the static buffer width
     stop_strings: _stop_strings.StopStrings | None = None  # text stop strings (shared tables)
     repetition: Repetition | None = None  # vLLM repetition detection (None: off, no cost)
+    logprob_ids: Array | None = None  # int32[B, M]: ids whose log-probs the buffer records (vLLM logprob_token_ids)
 
 
 def map_rows(stops: Stops, fn) -> Stops:
@@ -57,7 +58,8 @@ def map_rows(stops: Stops, fn) -> Stops:
         repetition = repetition._replace(**{k: fn(getattr(repetition, k)) for k in ("min_size", "max_size",
                                                                                    "min_count")})
     eos, seqs, lo, hi = (fn(x) for x in stops[:4])
-    return Stops(eos, seqs, lo, hi, table, repetition)
+    ids = None if stops.logprob_ids is None else fn(stops.logprob_ids)
+    return Stops(eos, seqs, lo, hi, table, repetition, ids)
 
 
 def repeat(stops: Stops, n: int) -> Stops:
@@ -112,6 +114,7 @@ def stops(
     stop_sequences=None,
     min_new_tokens: ArrayLike = 0,
     repetition_detection=None,
+    logprob_token_ids: ArrayLike | None = None,
 ) -> tuple[Stops, int]:
     """Validates the stopping rules for ``batch`` rows; returns them and the static buffer width ``N``.
 
@@ -128,6 +131,8 @@ def stops(
       repetition_detection: ``None`` or vLLM's ``RepetitionDetectionParams`` fields as a mapping
         (``max_pattern_size``, ``min_pattern_size``, ``min_count``; ints or ``int[B]``; optional
         static ``bound``) or an object with those attributes.
+      logprob_token_ids: ``None``, a list of ids, or ``int[M]`` / ``int[B, M]`` (``-1`` = unused
+        slot): the buffer records their raw log-probs at every step (vLLM ``logprob_token_ids``).
     """
     if max_tokens is None:
         if not _validate.is_concrete(max_new_tokens):
@@ -168,7 +173,11 @@ def stops(
                 "stop_sequences must be a list of token-id lists or an int array [S, L] / [B, S, L]"
             )
         seqs = jnp.broadcast_to(seqs.astype(jnp.int32), (batch,) + seqs.shape[-2:])
-    return Stops(eos, seqs, min_new, max_new, table, _repetition.params(batch, repetition_detection)), n
+    ids = None
+    if logprob_token_ids is not None:
+        ids = _validate.check_tokens(jnp.atleast_1d(jnp.asarray(logprob_token_ids)), "logprob_token_ids", (batch,))
+        ids = jnp.broadcast_to(ids.astype(jnp.int32), (batch, ids.shape[-1]))
+    return Stops(eos, seqs, min_new, max_new, table, _repetition.params(batch, repetition_detection), ids), n
 
 
 # ------------------------------------------------------------------------------------ traced rules
@@ -216,6 +225,7 @@ class Logprobs(NamedTuple):
     processed: Array  # float32[B, N]: log_softmax(processed logits)[token] (what was sampled from)
     top_ids: Array  # int32[B, N, n]: the n most likely tokens under the raw model distribution
     top_raw: Array  # float32[B, N, n]: their raw log-probabilities
+    requested: Array | None = None  # float32[B, N, M]: raw log-probs of Stops.logprob_ids (-inf: unused slot)
 
 
 class Tracker(NamedTuple):
@@ -242,6 +252,7 @@ def tracker(stops: Stops, width: int, pad_id: int, top_logprobs: int | None) -> 
             jnp.zeros((b, width)),
             jnp.zeros((b, width, n), jnp.int32),
             jnp.zeros((b, width, n)),
+            None if stops.logprob_ids is None else jnp.zeros((b, width, stops.logprob_ids.shape[-1])),
         )
     empty = stops.max_new_tokens <= 0
     return Tracker(
@@ -253,8 +264,9 @@ def tracker(stops: Stops, width: int, pad_id: int, top_logprobs: int | None) -> 
     )
 
 
-def step_logprobs(raw_logits: Array, processed: Array, tokens: Array, top_n: int) -> tuple:
-    """``(raw [B], processed [B], top_ids [B, n], top_raw [B, n])`` for chosen ``tokens [B]``."""
+def step_logprobs(raw_logits: Array, processed: Array, tokens: Array, top_n: int, ids: Array | None = None) -> tuple:
+    """``(raw [B], processed [B], top_ids [B, n], top_raw [B, n], requested [B, M] or None)`` for chosen
+    ``tokens [B]`` (``requested``: raw log-probs of ``ids [B, M]``, ``-inf`` where an id is ``< 0``)."""
     raw_lp = _math.log_softmax(raw_logits)
     proc_lp = _math.log_softmax(processed)
     pick = lambda lp: jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]  # noqa: E731
@@ -262,7 +274,11 @@ def step_logprobs(raw_logits: Array, processed: Array, tokens: Array, top_n: int
         top_raw, top_ids = _top_n(raw_lp, top_n)
     else:
         top_raw, top_ids = jnp.zeros(tokens.shape + (0,)), jnp.zeros(tokens.shape + (0,), jnp.int32)
-    return pick(raw_lp), pick(proc_lp), top_ids, top_raw
+    requested = None
+    if ids is not None:
+        got = jnp.take_along_axis(raw_lp, jnp.maximum(ids, 0), axis=-1)
+        requested = jnp.where(ids >= 0, got, -jnp.inf)
+    return pick(raw_lp), pick(proc_lp), top_ids, top_raw, requested
 
 
 def _top_n(x: Array, k: int) -> tuple[Array, Array]:
@@ -285,12 +301,13 @@ def push(state: Tracker, stops: Stops, token: Array, active: Array, logprobs: tu
     length = state.length + write.astype(jnp.int32)
     lp = state.logprobs
     if lp is not None and logprobs is not None:
-        raw, proc, top_ids, top_raw = logprobs
+        raw, proc, top_ids, top_raw, requested = logprobs
         lp = Logprobs(
             lp.raw.at[rows, col].set(raw, mode="drop"),
             lp.processed.at[rows, col].set(proc, mode="drop"),
             lp.top_ids.at[rows, col].set(top_ids, mode="drop"),
             lp.top_raw.at[rows, col].set(top_raw, mode="drop"),
+            None if requested is None else lp.requested.at[rows, col].set(requested, mode="drop"),
         )
     may_stop = write & (length >= stops.min_new_tokens)
     eos = may_stop & is_eos(token, stops.eos_ids)

@@ -68,7 +68,7 @@ def _step(model, sampler, cfg, k, params, sparams, stops: Stops, alpha, state: C
     token = jnp.where(active, jnp.take_along_axis(top_ids, sel[:, None], axis=1)[:, 0], cfg.pad_id)
     lp = None
     if cfg.top_logprobs is not None:
-        lp = _stopping.step_logprobs(state.logits, processed, token, cfg.top_logprobs)
+        lp = _stopping.step_logprobs(state.logits, processed, token, cfg.top_logprobs, stops.logprob_ids)
     new_out = _stopping.push(out, stops, token, active, lp)
     sst = sampler.accept(token, sst, sparams, active)
     cache = take_rows(o.cache, jnp.repeat(jnp.arange(b) * k + sel, k))

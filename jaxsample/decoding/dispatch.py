@@ -57,7 +57,7 @@ STRATEGIES = {
 }
 _TEXT = ("stop", "include_stop_str_in_output", "detokenize", "skip_special_tokens",
          "spaces_between_special_tokens", "output_kind", "stream_interval")
-_SCORING = ("prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start", "logprob_token_ids")
+_SCORING = ("prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +117,10 @@ class DecodeRequest:
             opts.update(more)
         else:
             strategy = "generate"
+        if r.get("logprob_token_ids") is not None:
+            if strategy != "generate":
+                raise ValueError(f"logprob_token_ids: recorded by generate only, not by {strategy}")
+            opts["logprob_token_ids"] = list(r["logprob_token_ids"])
         if r.get("repetition_detection") is not None:
             if strategy != "generate":
                 raise ValueError(f"repetition_detection: supported by generate only, not by {strategy}")

@@ -92,7 +92,8 @@ def generate(
         ``pad_id``, ``logprobs``, ``top_logprobs``, ``history_size``, ``do_sample``, ``num_beams``,
         ``num_beam_groups``, ``diversity_penalty``, ``length_penalty``, ``early_stopping``,
         ``num_return_sequences``, ``length_normalization``, ``top_k``, ``penalty_alpha``, ``n``,
-        ``best_of``, ``rank_by``, ``num_draft_tokens``, ``repetition_detection`` (greedy / sampling).
+        ``best_of``, ``rank_by``, ``num_draft_tokens``, ``repetition_detection`` (greedy / sampling),
+        ``logprob_token_ids``.
 
     Returns:
       :class:`GenerateOutput` (greedy, sampling, contrastive), :class:`~jaxsample.decoding.BeamOutput`

@@ -118,7 +118,7 @@ def step(
     token = jnp.where(active, token, cfg.pad_id)
     lp = None
     if cfg.top_logprobs is not None:
-        lp = _stopping.step_logprobs(state.logits, processed, token, cfg.top_logprobs)
+        lp = _stopping.step_logprobs(state.logits, processed, token, cfg.top_logprobs, stops.logprob_ids)
     new_out = _stopping.push(out, stops, token, active, lp)
     run = ~new_out.done
     position = jnp.where(run, state.prompt_lengths + out.length, -1)
@@ -212,6 +212,7 @@ def prepare(
         stop_sequences=opts.stop_sequences,
         min_new_tokens=opts.min_new_tokens,
         repetition_detection=opts.repetition_detection,
+        logprob_token_ids=opts.logprob_token_ids,
     )
     sampler = _request.pick_sampler(opts.sampler, opts.do_sample)
     sampler, sparams = _request.sampler_inputs(sampler, opts.sampler_params, b)
@@ -227,7 +228,7 @@ def prepare(
     cfg = Config(
         max_tokens=n,
         pad_id=INTERNAL_PAD,
-        top_logprobs=top if (opts.logprobs or top) else None,
+        top_logprobs=top if (opts.logprobs or top or opts.logprob_token_ids is not None) else None,
         history_size=_request.history_size(sampler, opts.history_size, cache_len),
         cache_len=cache_len,
         batch_sharding=sharding.batch_sharding(mesh, b),

@@ -45,6 +45,9 @@ class DecodingOptions:
         explicitly (HF ``pad_token_id``), a prompt whose rows start with it without an
         ``attention_mask`` is ambiguous (left padding or tokens?) and raises ``ValueError``.
       logprobs, top_logprobs: return chosen-token log-probs (and the static top-``n``).
+      logprob_token_ids: ids (``int[M]`` or ``int[B, M]``, ``-1`` = unused; static ``M``, traced
+        values) whose raw log-probs are recorded at every step in ``logprobs.requested``
+        (vLLM ``logprob_token_ids``; turns ``logprobs`` on).
       repetition_detection: vLLM's ``RepetitionDetectionParams`` (a mapping of ``max_pattern_size``,
         ``min_pattern_size``, ``min_count``, per row or not): a row whose output ends in
         ``min_count`` copies of a pattern stops (``FinishReason.REPETITION``); greedy / sampling only.
@@ -88,6 +91,7 @@ class DecodingOptions:
     rank_by: str = "raw"
     num_draft_tokens: int | None = None
     repetition_detection: Any = None
+    logprob_token_ids: Any = None
 
     def __post_init__(self):
         if self.max_new_tokens is None:
