@@ -94,7 +94,9 @@ def split_sentences(text: str) -> list[str]:
             sentences.append(paragraph[start:end])
             start = match.end()
         sentences.append(paragraph[start:])
-    return [piece.strip() for sentence in sentences for piece in _split_cjk(sentence) if piece.strip()]
+    if _CJK_BOUNDARY.search(text):
+        sentences = [piece for sentence in sentences for piece in _split_cjk(sentence)]
+    return [stripped for sentence in sentences if (stripped := sentence.strip())]
 
 
 def _split_cjk(sentence: str):

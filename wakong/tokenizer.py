@@ -95,7 +95,8 @@ class WordCache:
 
     ``encode_first(words) -> [ids]`` encodes words that start a text; ``encode_next(words) -> [(ids,
     lead)]`` words that follow a space, ``lead`` being how many of the leading ids belong to the word
-    before (see the grouping rule in the module docstring).
+    before (see the grouping rule in the module docstring). Ids are kept as int32 bytes, so a batch
+    is one ``bytes.join``.
     """
 
     #: Entries per table before it is cleared (a few hundred bytes each).
@@ -103,32 +104,34 @@ class WordCache:
 
     def __init__(self, encode_first, encode_next):
         self._encode_first, self._encode_next = encode_first, encode_next
-        self.first: dict[str, tuple[int, ...]] = {}
-        self.next: dict[str, tuple[int, ...]] = {}
+        self.first: dict[str, bytes] = {}
+        self.next: dict[str, bytes] = {}
         self.lead: dict[str, int] = {}  # words of ``next`` whose lead is not 0
 
     def encode(self, records: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
         """``(ids int32[T], word_lengths int32[W])`` of every word of every record, in order."""
         words = list(itertools.chain.from_iterable(records))
         if len(self.next) > self.LIMIT or len(self.first) > self.LIMIT:
-            self.first.clear(), self.next.clear(), self.lead.clear()
+            for table in (self.first, self.next, self.lead):
+                table.clear()
         groups = list(map(self.next.get, words))
         if None in groups:
             missing = list(dict.fromkeys(w for w, g in zip(words, groups) if g is None))
             for word, (ids, lead) in zip(missing, self._encode_next(missing)):
-                self.next[word] = ids
+                self.next[word] = np.asarray(ids, np.int32).tobytes()
                 if lead:
                     self.lead[word] = lead
             groups = list(map(self.next.__getitem__, words))
         starts = list(itertools.accumulate(map(len, records), initial=0))[:-1]
         firsts = [records[k][0] for k, start in enumerate(starts) if len(records[k])]
         missing = list(dict.fromkeys(w for w in firsts if w not in self.first))
-        self.first.update(zip(missing, self._encode_first(missing)))
+        for word, ids in zip(missing, self._encode_first(missing)):
+            self.first[word] = np.asarray(ids, np.int32).tobytes()
         for k, start in enumerate(starts):
             if len(records[k]):
                 groups[start] = self.first[records[k][0]]
-        lengths = np.fromiter(map(len, groups), np.int32, len(groups))
-        ids = np.fromiter(itertools.chain.from_iterable(groups), np.int32, int(lengths.sum()))
+        lengths = np.fromiter(map(len, groups), np.int32, len(groups)) // 4
+        ids = np.frombuffer(b"".join(groups), np.int32)
         if self.lead:
             lead = np.fromiter(map(self.lead.get, words, itertools.repeat(0)), np.int32, len(words))
             lead[[s for k, s in enumerate(starts) if len(records[k])]] = 0
