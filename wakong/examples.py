@@ -40,7 +40,7 @@ import numpy as np
 
 from wakong import records
 from wakong.config import BuildConfig
-from wakong.infilling import noise_example, permute_sentences, span_scheme
+from wakong.infilling import _scheme, noise_example, permute_sentences
 from wakong.text import decode_utf8, split_sentences, truncate_utf8
 from wakong.tokenizer import TextTokenizer
 
@@ -317,48 +317,72 @@ def _fast(noise) -> bool:
 def _noise_and_encode(examples, ids: np.ndarray, config: BuildConfig, tok: TextTokenizer) -> None:
     """Draws, builds and serialises every example of a batch; fills the outcomes in place."""
     noise = config.noise
-    word_unit = noise.unit == "word"
-    body = config.examples.max_source_len - 2
-    options = dict(mask_id=tok.mask_id, vocab=tok.random_ids, max_source=body)
-    general = not _fast(noise) or noise.random_ratio and bool((ids == tok.mask_id).any())
-    flat = ids.tolist() if general else None
     pieces = [piece for _, _, chunk in examples for piece in chunk]
+    per_example = np.asarray([len(chunk) for _, _, chunk in examples], np.int64)
     piece_words = np.asarray([len(words) for _, words in pieces], np.int64)
     word_lengths = np.fromiter(itertools.chain.from_iterable(words for _, words in pieces), np.int64)
     word_at = _starts(word_lengths)  # the first token of each word, in the batch's token ids:
     word_first = np.repeat(np.asarray([start for start, _ in pieces], np.int64) - word_at[_starts(piece_words)],
                            piece_words) + word_at
-    piece_at = _starts([len(chunk) for _, _, chunk in examples]).tolist()
-    order, spans, sources = [], [], []  # permuted pieces; (example, start, length, id) per mask; lists
-    for e, (outcome, rng, chunk) in enumerate(examples):
-        n_tokens = _tokens(chunk)
-        if flat is not None:  # the reference noiser on this example's words
-            sentences = [[tuple(flat[a : a + n]) for a, n in zip(itertools.accumulate(w, initial=s), w)]
-                         for s, w in chunk]
-            noised = noise_example(sentences, rng, noise, **options)
-            sources.append(noised.source)
-            scheme, n_units, dropped = noised.scheme, noised.n_units, noised.dropped_inserts
-        else:
-            local = list(range(len(chunk)))
-            if noise.permute_sentences and len(chunk) > 1:
-                local = permute_sentences(local, rng, noise.permute_sentences)
-            order.extend(piece_at[e] + k for k in local)
-            n_units = sum(len(chunk[k][1]) for k in local) if word_unit else n_tokens
-            scheme = span_scheme(rng, n_units, noise.spans) if noise.infill else []
-            scheme, dropped = _fit(scheme, n_tokens, body, [chunk[k] for k in local] if word_unit else None)
+    piece_tokens = np.add.reduceat(word_lengths, _starts(piece_words))
+    n_tokens = np.add.reduceat(piece_tokens, _starts(per_example))
+    n_words = np.add.reduceat(piece_words, _starts(per_example))
+    layout = (pieces, per_example, piece_words, word_first, word_lengths, n_tokens, n_words)
+    if _fast(noise) and not (noise.random_ratio and (ids == tok.mask_id).any()):
+        source, source_lengths = _sources(ids, *_draws(examples, layout, config, tok), layout, noise.unit == "word")
+    else:
+        source, source_lengths = _noised(examples, ids.tolist(), config, tok)
+    _encode(examples, ids, source, source_lengths, layout, tok)
+
+
+def _draws(examples, layout, config: BuildConfig, tok: TextTokenizer) -> tuple[list[int] | None, list]:
+    """Every example's random choices, in order (:func:`~wakong.infilling.noise_example`'s draws):
+    the permuted order of its pieces (``None``: no example permuted) and its masks ``(example, unit,
+    span length, id)``. Records the schemes and dropped insertions in the outcomes."""
+    noise, spec = config.noise, config.noise.spans
+    _, per_example, _, _, _, n_tokens, n_words = layout
+    body, word_unit, permute = config.examples.max_source_len - 2, noise.unit == "word", noise.permute_sentences
+    args = (spec.budget_rate, spec.max_span_len, spec.cdfs())
+    units = (n_words if word_unit else n_tokens).tolist()
+    order = [] if permute else None
+    spans = []
+    at = 0
+    for e, ((outcome, rng, chunk), count, n, n_unit) in enumerate(zip(examples, per_example.tolist(),
+                                                                         n_tokens.tolist(), units)):
+        local = range(count)
+        if permute:
+            if count > 1:
+                local = permute_sentences(list(local), rng, permute)
+            order.extend(at + k for k in local)
+        at += count
+        scheme = _scheme(rng, n_unit, *args) if noise.infill and n_unit >= 2 else []
+        if n + len(scheme) > body:
+            scheme, dropped = _fit(scheme, n, body, [chunk[k] for k in local] if word_unit else None)
+            _count(outcome.events, "inserted_masks_dropped", dropped)
+        if noise.random_ratio:
             values = _replacements(len(scheme), rng, noise.random_ratio, tok)
             spans.extend((e, p, s, v) for (p, s), v in zip(scheme, values))
-        _count(outcome.events, "inserted_masks_dropped", dropped)
+        else:
+            spans.extend((e, p, s, tok.mask_id) for p, s in scheme)
         if noise.infill:
-            outcome.schemes.append((n_units, scheme))
-    if flat is None:
-        owner = np.repeat(np.arange(len(examples)), [len(chunk) for _, _, chunk in examples])
-        source, source_lengths = _sources(ids, order, owner, piece_words, word_first, word_lengths, spans,
-                                          word_unit)
-    else:
-        source = np.fromiter(itertools.chain.from_iterable(sources), np.int64)
-        source_lengths = np.fromiter(map(len, sources), np.int64, len(sources))
-    _encode(examples, ids, source, source_lengths, pieces, word_first, word_lengths, tok)
+            outcome.schemes.append((n_unit, scheme))
+    return order, spans
+
+
+def _noised(examples, flat: list[int], config: BuildConfig, tok: TextTokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """Sources from :func:`~wakong.infilling.noise_example`, example by example (any noise settings)."""
+    options = dict(mask_id=tok.mask_id, vocab=tok.random_ids, max_source=config.examples.max_source_len - 2)
+    sources = []
+    for outcome, rng, chunk in examples:
+        sentences = [[tuple(flat[a : a + n]) for a, n in zip(itertools.accumulate(w, initial=s), w)]
+                     for s, w in chunk]
+        noised = noise_example(sentences, rng, config.noise, **options)
+        sources.append(noised.source)
+        _count(outcome.events, "inserted_masks_dropped", noised.dropped_inserts)
+        if config.noise.infill:
+            outcome.schemes.append((noised.n_units, noised.scheme))
+    lengths = np.fromiter(map(len, sources), np.int64, len(sources))
+    return np.fromiter(itertools.chain.from_iterable(sources), np.int64, int(lengths.sum())), lengths
 
 
 def _fit(scheme: list, n_tokens: int, body: int, units: list[Piece] | None) -> tuple[list, int]:
@@ -366,7 +390,7 @@ def _fit(scheme: list, n_tokens: int, body: int, units: list[Piece] | None) -> t
     tokens, as :func:`~wakong.infilling.noise_example` does; ``units``: the permuted pieces (word units),
     or ``None`` (token units)."""
     inserts = [k for k, (_, s) in enumerate(scheme) if s == 0]
-    if n_tokens + len(inserts) <= body:
+    if n_tokens + len(inserts) <= body:  # else the masks standing for spans may make up for them
         return scheme, 0
     if units is None:
         covered = sum(s for _, s in scheme)
@@ -394,22 +418,24 @@ def _replacements(n_masks: int, rng: random.Random, ratio: float, tok: TextToken
     return out
 
 
-def _sources(ids, order, owner, piece_words, word_first, word_lengths, spans, word_unit: bool):
-    """Infilled sources of a batch from the drawn schemes: ``(ids, length per example)``.
+def _sources(ids, order, spans, layout, word_unit: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Infilled sources of a batch from the drawn masks: ``(ids, length per example)``.
 
-    The units (words or tokens) of each example in its permuted piece ``order``, then one empty unit
-    closing the example (where an insertion at the end goes); a span ``(p, s)`` of example ``e`` puts
-    one mask (its id ``v``) before unit ``p`` of ``e`` and hides the tokens of units ``p .. p + s - 1``.
+    The units (words or tokens) of each example, its pieces in ``order`` (``None``: as they come),
+    then one empty unit closing the example (where an insertion at the end goes); a mask ``(e, p, s,
+    v)`` puts ``v`` before unit ``p`` of example ``e`` and hides the tokens of units ``p .. p + s - 1``.
     """
-    sel = np.asarray(order, np.int64)
+    _, per_example, piece_words, word_first, word_lengths, _, _ = layout
+    sel = np.arange(len(piece_words)) if order is None else np.asarray(order, np.int64)
+    owner = np.repeat(np.arange(len(per_example)), per_example)[sel]
     words = _ranges(_starts(piece_words)[sel], piece_words[sel])
     first, length = word_first[words], word_lengths[words]
     per_piece = piece_words[sel]
     if not word_unit:
         per_piece = np.add.reduceat(word_lengths, _starts(piece_words))[sel]
         first, length = _ranges(first, length), np.ones(int(length.sum()), np.int64)
-    example_of = np.repeat(owner[sel], per_piece)
-    n_units = np.bincount(example_of, minlength=owner[-1] + 1) + 1
+    example_of = np.repeat(owner, per_piece)
+    n_units = np.bincount(example_of, minlength=len(per_example)) + 1
     unit_at = _starts(n_units)
     position = np.arange(len(first)) + example_of  # past the closing units of the examples before
     unit_first, unit_len = np.zeros(int(n_units.sum()), np.int64), np.zeros(int(n_units.sum()), np.int64)
@@ -431,21 +457,19 @@ def _sources(ids, order, owner, piece_words, word_first, word_lengths, spans, wo
     return source, ends - out_at[unit_at]
 
 
-def _encode(examples, ids, source, source_lengths, pieces, word_first, word_lengths, tok) -> None:
+def _encode(examples, ids, source, source_lengths, layout, tok: TextTokenizer) -> None:
     """Serialises the batch (BOS/EOS added; word and sentence starts over the labels)."""
+    pieces, per_example, piece_words, word_first, _, n_tokens, _ = layout
     n = len(examples)
     first = np.asarray([chunk[0][0] for _, _, chunk in examples], np.int64)
-    n_tokens = np.asarray([_tokens(chunk) for _, _, chunk in examples], np.int64)
-    example_at = _starts(n_tokens)
     labels = _with_specials(ids[_ranges(first, n_tokens)], n_tokens, tok)
     inputs = _with_specials(source, source_lengths, tok)
-    owner = np.repeat(np.arange(n), [len(chunk) for _, _, chunk in examples])
-    label_at = example_at + 2 * np.arange(n) + 1  # where each example's body starts in ``labels``
-    words_owner = np.repeat(owner, [len(words) for _, words in pieces])
+    owner = np.repeat(np.arange(n), per_example)
+    body_at = _starts(n_tokens) + 2 * np.arange(n) + 1 - first  # label position of token ``t`` of ``e``: t + body_at[e]
     word_starts = np.zeros(len(labels), bool)
-    word_starts[word_first - first[words_owner] + label_at[words_owner]] = True
+    word_starts[word_first + np.repeat(body_at[owner], piece_words)] = True
     sentence_starts = np.zeros(len(labels), bool)
-    sentence_starts[np.asarray([start for start, _ in pieces], np.int64) - first[owner] + label_at[owner]] = True
+    sentence_starts[np.asarray([start for start, _ in pieces], np.int64) + body_at[owner]] = True
     parts, count = [], {}
     for outcome, _, _ in examples:  # an example's number within its record
         parts.append(count.setdefault(id(outcome), len(outcome.records)))
