@@ -27,9 +27,10 @@ ends with EOS and every mask in the source has its span in the target. Noising c
 source by inserted masks (zero-length spans); if that overflows ``max_source_len``, the last inserted
 masks are left out (counted as ``inserted_masks_dropped``; no text is lost).
 
-Interruptions: Ctrl-C raises ``KeyboardInterrupt`` and is also remembered (:func:`catching_interrupts`),
-so one swallowed on the way (Python only prints a ``KeyboardInterrupt`` raised in a garbage-collector
-callback) still stops the build before it replaces anything.
+Interruptions: Ctrl-C raises ``KeyboardInterrupt`` and is also remembered
+(:func:`wakong.records.catching_interrupts`), so one swallowed on the way (Python only prints a
+``KeyboardInterrupt`` raised in a garbage-collector callback) still stops the build before it replaces
+anything.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import os
 import re
 import shutil
 import signal
-import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -63,7 +63,6 @@ __all__ = [  # the pipeline's entry points, including those that live in sibling
     "TextSource",
     "batches",
     "build",
-    "catching_interrupts",
     "load_config",
     "load_tokenizer",
     "make_examples",
@@ -321,40 +320,6 @@ def _fsync_dir(path: str) -> None:
             os.close(fd)
 
 
-class _Interrupt:
-    seen = False  # a Ctrl-C arrived since the handler was installed
-
-
-def _on_interrupt(signum, frame):
-    _Interrupt.seen = True
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def catching_interrupts():
-    """Within the block, Ctrl-C raises ``KeyboardInterrupt`` and is remembered (see the module docstring).
-
-    Installed only over Python's default handler, in the main thread; :func:`build` uses it and checks
-    the memory before it replaces anything (the ``wakong`` command installs it first thing).
-    """
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    _Interrupt.seen = False
-    signal.signal(signal.SIGINT, _on_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def _check_interrupt() -> None:
-    if _Interrupt.seen:
-        raise KeyboardInterrupt
-
-
 def build(
     source: Sequence[bytes],
     out_dir: str | os.PathLike,
@@ -396,7 +361,7 @@ def build(
       records.DatasetWriteError: a write failed (e.g. disk full); nothing is replaced.
       KeyboardInterrupt: Ctrl-C; nothing is replaced.
     """
-    with catching_interrupts():
+    with records.catching_interrupts():
         return _build(source, os.fspath(out_dir), config, tokenizer, workers, process_index, process_count,
                       overwrite, progress, resume)
 
@@ -425,7 +390,7 @@ def _build(source, out_dir, config, tokenizer, workers, process_index, process_c
             raise records._write_error(os.path.join(staging, tok.file_name), err) from err
         _write_part(source, staging, config, tok, manifest, workers, progress, start)
         _phase("staged")
-        _check_interrupt()
+        records.check_interrupt()
     except BaseException:  # a failure or an interruption: the old dataset is untouched
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -531,7 +496,7 @@ def _in_process(job: _Shard, progress, n_local: int):
             done[0] += 1
             if done[0] == n_local // 2 + 1:
                 _phase("shards")
-        _check_interrupt()
+        records.check_interrupt()
 
     job.progress = report
     return [job(k) for k in range(job.config.output.num_shards)]

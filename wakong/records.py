@@ -25,13 +25,16 @@ and sha256; :func:`verify_shards` checks them.
 
 from __future__ import annotations
 
+import contextlib
 import errno as _errno
 import glob
 import hashlib
 import json
 import os
 import secrets
+import signal
 import struct
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -41,6 +44,44 @@ MANIFEST_VERSION = 1
 DATASET_MANIFEST = "manifest.json"
 _MAGIC = b"WKR1"
 _HEADER = struct.Struct("<4sBxxxqiII")  # magic, id width (2 or 4), index, part, n_input, n_labels
+
+
+class _Interrupt:
+    seen = False  # a Ctrl-C arrived since the handler was installed
+
+
+def _on_interrupt(signum, frame):
+    _Interrupt.seen = True
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def catching_interrupts():
+    """Within the block, Ctrl-C raises ``KeyboardInterrupt`` *and is remembered*: an interruption
+    swallowed on the way (Python only prints a ``KeyboardInterrupt`` raised in a garbage-collector
+    callback, a ``__del__`` or a thread) is still seen by :func:`check_interrupt`.
+
+    Installed only over Python's default handler, in the main thread (an enclosing block keeps its
+    own); :func:`wakong.pipeline.build` checks before it replaces anything, the ``wakong`` command
+    installs it first thing.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    _Interrupt.seen = False
+    signal.signal(signal.SIGINT, _on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def check_interrupt() -> None:
+    """Raises ``KeyboardInterrupt`` if Ctrl-C was pressed inside :func:`catching_interrupts`."""
+    if _Interrupt.seen:
+        raise KeyboardInterrupt
 
 
 class DatasetWriteError(OSError):
