@@ -66,7 +66,8 @@ class InputConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerConfig:
-    """``path`` to a ``tokenizer.json``, or ``None`` to train a byte-level BPE on the corpus."""
+    """``path`` to a ``tokenizer.json`` or a SentencePiece ``.model``, or ``None`` to train a byte-level BPE
+    on the corpus (``vocab_size``, ``min_frequency``). ``special``: the names of BART's special tokens."""
 
     path: str | None = None
     vocab_size: int = 8192

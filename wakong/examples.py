@@ -39,6 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from wakong import records
+from wakong.records import _starts
 from wakong.config import BuildConfig
 from wakong.infilling import _scheme, noise_example, permute_sentences
 from wakong.text import decode_utf8, split_sentences, truncate_utf8
@@ -67,14 +68,6 @@ class Outcome:
 def _count(events: dict, key: str, n: int = 1) -> None:
     if n:
         events[key] = events.get(key, 0) + n
-
-
-def _starts(lengths) -> np.ndarray:
-    """Exclusive cumulative sum (int64)."""
-    lengths = np.asarray(lengths, np.int64)
-    out = np.zeros(len(lengths), np.int64)
-    np.cumsum(lengths[:-1], out=out[1:])
-    return out
 
 
 def _ranges(starts, lengths) -> np.ndarray:

@@ -298,7 +298,7 @@ def commit_part(out_dir: str, staging: str, manifest: dict) -> None:
             if os.path.basename(path) not in new:
                 with contextlib.suppress(FileNotFoundError):  # another host sharing the directory removed it
                     os.remove(path)
-        for other in {TextTokenizer.file_name, "tokenizer.model"} - {tokenizer}:  # of a build with another kind
+        for other in {"tokenizer.json", "tokenizer.model"} - {tokenizer}:  # of a build with the other kind
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(out_dir, other))
         for name in moved:

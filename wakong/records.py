@@ -152,8 +152,9 @@ def encode_records(
     return out
 
 
-def _starts(lengths: np.ndarray) -> np.ndarray:
-    """Exclusive cumulative sum: where each of consecutive pieces of ``lengths`` starts."""
+def _starts(lengths) -> np.ndarray:
+    """Exclusive cumulative sum (int64): where each of consecutive pieces of ``lengths`` starts."""
+    lengths = np.asarray(lengths, np.int64)
     out = np.zeros(len(lengths), np.int64)
     np.cumsum(lengths[:-1], out=out[1:])
     return out

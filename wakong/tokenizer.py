@@ -243,22 +243,29 @@ class TextTokenizer:
         os.replace(tmp, path)
 
 
-def load_tokenizer(path: str | os.PathLike, specials: SpecialTokens = SpecialTokens()) -> TextTokenizer:
-    """Loads a ``tokenizer.json`` (or a directory holding one) with clear errors.
+def load_tokenizer(path: str | os.PathLike, specials: SpecialTokens = SpecialTokens()):
+    """Loads a ``tokenizer.json``, a SentencePiece ``.model`` (:class:`wakong.spm.SentencePieceTokenizer`)
+    or a directory holding either, with clear errors.
 
     Raises:
       FileNotFoundError: the file does not exist.
-      TokenizerError: the file is not a tokenizers JSON file, or lacks a required special token.
+      TokenizerError: the file is not a tokenizer of its kind, or lacks a required special token.
     """
     path = os.fspath(path)
     if os.path.isdir(path):
-        path = os.path.join(path, "tokenizer.json")
+        model = os.path.join(path, "tokenizer.model")
+        path = model if os.path.isfile(model) and not os.path.isfile(os.path.join(path, "tokenizer.json")) else (
+            os.path.join(path, "tokenizer.json"))
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"tokenizer file {path} does not exist (train one with `wakong train-tokenizer`)"
         )
     with open(path, "rb") as f:
         raw = f.read()
+    if path.endswith(".model"):
+        from wakong.spm import SentencePieceTokenizer
+
+        return SentencePieceTokenizer(raw, specials, origin=path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
