@@ -10,9 +10,9 @@ A build is one transform and one write loop:
 noises), so a record's examples are the same whatever the batch, the number of hosts, workers or
 restarts. Host ``h`` of ``n`` builds the records ``h, h + n, ...`` (its *part*); the part's records are
 cut into ``num_shards`` contiguous ranges, one ArrayRecord shard each, built in order in batches of
-:data:`BATCH` records -- in this process, or one shard at a time by each of ``workers`` processes
-(forked; every worker writes its own shards, so nothing funnels through one writer). The bytes do
-not depend on the batch size or the worker count.
+:data:`BATCH` records -- in this process, or whole shards by each of ``workers`` processes
+(:mod:`wakong.shards`; every worker writes its own shards, so nothing funnels through one writer).
+The bytes do not depend on the batch size or the worker count.
 
 Accounting: every record ends as written (one or more examples) or dropped with one reason --
 ``empty``, ``too_short``, ``too_long``, ``invalid_utf8`` (only with ``utf8_errors: strict``; the default
@@ -37,11 +37,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
 import os
 import re
 import shutil
-import signal
 import time
 from typing import Any, Callable, Sequence
 
@@ -50,6 +48,7 @@ from wakong.config import BuildConfig, load_config
 from wakong.examples import DROP_REASONS, Outcome, make_examples, make_outcomes, record_text
 from wakong.reader import batches, open_dataset
 from wakong.report import MaskStats
+from wakong.shards import BATCH, ShardJob, build_shards, shard_ranges
 from wakong.sources import ArrayRecordSource, PydocSource, TextSource, open_source
 from wakong.tokenizer import TextTokenizer, load_tokenizer, train_tokenizer
 
@@ -72,18 +71,10 @@ __all__ = [  # the pipeline's entry points, including those that live in sibling
     "commit_part",
     "prepare_dir",
     "resolve_tokenizer",
+    "shard_ranges",
     "train_tokenizer",
     "training_texts",
 ]
-
-#: Records per :func:`make_outcomes` call of a build (the bytes written do not depend on it).
-BATCH = 256
-
-
-def _count(events: dict, key: str, n: int = 1) -> None:
-    if n:
-        events[key] = events.get(key, 0) + n
-
 
 #: Longest piece of a word fed to tokenizer training: BPE training time grows with the square of a
 #: word's length (a 256 KiB word took minutes), so longer words are cut into pieces (counted).
@@ -439,115 +430,6 @@ def _part_manifest(source, config: BuildConfig, tok: TextTokenizer, process_inde
     }
 
 
-def shard_ranges(n_records: int, num_shards: int) -> list[range]:
-    """The positions (in a part's record order) each shard holds: ``num_shards`` contiguous ranges.
-
-    >>> shard_ranges(10, 4)
-    [range(0, 3), range(3, 5), range(5, 8), range(8, 10)]
-    """
-    bounds = [-(-k * n_records // num_shards) for k in range(num_shards + 1)]
-    return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-class _Shard:
-    """Builds shards of a part: the records of each in batches, written in order; sums what happened."""
-
-    def __init__(self, source, config: BuildConfig, tok: TextTokenizer, staging: str, prefix: str,
-                 indices: range, progress=None):
-        self.source, self.config, self.tok, self.staging, self.prefix = source, config, tok, staging, prefix
-        self.indices, self.progress = indices, progress
-
-    def __call__(self, shard: int) -> dict:
-        config, num_shards = self.config, self.config.output.num_shards
-        counts = {"records_in": 0, "records_written": 0, "examples": 0, "tokens": 0, "source_tokens": 0}
-        dropped, events, stats = dict.fromkeys(DROP_REASONS, 0), {}, MaskStats(config.noise.spans)
-        positions = shard_ranges(len(self.indices), num_shards)[shard]
-        with records.ShardWriter(self.staging, self.prefix, num_shards, shards=[shard]) as writer:
-            for at in range(positions.start, positions.stop, BATCH):
-                batch = self.indices[at : min(at + BATCH, positions.stop)]
-                outcomes = make_outcomes(self.source, config, self.tok, batch)
-                for outcome in outcomes:
-                    for data in outcome.records:
-                        writer.write(shard, data)
-                    counts["records_in"] += 1
-                    counts["records_written"] += outcome.dropped is None
-                    if outcome.dropped is not None:
-                        dropped[outcome.dropped] += 1
-                    counts["examples"] += len(outcome.records)
-                    counts["tokens"] += outcome.tokens
-                    counts["source_tokens"] += outcome.source_tokens
-                    for key, value in outcome.events.items():
-                        _count(events, key, value)
-                    for n, scheme in outcome.schemes:
-                        stats.add(n, scheme)
-                if self.progress is not None:
-                    self.progress(outcomes)
-            files = writer.commit()
-        return {"files": files, "counts": counts, "dropped": dropped, "events": events, "stats": stats.state()}
-
-
-def _in_process(job: _Shard, progress, n_local: int):
-    done = [0]
-
-    def report(outcomes):
-        for outcome in outcomes:
-            if progress is not None:
-                progress(outcome)
-            done[0] += 1
-            if done[0] == n_local // 2 + 1:
-                _phase("shards")
-        records.check_interrupt()
-
-    job.progress = report
-    return [job(k) for k in range(job.config.output.num_shards)]
-
-
-_JOB: _Shard | None = None  # a worker's job (set when it starts)
-
-
-def _worker_start(job: _Shard, queue) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    job.progress = lambda outcomes: queue.put([_without_records(o) for o in outcomes])
-    global _JOB
-    _JOB = job
-
-
-def _without_records(outcome: Outcome) -> Outcome:
-    return Outcome(outcome.index, [], outcome.dropped, outcome.events, outcome.tokens, outcome.source_tokens)
-
-
-def _indexed(shard: int) -> tuple[int, dict]:
-    return shard, _JOB(shard)
-
-
-def _with_workers(job: _Shard, progress, workers: int) -> list[dict]:
-    """Each shard built by one of ``workers`` forked processes (spawned where fork is missing)."""
-    num_shards = job.config.output.num_shards
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    context = multiprocessing.get_context(method)
-    queue = context.SimpleQueue()
-    results: dict[int, dict] = {}
-    with context.Pool(min(workers, num_shards), _worker_start, (job, queue)) as pool:
-        pending = pool.imap_unordered(_indexed, range(num_shards))
-        while len(results) < num_shards:
-            while not queue.empty():
-                for outcome in queue.get():
-                    if progress is not None:
-                        progress(outcome)
-            try:
-                shard, result = pending.next(timeout=0.05)
-            except multiprocessing.TimeoutError:
-                continue
-            results[shard] = result
-            if len(results) == 1:
-                _phase("shards")
-        while not queue.empty():
-            for outcome in queue.get():
-                if progress is not None:
-                    progress(outcome)
-    return [results[k] for k in range(num_shards)]
-
-
 def _write_part(source, staging: str, config: BuildConfig, tok: TextTokenizer, manifest: dict, workers: int,
                 progress, start: float) -> None:
     """Builds the part's shards in ``staging``, completes ``manifest`` and writes it there last."""
@@ -555,8 +437,8 @@ def _write_part(source, staging: str, config: BuildConfig, tok: TextTokenizer, m
     indices = range(process_index, len(source), process_count)
     prefix = records.part_prefix(process_index, process_count)
     loop_start = time.perf_counter()
-    job = _Shard(source, config, tok, staging, prefix, indices)
-    results = _with_workers(job, progress, workers) if workers else _in_process(job, progress, len(indices))
+    job = ShardJob(source, config, tok, staging, prefix, indices)
+    results = build_shards(job, workers, progress, halfway=lambda: _phase("shards"))
     counts, dropped, events = {}, dict.fromkeys(DROP_REASONS, 0), {}
     stats = MaskStats(config.noise.spans)
     for result in results:

@@ -223,7 +223,18 @@ class TextSource:
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
     def __getstate__(self):
-        return {**self.__dict__, "_maps": None}
+        state = {**self.__dict__, "_maps": None}
+        if len(self._spans) > 4096:  # the record index goes through a file the workers memory-map
+            path = os.path.join(self._scratch(), "records.npy")
+            if not os.path.exists(path):
+                np.save(path, self._spans)
+            state["_spans"] = path
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if isinstance(self._spans, str):
+            self._spans = np.load(self._spans, mmap_mode="r")
 
     def describe(self) -> dict:
         """What the manifest records about this source."""

@@ -1,0 +1,196 @@
+"""Building the shards of a part: in this process, or by worker processes that each build whole shards.
+
+Shard ``k`` of a part holds a contiguous range of the part's records (:func:`shard_ranges`), made by
+:func:`wakong.examples.make_outcomes` in batches of :data:`BATCH` records and written in record
+order, so its bytes depend neither on the batch size nor on which process built it. With workers,
+every worker writes its own shards (nothing funnels through one writer) and sends back only their
+counts, mask statistics and file descriptions; the throughput grows with the worker count up to
+``num_shards``.
+
+Workers are fresh interpreters (``python -c``): they inherit no thread, lock or library state of the
+calling process (ArrayRecord's and Arrow's thread pools do not survive a ``fork``), never re-run the
+calling script (no ``if __name__ == "__main__"`` guard needed), import only this module's light
+dependencies (no JAX, no grain), and receive the job pickled (the shipped sources pickle small: a text
+source's record index is shared through a file). They ignore Ctrl-C, which the calling process
+handles; a worker that fails sends its error back, and one that dies (killed, out of memory) fails the
+build with an error naming its exit code, never a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+from typing import Callable
+
+from wakong import records
+from wakong.config import BuildConfig
+from wakong.examples import DROP_REASONS, Outcome, make_outcomes
+from wakong.report import MaskStats
+
+#: Records per :func:`~wakong.examples.make_outcomes` call (the bytes written do not depend on it).
+BATCH = 256
+
+
+def shard_ranges(n_records: int, num_shards: int) -> list[range]:
+    """The positions (in a part's record order) each shard holds: ``num_shards`` contiguous ranges.
+
+    >>> shard_ranges(10, 4)
+    [range(0, 3), range(3, 5), range(5, 8), range(8, 10)]
+    """
+    bounds = [-(-k * n_records // num_shards) for k in range(num_shards + 1)]
+    return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+class ShardJob:
+    """Builds shard ``k`` of a part (``job(k)``): writes it to ``staging`` and returns its summary
+    (``files``, ``counts``, ``dropped``, ``events``, ``stats``); ``progress(outcomes)`` follows each batch."""
+
+    def __init__(self, source, config: BuildConfig, tokenizer, staging: str, prefix: str, indices: range):
+        self.source, self.config, self.tokenizer = source, config, tokenizer
+        self.staging, self.prefix, self.indices = staging, prefix, indices
+        self.progress: Callable[[list[Outcome]], None] | None = None
+
+    def __call__(self, shard: int) -> dict:
+        config, num_shards = self.config, self.config.output.num_shards
+        counts = {"records_in": 0, "records_written": 0, "examples": 0, "tokens": 0, "source_tokens": 0}
+        dropped, events, stats = dict.fromkeys(DROP_REASONS, 0), {}, MaskStats(config.noise.spans)
+        positions = shard_ranges(len(self.indices), num_shards)[shard]
+        with records.ShardWriter(self.staging, self.prefix, num_shards, shards=[shard]) as writer:
+            for at in range(positions.start, positions.stop, BATCH):
+                outcomes = make_outcomes(self.source, config, self.tokenizer,
+                                         self.indices[at : min(at + BATCH, positions.stop)])
+                for outcome in outcomes:
+                    for data in outcome.records:
+                        writer.write(shard, data)
+                    counts["records_in"] += 1
+                    counts["records_written"] += outcome.dropped is None
+                    if outcome.dropped is not None:
+                        dropped[outcome.dropped] += 1
+                    counts["examples"] += len(outcome.records)
+                    counts["tokens"] += outcome.tokens
+                    counts["source_tokens"] += outcome.source_tokens
+                    records._add_counts(events, outcome.events)
+                    for n, scheme in outcome.schemes:
+                        stats.add(n, scheme)
+                if self.progress is not None:
+                    self.progress(outcomes)
+            files = writer.commit()
+        return {"files": files, "counts": counts, "dropped": dropped, "events": events, "stats": stats.state()}
+
+
+def build_shards(job: ShardJob, workers: int, progress: Callable[[Outcome], None] | None = None,
+                 halfway: Callable[[], None] | None = None) -> list[dict]:
+    """Every shard's summary, in shard order: built here (``workers == 0``) or by ``min(workers,
+    num_shards)`` worker processes. ``progress(outcome)`` is called once per record (without its
+    serialised ``records`` when a worker made it); ``halfway()`` once, when half the part is done."""
+    num_shards, total = job.config.output.num_shards, len(job.indices)
+    done = 0
+
+    def follow(outcomes) -> None:
+        nonlocal done
+        for outcome in outcomes:
+            if progress is not None:
+                progress(outcome)
+        if done <= total // 2 < done + len(outcomes) and halfway is not None:
+            halfway()
+        done += len(outcomes)
+        records.check_interrupt()
+
+    if not workers:
+        job.progress = follow
+        return [job(k) for k in range(num_shards)]
+    return _with_workers(job, min(workers, num_shards), follow)
+
+
+def _with_workers(job: ShardJob, workers: int, follow: Callable[[list[Outcome]], None]) -> list[dict]:
+    """Runs the shards on ``workers`` fresh interpreters (``python -c``, :func:`_serve`): each gets the
+    pickled job on its stdin, then shard numbers one at a time, and answers on a pipe of its own."""
+    num_shards = job.config.output.num_shards
+    payload = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+    code = (f"import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import sys; sys.path[:0] = {sys.path!r}; "
+            "from wakong.shards import _serve; _serve(int(sys.argv[1]))")
+    messages: queue.Queue = queue.Queue()
+    workers_ = []
+    try:
+        for _ in range(workers):
+            read, write = os.pipe()
+            process = subprocess.Popen([sys.executable, "-c", code, str(write)], stdin=subprocess.PIPE,
+                                       pass_fds=(write,))
+            os.close(write)
+            answers = os.fdopen(read, "rb")
+            threading.Thread(target=_relay, args=(answers, process, messages), daemon=True).start()
+            process.stdin.write(payload)
+            workers_.append(process)
+        pending, results = list(range(num_shards)), {}
+        for process in workers_:
+            _assign(process, pending)
+        while len(results) < num_shards:
+            process, kind, data = messages.get()
+            if kind == "progress":
+                follow(data)
+            elif kind == "shard":
+                results[data[0]] = data[1]
+                _assign(process, pending)
+            elif kind == "error":
+                raise data
+            else:
+                raise RuntimeError(f"a build worker died (exit code {data}); nothing was committed")
+        return [results[k] for k in range(num_shards)]
+    finally:
+        for process in workers_:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+def _assign(process, pending: list[int]) -> None:
+    """Sends the next shard (or the end) to a worker."""
+    process.stdin.write(pickle.dumps(pending.pop(0) if pending else None))
+    process.stdin.flush()
+
+
+def _relay(answers, process, messages: queue.Queue) -> None:
+    """Forwards a worker's answers; its death (end of its pipe before it finished) as ``("died", code)``."""
+    with answers:
+        while True:
+            try:
+                kind, data = pickle.load(answers)
+            except (EOFError, pickle.UnpicklingError):
+                break
+            if kind == "done":
+                return
+            messages.put((process, kind, data))
+            if kind == "error":
+                return
+    messages.put((process, "died", process.wait()))
+
+
+def _serve(fd: int) -> None:
+    """A worker: reads the job, then shard numbers from stdin until ``None``; answers on ``fd``."""
+    answers = os.fdopen(fd, "wb")
+
+    def send(kind: str, data) -> None:
+        pickle.dump((kind, data), answers, protocol=pickle.HIGHEST_PROTOCOL)
+        answers.flush()
+
+    job = pickle.load(sys.stdin.buffer)
+    job.progress = lambda outcomes: send("progress", [_summary(o) for o in outcomes])
+    while (shard := pickle.load(sys.stdin.buffer)) is not None:
+        try:
+            send("shard", (shard, job(shard)))
+        except Exception as err:  # sent back whole when it pickles (it names the file), else as text
+            try:
+                pickle.dumps(err)
+            except Exception:
+                err = RuntimeError(f"{type(err).__name__}: {err}")
+            send("error", err)
+            return
+    send("done", None)
+
+
+def _summary(outcome: Outcome) -> Outcome:
+    return Outcome(outcome.index, [], outcome.dropped, outcome.events, outcome.tokens, outcome.source_tokens)
