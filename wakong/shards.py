@@ -24,6 +24,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from typing import Callable
 
 from wakong import records
@@ -170,8 +171,10 @@ def _relay(answers, process, messages: queue.Queue) -> None:
 
 
 def _serve(fd: int) -> None:
-    """A worker: reads the job, then shard numbers from stdin until ``None``; answers on ``fd``."""
+    """A worker: reads the job, then shard numbers from stdin until ``None``; answers on ``fd``. It
+    exits as soon as the calling process is gone (killed), so no orphan keeps writing."""
     answers = os.fdopen(fd, "wb")
+    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
 
     def send(kind: str, data) -> None:
         pickle.dump((kind, data), answers, protocol=pickle.HIGHEST_PROTOCOL)
@@ -190,6 +193,12 @@ def _serve(fd: int) -> None:
             send("error", err)
             return
     send("done", None)
+
+
+def _exit_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(1)
 
 
 def _summary(outcome: Outcome) -> Outcome:
