@@ -207,8 +207,10 @@ class TextTokenizer:
     def _encode_next(self, words: list[str]) -> list[tuple[tuple[int, ...], int]]:
         out = []
         for enc in self._body.encode_batch([" " + w for w in words], add_special_tokens=False):
-            lead = sum(1 for a, b in enc.offsets if max(a, b - 1) < 1)  # tokens on the space
-            out.append((tuple(enc.ids), lead))
+            offsets, lead = enc.offsets, 0  # lead: the leading tokens on the space
+            while lead < len(offsets) and max(offsets[lead][0], offsets[lead][1] - 1) < 1:
+                lead += 1
+            out.append((enc.ids, lead))
         return out
 
     def encode_records(self, records: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
