@@ -104,7 +104,7 @@ def main() -> None:
     for r in runs:
         rows.setdefault((r["config"], r["path"], r["workers"]), []).append(r)
     print(f"load average before/after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
-    print("| config | path | workers | examples | tokens | wall s | tokens/s | CPU s | tokens per CPU s | vs reference |")
+    print("| config | path | workers | examples | tokens | wall s | tokens/s | CPU s | tokens / CPU s | vs reference |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (name, path, workers), group in rows.items():
         seconds = statistics.median(r["seconds"] for r in group)

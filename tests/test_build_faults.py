@@ -321,8 +321,8 @@ def test_library_refuses_negative_workers(tmp_path, corpus, tokenizer):  # noqa:
 # ---------------------------------------------------------------- interruptions (Ctrl-C), workers, new sources
 
 
-def test_write_cut_short_by_a_signal_is_an_interruption(tmp_path, corpus, tok_file, reference, monkeypatch,  # noqa: F811
-                                                        capsys):
+def test_write_cut_short_by_a_signal_is_an_interruption(tmp_path, corpus, tok_file, reference,  # noqa: F811
+                                                        monkeypatch, capsys):
     """ArrayRecord reports a write interrupted by Ctrl-C (EINTR) as a RuntimeError: not a disk error."""
     out, before = _old(tmp_path, reference)
 
@@ -349,7 +349,7 @@ def test_write_cut_short_by_a_signal_is_an_interruption(tmp_path, corpus, tok_fi
     assert _files(out) == before
 
 
-def test_swallowed_ctrl_c_still_stops_the_build(tmp_path, corpus, tok_file, reference, monkeypatch, capsys):  # noqa: F811
+def test_swallowed_ctrl_c_still_stops_the_build(tmp_path, corpus, tok_file, reference, monkeypatch):  # noqa: F811
     """Python only prints a KeyboardInterrupt raised in a garbage-collector callback: the build remembers it."""
     out, before = _old(tmp_path, reference)
     monkeypatch.setattr(records._Interrupt, "seen", False)

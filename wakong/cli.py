@@ -85,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="build a dataset: text in, ArrayRecord shards + manifest out")
     inputs(build)
     build.add_argument("--out", required=True, help="dataset directory")
-    build.add_argument("--tokenizer", help="tokenizer.json or SentencePiece .model to use (default: train a byte-level BPE)")
+    build.add_argument("--tokenizer", help="tokenizer.json or SentencePiece .model (default: train a byte-level BPE)")
     build.add_argument("--vocab-size", type=_at_least(1), help="vocabulary size of a trained tokenizer")
     build.add_argument("--seed", type=int, help="mask seed")
     build.add_argument("--num-shards", type=_at_least(1), help="ArrayRecord shards per host")

@@ -280,7 +280,8 @@ class ArrayRecordSource:
             return (self._source or self._open())[index]
         except Exception as err:  # a damaged chunk
             path = self.paths[min(int(np.searchsorted(self._ends, index, side="right")), len(self.paths) - 1)]
-            raise InputError(f"input file {path} is corrupt or unreadable: {' '.join(str(err).split())[:300]}") from None
+            reason = " ".join(str(err).split())[:300]
+            raise InputError(f"input file {path} is corrupt or unreadable: {reason}") from None
 
     def __getstate__(self):
         return {**self.__dict__, "_source": None}

@@ -99,8 +99,9 @@ class WordCache:
     is one ``bytes.join``.
     """
 
-    #: Entries per table before it is cleared (a few hundred bytes each).
-    LIMIT = 1 << 20
+    #: Entries per table before it is cleared (about 200 bytes each: some 100 MB per process at most;
+    #: the most frequent words, which carry nearly all tokens, come back at once).
+    LIMIT = 1 << 18
 
     def __init__(self, encode_first, encode_next):
         self._encode_first, self._encode_next = encode_first, encode_next
