@@ -283,7 +283,7 @@ def _sentences(lengths: np.ndarray, sizes: list[list[int]], outcomes: list[Outco
         return
     word_at = _starts(flat)
     kept = lengths > 0
-    kept_words = np.add.reduceat(kept, word_at).tolist()
+    kept_words = np.add.reduceat(kept.astype(np.int64), word_at).tolist()
     tokens_at = _starts(np.add.reduceat(lengths.astype(np.int64), word_at)).tolist()
     kept_at = _starts(kept_words).tolist()
     nonzero = lengths[kept].tolist()
@@ -302,8 +302,7 @@ def _sentences(lengths: np.ndarray, sizes: list[list[int]], outcomes: list[Outco
 
 
 def _fast(noise) -> bool:
-    """Whether the vectorised noiser covers these settings (else ``noise_example`` per example; also
-    when random replacement would meet a mask id inside the text, which it treats as a mask)."""
+    """Whether the vectorised noiser covers these settings (else ``noise_example`` per example)."""
     return not (noise.mask or noise.delete or noise.rotate)
 
 
@@ -321,45 +320,45 @@ def _noise_and_encode(examples, ids: np.ndarray, config: BuildConfig, tok: TextT
     n_tokens = np.add.reduceat(piece_tokens, _starts(per_example))
     n_words = np.add.reduceat(piece_words, _starts(per_example))
     layout = (pieces, per_example, piece_words, word_first, word_lengths, n_tokens, n_words)
+    # random replacement treats a mask id inside the text (a tokenizer whose mask is ordinary text) as a mask
     if _fast(noise) and not (noise.random_ratio and (ids == tok.mask_id).any()):
-        source, source_lengths = _sources(ids, *_draws(examples, layout, config, tok), layout, noise.unit == "word")
+        order, schemes, values = _draws(examples, layout, config, tok)
+        source, source_lengths = _sources(ids, order, schemes, values, layout, noise.unit == "word", tok.mask_id)
     else:
         source, source_lengths = _noised(examples, ids.tolist(), config, tok)
     _encode(examples, ids, source, source_lengths, layout, tok)
 
 
-def _draws(examples, layout, config: BuildConfig, tok: TextTokenizer) -> tuple[list[int] | None, list]:
+def _draws(examples, layout, config: BuildConfig, tok: TextTokenizer):
     """Every example's random choices, in order (:func:`~wakong.infilling.noise_example`'s draws):
-    the permuted order of its pieces (``None``: no example permuted) and its masks ``(example, unit,
-    span length, id)``. Records the schemes and dropped insertions in the outcomes."""
+    the permuted order of the batch's pieces (``None``: nothing permuted), each example's span scheme
+    and the ids its masks become (``None``: all ``mask_id``). Records schemes and dropped insertions in
+    the outcomes."""
     noise, spec = config.noise, config.noise.spans
     _, per_example, _, _, _, n_tokens, n_words = layout
-    body, word_unit, permute = config.examples.max_source_len - 2, noise.unit == "word", noise.permute_sentences
+    body, word_unit, permute, ratio = (config.examples.max_source_len - 2, noise.unit == "word",
+                                       noise.permute_sentences, noise.random_ratio)
     args = (spec.budget_rate, spec.max_span_len, spec.cdfs())
-    units = (n_words if word_unit else n_tokens).tolist()
-    order = [] if permute else None
-    spans = []
+    order, schemes, values = ([] if permute else None), [], ([] if ratio else None)
     at = 0
-    for e, ((outcome, rng, chunk), count, n, n_unit) in enumerate(zip(examples, per_example.tolist(),
-                                                                         n_tokens.tolist(), units)):
+    for (outcome, rng, chunk), count, n, n_unit in zip(examples, per_example.tolist(), n_tokens.tolist(),
+                                                       (n_words if word_unit else n_tokens).tolist()):
         local = range(count)
         if permute:
             if count > 1:
                 local = permute_sentences(list(local), rng, permute)
-            order.extend(at + k for k in local)
+            order.extend([at + k for k in local])
         at += count
         scheme = _scheme(rng, n_unit, *args) if noise.infill and n_unit >= 2 else []
         if n + len(scheme) > body:
             scheme, dropped = _fit(scheme, n, body, [chunk[k] for k in local] if word_unit else None)
             _count(outcome.events, "inserted_masks_dropped", dropped)
-        if noise.random_ratio:
-            values = _replacements(len(scheme), rng, noise.random_ratio, tok)
-            spans.extend((e, p, s, v) for (p, s), v in zip(scheme, values))
-        else:
-            spans.extend((e, p, s, tok.mask_id) for p, s in scheme)
+        schemes.append(scheme)
+        if ratio:
+            values.extend(_replacements(len(scheme), rng, ratio, tok))
         if noise.infill:
             outcome.schemes.append((n_unit, scheme))
-    return order, spans
+    return order, schemes, values
 
 
 def _noised(examples, flat: list[int], config: BuildConfig, tok: TextTokenizer) -> tuple[np.ndarray, np.ndarray]:
@@ -411,12 +410,13 @@ def _replacements(n_masks: int, rng: random.Random, ratio: float, tok: TextToken
     return out
 
 
-def _sources(ids, order, spans, layout, word_unit: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Infilled sources of a batch from the drawn masks: ``(ids, length per example)``.
+def _sources(ids, order, schemes, values, layout, word_unit: bool, mask_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Infilled sources of a batch from the drawn schemes: ``(ids, length per example)``.
 
     The units (words or tokens) of each example, its pieces in ``order`` (``None``: as they come),
-    then one empty unit closing the example (where an insertion at the end goes); a mask ``(e, p, s,
-    v)`` puts ``v`` before unit ``p`` of example ``e`` and hides the tokens of units ``p .. p + s - 1``.
+    then one empty unit closing the example (where an insertion at the end goes); a span ``(p, s)`` of
+    example ``e`` puts a mask (``mask_id``, or its entry of ``values``) before unit ``p`` of ``e`` and
+    hides the tokens of units ``p .. p + s - 1``.
     """
     _, per_example, piece_words, word_first, word_lengths, _, _ = layout
     sel = np.arange(len(piece_words)) if order is None else np.asarray(order, np.int64)
@@ -433,8 +433,12 @@ def _sources(ids, order, spans, layout, word_unit: bool) -> tuple[np.ndarray, np
     position = np.arange(len(first)) + example_of  # past the closing units of the examples before
     unit_first, unit_len = np.zeros(int(n_units.sum()), np.int64), np.zeros(int(n_units.sum()), np.int64)
     unit_first[position], unit_len[position] = first, length
-    e, p, s, v = (np.asarray(x, np.int64) for x in zip(*spans)) if spans else [np.zeros(0, np.int64)] * 4
-    where = unit_at[e] + p
+    counts = np.fromiter(map(len, schemes), np.int64, len(schemes))
+    flat = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(schemes)), np.int64,
+                       2 * int(counts.sum()))
+    p, s = flat[0::2], flat[1::2]
+    v = np.full(len(p), mask_id, np.int64) if values is None else np.asarray(values, np.int64)
+    where = np.repeat(unit_at, counts) + p
     masks = np.zeros(len(unit_len), np.int64)
     masks[where] = 1
     cover = np.zeros(len(unit_len) + 1, np.int64)

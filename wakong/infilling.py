@@ -140,6 +140,8 @@ def _sample_range(below, n: int, k: int) -> list[int]:
     """The values ``random.Random.sample(range(n), k)`` picks, with its draws (in another order)."""
     if not 0 <= k <= n:
         raise ValueError("Sample larger than population or is negative")
+    if k == 1:  # the first pick from the pool is the value drawn
+        return [below(n)]
     setsize = 21  # sample's choice between a pool and a set of picks
     if k > 5:
         setsize += 4 ** math.ceil(math.log(k * 3, 4))

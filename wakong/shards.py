@@ -75,8 +75,8 @@ class ShardJob:
                     counts["tokens"] += outcome.tokens
                     counts["source_tokens"] += outcome.source_tokens
                     records._add_counts(events, outcome.events)
-                    for n, scheme in outcome.schemes:
-                        stats.add(n, scheme)
+                drawn = [pair for outcome in outcomes for pair in outcome.schemes]
+                stats.add_many([n for n, _ in drawn], [scheme for _, scheme in drawn])
                 if self.progress is not None:
                     self.progress(outcomes)
             files = writer.commit()
