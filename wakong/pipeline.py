@@ -282,7 +282,7 @@ def commit_part(out_dir: str, staging: str, manifest: dict) -> None:
         name = os.path.basename(path)
         return name != records.DATASET_MANIFEST, not name.startswith("manifest")
 
-    tokenizer = manifest["tokenizer"].get("file", "tokenizer.json")
+    tokenizer = manifest.get("tokenizer", {}).get("file", "tokenizer.json")
     moved = sorted(new) + [tokenizer, records.manifest_name(i, n)]
     try:
         for path in sorted(_replaced(out_dir, i, n), key=order):
