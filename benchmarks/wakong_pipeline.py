@@ -18,7 +18,8 @@ Both write byte-identical shards (checked every run). ``tokens/s`` = label token
 seconds of ``wakong.pipeline.build`` (reading, decoding, sentence splitting, tokenising, noising,
 serialising, writing, sha256, manifest); ``CPU s`` = CPU seconds of this process and its workers.
 The tokenizer is trained once beforehand. Medians over the rounds; the load average is recorded
-before and after.
+before and after. ``--cold`` also times a whole ``wakong build --corpus pydoc`` in a fresh process
+(imports, tokenizer training, build, report).
 
     python benchmarks/wakong_pipeline.py --repeat 20 --workers 0 1 2 --rounds 3
 """
@@ -31,6 +32,7 @@ import hashlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,6 +80,14 @@ def _run(config_name: str, repeat: int, workers: int, tokenizer, reference: bool
     }
 
 
+def _cold_cli() -> float:
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        command = ["build", "--corpus", "pydoc", "--out", out, "--no-progress", "--no-plots"]
+        subprocess.run([sys.executable, "-m", "wakong.cli", *command], cwd=ROOT, capture_output=True, check=True)
+        return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=20, help="copies of the corpus")
@@ -85,6 +95,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (medians are reported)")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--no-reference", action="store_true", help="skip the reference path")
+    parser.add_argument("--cold", action="store_true", help="also time a cold `wakong build --corpus pydoc`")
     args = parser.parse_args()
 
     load_before = os.getloadavg()
@@ -114,6 +125,8 @@ def main() -> None:
         ratio = f"{statistics.median(r['seconds'] for r in base) / seconds:.1f}x" if base else "-"
         print(f"| {name} | {path} | {workers} | {group[0]['examples']:,} | {tokens:,} | {seconds:.2f} | "
               f"{tokens / seconds:,.0f} | {cpu:.2f} | {tokens / cpu:,.0f} | {ratio} |")
+    if args.cold:
+        print(f"cold `wakong build --corpus pydoc` (fresh process, tokenizer training included): {_cold_cli():.2f} s")
 
 
 if __name__ == "__main__":
