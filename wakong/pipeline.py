@@ -47,8 +47,7 @@ from wakong import records
 from wakong.config import BuildConfig, load_config
 from wakong.examples import DROP_REASONS, Outcome, make_examples, make_outcomes, record_text
 from wakong.reader import batches, open_dataset
-from wakong.report import MaskStats
-from wakong.shards import BATCH, ShardJob, build_shards, shard_ranges
+from wakong.shards import BATCH, ShardJob, Tally, build_shards, shard_ranges
 from wakong.sources import ArrayRecordSource, PydocSource, TextSource, open_source
 from wakong.tokenizer import TextTokenizer, load_tokenizer, train_tokenizer
 
@@ -439,21 +438,18 @@ def _write_part(source, staging: str, config: BuildConfig, tok: TextTokenizer, m
     loop_start = time.perf_counter()
     job = ShardJob(source, config, tok, staging, prefix, indices)
     results = build_shards(job, workers, progress, halfway=lambda: _phase("shards"))
-    counts, dropped, events = {}, dict.fromkeys(DROP_REASONS, 0), {}
-    stats = MaskStats(config.noise.spans)
+    tally = Tally(config)
     for result in results:
-        records._add_counts(counts, result["counts"])
-        records._add_counts(dropped, result["dropped"])
-        records._add_counts(events, result["events"])
-        stats.merge(result["stats"])
+        tally.merge(result["tally"])
+    counts = tally.counts
     if counts["records_in"] != len(indices):  # each record in is counted once, as written or dropped
-        raise RuntimeError(f"record accounting is off: {counts}, dropped {dropped}, expected {len(indices)}")
+        raise RuntimeError(f"record accounting is off: {counts}, dropped {tally.dropped}, expected {len(indices)}")
     loop_seconds = time.perf_counter() - loop_start
     seconds = time.perf_counter() - start
     manifest.update(
         shards=[file for result in results for file in result["files"]],
-        counts={**counts, "records_dropped": dropped, "events": dict(sorted(events.items()))},
-        mask_stats=stats.state(),
+        counts=tally.manifest_counts(),
+        mask_stats=tally.stats.state(),
         timing={
             "seconds": seconds,
             "loop_seconds": loop_seconds,

@@ -46,9 +46,51 @@ def shard_ranges(n_records: int, num_shards: int) -> list[range]:
     return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+class Tally:
+    """What a part's manifest sums over outcomes: ``counts``, drop reasons, events and mask statistics.
+
+    ``add(outcomes)`` for made outcomes, ``merge(tally.state())`` for the tallies of other shards
+    (any runner that makes outcomes elsewhere sums them the same way); ``manifest_counts()`` is the
+    manifest's ``counts`` entry.
+    """
+
+    def __init__(self, config: BuildConfig):
+        self.counts = {"records_in": 0, "records_written": 0, "examples": 0, "tokens": 0, "source_tokens": 0}
+        self.dropped, self.events = dict.fromkeys(DROP_REASONS, 0), {}
+        self.stats = MaskStats(config.noise.spans)
+
+    def add(self, outcomes: list[Outcome]) -> None:
+        counts = self.counts
+        for outcome in outcomes:
+            counts["records_in"] += 1
+            if outcome.dropped is None:
+                counts["records_written"] += 1
+            else:
+                self.dropped[outcome.dropped] += 1
+            counts["examples"] += len(outcome.records)
+            counts["tokens"] += outcome.tokens
+            counts["source_tokens"] += outcome.source_tokens
+            records._add_counts(self.events, outcome.events)
+        drawn = [pair for outcome in outcomes for pair in outcome.schemes]
+        self.stats.add_many([n for n, _ in drawn], [scheme for _, scheme in drawn])
+
+    def state(self) -> dict:
+        return {"counts": self.counts, "dropped": self.dropped, "events": self.events, "stats": self.stats.state()}
+
+    def merge(self, state: dict) -> "Tally":
+        records._add_counts(self.counts, state["counts"])
+        records._add_counts(self.dropped, state["dropped"])
+        records._add_counts(self.events, state["events"])
+        self.stats.merge(state["stats"])
+        return self
+
+    def manifest_counts(self) -> dict:
+        return {**self.counts, "records_dropped": self.dropped, "events": dict(sorted(self.events.items()))}
+
+
 class ShardJob:
-    """Builds shard ``k`` of a part (``job(k)``): writes it to ``staging`` and returns its summary
-    (``files``, ``counts``, ``dropped``, ``events``, ``stats``); ``progress(outcomes)`` follows each batch."""
+    """Builds shard ``k`` of a part (``job(k)``): writes it to ``staging`` and returns ``files`` (its
+    description) and ``tally`` (a :class:`Tally` state); ``progress(outcomes)`` follows each batch."""
 
     def __init__(self, source, config: BuildConfig, tokenizer, staging: str, prefix: str, indices: range):
         self.source, self.config, self.tokenizer = source, config, tokenizer
@@ -56,9 +98,7 @@ class ShardJob:
         self.progress: Callable[[list[Outcome]], None] | None = None
 
     def __call__(self, shard: int) -> dict:
-        config, num_shards = self.config, self.config.output.num_shards
-        counts = {"records_in": 0, "records_written": 0, "examples": 0, "tokens": 0, "source_tokens": 0}
-        dropped, events, stats = dict.fromkeys(DROP_REASONS, 0), {}, MaskStats(config.noise.spans)
+        config, num_shards, tally = self.config, self.config.output.num_shards, Tally(self.config)
         positions = shard_ranges(len(self.indices), num_shards)[shard]
         with records.ShardWriter(self.staging, self.prefix, num_shards, shards=[shard]) as writer:
             for at in range(positions.start, positions.stop, BATCH):
@@ -67,20 +107,11 @@ class ShardJob:
                 for outcome in outcomes:
                     for data in outcome.records:
                         writer.write(shard, data)
-                    counts["records_in"] += 1
-                    counts["records_written"] += outcome.dropped is None
-                    if outcome.dropped is not None:
-                        dropped[outcome.dropped] += 1
-                    counts["examples"] += len(outcome.records)
-                    counts["tokens"] += outcome.tokens
-                    counts["source_tokens"] += outcome.source_tokens
-                    records._add_counts(events, outcome.events)
-                drawn = [pair for outcome in outcomes for pair in outcome.schemes]
-                stats.add_many([n for n, _ in drawn], [scheme for _, scheme in drawn])
+                tally.add(outcomes)
                 if self.progress is not None:
                     self.progress(outcomes)
             files = writer.commit()
-        return {"files": files, "counts": counts, "dropped": dropped, "events": events, "stats": stats.state()}
+        return {"files": files, "tally": tally.state()}
 
 
 def build_shards(job: ShardJob, workers: int, progress: Callable[[Outcome], None] | None = None,
