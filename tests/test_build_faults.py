@@ -416,3 +416,22 @@ def test_sigkill_with_workers_on_parquet_then_rerun(tmp_path, corpus, tok_file):
     shards = lambda path: {k: v for k, v in _files(path).items() if not k.startswith("manifest")}  # noqa: E731
     assert shards(out) == shards(clean)
     assert records.read_manifests(str(out))["counts"] == records.read_manifests(str(clean))["counts"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_killed_build_resumes_its_finished_shards(tmp_path, corpus, tok_file, reference, monkeypatch, workers):  # noqa: F811
+    """SIGKILL halfway: the rerun rebuilds only the shards that were not finished, byte-identically."""
+    from wakong import shards
+
+    out = tmp_path / "data"
+    argv = _argv(corpus, out, tok_file, 2, "--workers", str(workers))
+    _killed("shards", argv)
+    done = sorted(shards.finished(records.staging_dir(str(out), 0, 1), 2))
+    assert done == [0] if not workers else done  # in process, shard 0 was done when half the records were
+    built = []
+    make = shards.make_outcomes
+    monkeypatch.setattr(shards, "make_outcomes", lambda *args: built.extend(args[3]) or make(*args))
+    assert main(_argv(corpus, out, tok_file, 2)) == 0  # in process: the count below sees every record made
+    ranges = shards.shard_ranges(len(TextSource([corpus], "paragraph")), 2)
+    assert built == [i for k in (0, 1) if k not in done for i in ranges[k]]
+    _same_dataset(out, reference / "seed2")

@@ -27,6 +27,10 @@ ends with EOS and every mask in the source has its span in the target. Noising c
 source by inserted masks (zero-length spans); if that overflows ``max_source_len``, the last inserted
 masks are left out (counted as ``inserted_masks_dropped``; no text is lost).
 
+Kills: every finished shard leaves its summary in the staging directory, so rerunning the same
+command after a kill keeps the finished shards (sha256 checked) and builds the rest
+(:func:`wakong.shards.finished`).
+
 Interruptions: Ctrl-C raises ``KeyboardInterrupt`` and is also remembered
 (:func:`wakong.records.catching_interrupts`), so one swallowed on the way (Python only prints a
 ``KeyboardInterrupt`` raised in a garbage-collector callback) still stops the build before it replaces
@@ -47,7 +51,7 @@ from wakong import records
 from wakong.config import BuildConfig, load_config
 from wakong.examples import DROP_REASONS, Outcome, make_examples, make_outcomes, record_text
 from wakong.reader import batches, open_dataset
-from wakong.shards import BATCH, ShardJob, Tally, build_shards, shard_ranges
+from wakong.shards import BATCH, ShardJob, Tally, build_shards, finished, shard_ranges
 from wakong.sources import ArrayRecordSource, PydocSource, TextSource, open_source
 from wakong.tokenizer import TextTokenizer, load_tokenizer, train_tokenizer
 
@@ -254,7 +258,8 @@ def prepare_dir(
                 f"{out_dir} holds a build with other settings that was killed while replacing the dataset; "
                 "rerun that command to finish it, or use overwrite"
             )
-        shutil.rmtree(staging)
+        if identity is None or _read_part(os.path.join(staging, _PROGRESS)) != _as_json({"identity": identity}):
+            shutil.rmtree(staging)  # else: this part's killed build, whose finished shards the build reuses
     existing = _replaced(out_dir, process_index, process_count)
     if resume and identity is not None and not os.path.exists(os.path.join(out_dir, records.DATASET_MANIFEST)):
         committed = _read_part(os.path.join(out_dir, name))
@@ -264,6 +269,14 @@ def prepare_dir(
         first = os.path.basename(existing[0])
         raise FileExistsError(f"{out_dir} already holds a dataset ({first} ...); use overwrite")
     return None
+
+
+#: In a staging directory: the identity of the part being built (so a rerun may reuse finished shards).
+_PROGRESS = "progress.json"
+
+
+def _as_json(data):
+    return json.loads(json.dumps(data))
 
 
 def commit_part(out_dir: str, staging: str, manifest: dict) -> None:
@@ -369,10 +382,11 @@ def _build(source, out_dir, config, tokenizer, workers, process_index, process_c
         return reused
     staging = records.staging_dir(out_dir, process_index, process_count)
     try:
-        os.makedirs(staging)
+        os.makedirs(staging, exist_ok=True)  # it exists when a killed build of this part left shards
     except OSError as err:
         raise records._write_error(staging, err) from err
     try:
+        records.write_json_atomic(os.path.join(staging, _PROGRESS), {"identity": _identity(manifest)})
         _phase("staging")
         try:
             tok.save(os.path.join(staging, tok.file_name))
@@ -437,7 +451,8 @@ def _write_part(source, staging: str, config: BuildConfig, tok: TextTokenizer, m
     prefix = records.part_prefix(process_index, process_count)
     loop_start = time.perf_counter()
     job = ShardJob(source, config, tok, staging, prefix, indices)
-    results = build_shards(job, workers, progress, halfway=lambda: _phase("shards"))
+    done = finished(staging, config.output.num_shards)  # by a killed build of this very part
+    results = build_shards(job, workers, progress, halfway=lambda: _phase("shards"), done=done)
     tally = Tally(config)
     for result in results:
         tally.merge(result["tally"])

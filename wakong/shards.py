@@ -18,6 +18,7 @@ build with an error naming its exit code, never a hang.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import queue
@@ -111,37 +112,65 @@ class ShardJob:
                 if self.progress is not None:
                     self.progress(outcomes)
             files = writer.commit()
-        return {"files": files, "tally": tally.state()}
+        result = {"files": files, "tally": tally.state()}
+        records.write_json_atomic(os.path.join(self.staging, _done_name(shard, num_shards)), result)
+        return result
+
+
+def _done_name(shard: int, num_shards: int) -> str:
+    return f"done-shard-{shard:05d}-of-{num_shards:05d}.json"
+
+
+def finished(staging: str, num_shards: int) -> dict[int, dict]:
+    """The shards a killed build of the same part already finished in ``staging`` (their summaries,
+    each checked against its file's size and sha256)."""
+    done = {}
+    for shard in range(num_shards):
+        try:
+            with open(os.path.join(staging, _done_name(shard, num_shards)), encoding="utf-8") as f:
+                result = json.load(f)
+            (file,) = result["files"]
+            path = os.path.join(staging, file["file"])
+            if os.path.getsize(path) == file["bytes"] and records.file_sha256(path) == file["sha256"]:
+                done[shard] = result
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return done
 
 
 def build_shards(job: ShardJob, workers: int, progress: Callable[[Outcome], None] | None = None,
-                 halfway: Callable[[], None] | None = None) -> list[dict]:
+                 halfway: Callable[[], None] | None = None, done: dict[int, dict] | None = None) -> list[dict]:
     """Every shard's summary, in shard order: built here (``workers == 0``) or by ``min(workers,
-    num_shards)`` worker processes. ``progress(outcome)`` is called once per record (without its
-    serialised ``records`` when a worker made it); ``halfway()`` once, when half the part is done."""
-    num_shards, total = job.config.output.num_shards, len(job.indices)
-    done = 0
+    shards to build)`` worker processes, except the shards ``done`` already holds. ``progress(outcome)``
+    is called once per record built (without its serialised ``records`` when a worker made it);
+    ``halfway()`` once, when half the part is done."""
+    num_shards, done = job.config.output.num_shards, dict(done or {})
+    todo = [k for k in range(num_shards) if k not in done]
+    total = sum(len(r) for k, r in enumerate(shard_ranges(len(job.indices), num_shards)) if k in todo)
+    built = 0
 
     def follow(outcomes) -> None:
-        nonlocal done
+        nonlocal built
         for outcome in outcomes:
             if progress is not None:
                 progress(outcome)
-        if done <= total // 2 < done + len(outcomes) and halfway is not None:
+        if built <= total // 2 < built + len(outcomes) and halfway is not None:
             halfway()
-        done += len(outcomes)
+        built += len(outcomes)
         records.check_interrupt()
 
     if not workers:
         job.progress = follow
-        return [job(k) for k in range(num_shards)]
-    return _with_workers(job, min(workers, num_shards), follow)
+        done.update((k, job(k)) for k in todo)
+    elif todo:
+        done.update(_with_workers(job, todo, min(workers, len(todo)), follow))
+    return [done[k] for k in range(num_shards)]
 
 
-def _with_workers(job: ShardJob, workers: int, follow: Callable[[list[Outcome]], None]) -> list[dict]:
-    """Runs the shards on ``workers`` fresh interpreters (``python -c``, :func:`_serve`): each gets the
-    pickled job on its stdin, then shard numbers one at a time, and answers on a pipe of its own."""
-    num_shards = job.config.output.num_shards
+def _with_workers(job: ShardJob, todo: list[int], workers: int,
+                  follow: Callable[[list[Outcome]], None]) -> dict[int, dict]:
+    """Runs shards ``todo`` on ``workers`` fresh interpreters (``python -c``, :func:`_serve`): each gets
+    the pickled job on its stdin, then shard numbers one at a time, and answers on a pipe of its own."""
     payload = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
     code = (f"import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import sys; sys.path[:0] = {sys.path!r}; "
             "from wakong.shards import _serve; _serve(int(sys.argv[1]))")
@@ -157,10 +186,10 @@ def _with_workers(job: ShardJob, workers: int, follow: Callable[[list[Outcome]],
             threading.Thread(target=_relay, args=(answers, process, messages), daemon=True).start()
             process.stdin.write(payload)
             workers_.append(process)
-        pending, results = list(range(num_shards)), {}
+        pending, results = list(todo), {}
         for process in workers_:
             _assign(process, pending)
-        while len(results) < num_shards:
+        while len(results) < len(todo):
             process, kind, data = messages.get()
             if kind == "progress":
                 follow(data)
@@ -171,7 +200,7 @@ def _with_workers(job: ShardJob, workers: int, follow: Callable[[list[Outcome]],
                 raise data
             else:
                 raise RuntimeError(f"a build worker died (exit code {data}); nothing was committed")
-        return [results[k] for k in range(num_shards)]
+        return results
     finally:
         for process in workers_:
             if process.poll() is None:
