@@ -236,8 +236,9 @@ def prepare_dir(
 ) -> dict | None:
     """Makes ``out_dir`` ready for one part, touching no file of an earlier build.
 
-    Removes temporary files and the staging directory of an earlier build of this part that was
-    killed. Returns the part's manifest when this very part (``identity``: the same settings,
+    Removes temporary files and the staging directory of a killed earlier build of this part, unless
+    that build was this very part (``identity``; its finished shards are reused). Returns the part's
+    manifest when this very part (``identity``: the same settings,
     tokenizer and input) is already complete there: staged by a build killed while committing it
     (the commit is finished now), or, with ``resume``, committed by a build that stopped before the
     dataset manifest was written.
