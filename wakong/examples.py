@@ -39,9 +39,9 @@ from typing import Sequence
 import numpy as np
 
 from wakong import records
-from wakong.records import _starts
 from wakong.config import BuildConfig
 from wakong.infilling import _scheme, noise_example, permute_sentences
+from wakong.records import _starts
 from wakong.text import decode_utf8, split_sentences, truncate_utf8
 from wakong.tokenizer import TextTokenizer
 
