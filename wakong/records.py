@@ -132,8 +132,11 @@ def encode_records(
     ``word_starts`` / ``sentence_starts`` are ``bool`` arrays aligned with the concatenated ``labels``.
     """
     dtype, width = (np.int32, 4) if wide else (np.uint16, 2)
-    src = np.asarray(input_ids).astype(dtype, copy=False).tobytes()
-    tgt = np.asarray(labels).astype(dtype, copy=False).tobytes()
+    bound = np.iinfo(dtype)
+    ids = [np.asarray(input_ids), np.asarray(labels)]
+    if any(len(a) and (a.min() < max(bound.min, 0) or a.max() > bound.max) for a in ids):
+        raise ValueError(f"token ids outside [0, {bound.max}] do not fit {np.dtype(dtype).name} records (wide={wide})")
+    src, tgt = (a.astype(dtype, copy=False).tobytes() for a in ids)
     n_src, n_tgt = np.asarray(input_lengths, np.int64), np.asarray(label_lengths, np.int64)
     nbytes = (n_tgt + 7) // 8
     pad = np.repeat(8 * _starts(nbytes) - _starts(n_tgt), n_tgt) + np.arange(int(n_tgt.sum()))
