@@ -316,3 +316,122 @@ def test_library_refuses_negative_workers(tmp_path, corpus, tokenizer):  # noqa:
         pipeline.build(TextSource([corpus], "paragraph"), tmp_path, load_config(overrides=SMALL), tokenizer=tokenizer,
                        workers=-1)
     assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- interruptions (Ctrl-C), workers, new sources
+
+
+def test_write_cut_short_by_a_signal_is_an_interruption(tmp_path, corpus, tok_file, reference,  # noqa: F811
+                                                        monkeypatch, capsys):
+    """ArrayRecord reports a write interrupted by Ctrl-C (EINTR) as a RuntimeError: not a disk error."""
+    out, before = _old(tmp_path, reference)
+
+    class Interrupted:
+        def __init__(self, path):
+            self.writes = 0
+            open(path, "wb").close()
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes == 3:
+                raise RuntimeError("riegeli: write() failed: Interrupted system call [type.googleapis.com/...]")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(records, "_array_record_writer", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.build(TextSource([corpus], "paragraph"), out, load_config(overrides=SMALL + ["seed=2"]),
+                       overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))
+    assert main(_argv(corpus, out, tok_file, 2, "--overwrite")) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "disk" not in err and "error" not in err
+    assert _files(out) == before
+
+
+def test_swallowed_ctrl_c_still_stops_the_build(tmp_path, corpus, tok_file, reference, monkeypatch):  # noqa: F811
+    """Python only prints a KeyboardInterrupt raised in a garbage-collector callback: the build remembers it."""
+    out, before = _old(tmp_path, reference)
+    monkeypatch.setattr(records._Interrupt, "seen", False)
+
+    def swallowed(name):
+        if name == "shards":
+            try:
+                records._on_interrupt(signal.SIGINT, None)
+            except KeyboardInterrupt:  # what the interpreter does with one raised inside a gc callback
+                pass
+
+    monkeypatch.setattr(pipeline, "_phase", swallowed)
+    with records.catching_interrupts():
+        with pytest.raises(KeyboardInterrupt):
+            pipeline.build(TextSource([corpus], "paragraph"), out, load_config(overrides=SMALL + ["seed=2"]),
+                           overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))
+    assert _files(out) == before
+
+
+def test_ctrl_c_during_a_build_with_workers(tmp_path, tok_file):
+    """A real SIGINT to the whole process group (a terminal's Ctrl-C): exit 130, one line, nothing left."""
+    out = tmp_path / "data"
+    argv = ["build", "--corpus", "pydoc", "--repeat", "30", "--out", str(out), "--tokenizer", tok_file,
+            "--workers", "2", "--num-shards", "4", "--no-progress", "--no-plots"]
+    process = subprocess.Popen([sys.executable, "-m", "wakong.cli", *argv], cwd=ROOT, start_new_session=True,
+                               env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    staging = records.staging_dir(str(out), 0, 1)
+    deadline = time.monotonic() + 240
+    while not (os.path.isdir(staging) and any(".tmp-" in n for n in os.listdir(staging))):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1].startswith("wakong: interrupted") and "Traceback" not in stderr
+    assert os.listdir(out) == []  # the staging directory is gone, nothing was committed
+
+
+def test_a_dying_worker_fails_the_build_without_a_hang(tmp_path, tokenizer):  # noqa: F811
+    from tests._sources import DyingSource
+
+    with pytest.raises(RuntimeError, match="a build worker died"):
+        pipeline.build(DyingSource(40, die_at=25), tmp_path, load_config(overrides=SMALL), tokenizer=tokenizer,
+                       workers=2)
+    assert os.listdir(tmp_path) == []
+
+
+def test_sigkill_with_workers_on_parquet_then_rerun(tmp_path, corpus, tok_file):  # noqa: F811
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    paragraphs = open(corpus, encoding="utf-8").read().split("\n\n")
+    pq.write_table(pa.table({"text": paragraphs * 3}), tmp_path / "in.parquet", row_group_size=7)
+    argv = ["build", str(tmp_path / "in.parquet"), "--format", "parquet", "--tokenizer", tok_file, "--seed", "2",
+            "--workers", "2", *FLAGS[2:]]
+    clean = tmp_path / "clean"
+    assert main([*argv, "--out", str(clean)]) == 0
+    out = tmp_path / "data"
+    _killed("shards", [*argv, "--out", str(out)])
+    time.sleep(0.5)  # the orphaned workers notice their parent is gone and exit
+    assert not records.existing_parts(str(out))
+    assert main([*argv, "--out", str(out)]) == 0  # the same command restarts the build
+    shards = lambda path: {k: v for k, v in _files(path).items() if not k.startswith("manifest")}  # noqa: E731
+    assert shards(out) == shards(clean)
+    assert records.read_manifests(str(out))["counts"] == records.read_manifests(str(clean))["counts"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_killed_build_resumes_its_finished_shards(tmp_path, corpus, tok_file, reference, monkeypatch, workers):  # noqa: F811
+    """SIGKILL halfway: the rerun rebuilds only the shards that were not finished, byte-identically."""
+    from wakong import shards
+
+    out = tmp_path / "data"
+    argv = _argv(corpus, out, tok_file, 2, "--workers", str(workers))
+    _killed("shards", argv)
+    done = sorted(shards.finished(records.staging_dir(str(out), 0, 1), 2))
+    assert done == [0] if not workers else done  # in process, shard 0 was done when half the records were
+    built = []
+    make = shards.make_outcomes
+    monkeypatch.setattr(shards, "make_outcomes", lambda *args: built.extend(args[3]) or make(*args))
+    assert main(_argv(corpus, out, tok_file, 2)) == 0  # in process: the count below sees every record made
+    ranges = shards.shard_ranges(len(TextSource([corpus], "paragraph")), 2)
+    assert built == [i for k in (0, 1) if k not in done for i in ranges[k]]
+    _same_dataset(out, reference / "seed2")

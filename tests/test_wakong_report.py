@@ -134,3 +134,32 @@ def test_plots_are_written(tmp_path):
 def test_summary_of_nothing():
     summary = MaskStats().summary()
     assert summary["spans"] == 0 and summary["mask_rate"] == 0 and math.isfinite(summary["expected_mask_rate"])
+
+
+def test_batched_counts_equal_a_direct_count():
+    """add_many (vectorised) against counting every masked unit of every scheme one by one."""
+    from wakong.infilling import SpanSpec
+
+    for spec in (SpanSpec(), SpanSpec(0.4, 3.0, 10)):
+        rng = random.Random(5)
+        lengths = [rng.randrange(0, 60) for _ in range(2000)]
+        schemes = [span_scheme(rng, n, spec) for n in lengths]
+        stats = MaskStats(spec)
+        stats.add_many(lengths[:700], schemes[:700])
+        stats.add_many(lengths[700:], schemes[700:])
+        hist, start, end, near = np.zeros(11, int), np.zeros(8, int), np.zeros(8, int), 0
+        for n, scheme in zip(lengths, schemes):
+            for p, s in scheme:
+                hist[s] += 1
+                for i in range(p, p + s):
+                    if n >= 16 and i < 8:
+                        start[i] += 1
+                    if n >= 16 and i >= n - 8:
+                        end[n - 1 - i] += 1
+                    near += n >= 16 and (i < 8 or i >= n - 8)
+        state = stats.state()
+        assert state["span_histogram"] == hist.tolist() and state["units"] == sum(lengths)
+        assert state["edge"]["from_start"] == start.tolist() and state["edge"]["from_end"] == end.tolist()
+        masked_profiled = sum(s for n, sc in zip(lengths, schemes) if n >= 16 for _, s in sc)
+        assert state["edge"]["interior_masked"] == masked_profiled - near
+        assert state["edge"]["records"] == sum(n >= 16 for n in lengths)

@@ -29,12 +29,14 @@ import os
 import sys
 import time
 
-from jaxsample import distributed
+from wakong.records import catching_interrupts, check_interrupt
+from wakong.sources import FORMATS
 
 _FLAGS = {  # flag attribute -> config key
     "format": "input.format",
     "split": "input.split",
     "field": "input.field",
+    "column": "input.column",
     "tokenizer": "tokenizer.path",
     "vocab_size": "tokenizer.vocab_size",
     "seed": "seed",
@@ -58,6 +60,8 @@ def _at_least(minimum: int):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from jaxsample import distributed
+
     parser = argparse.ArgumentParser(
         prog="wakong",
         description="Wakong span masking and BART text-infilling datasets (grain + ArrayRecord).",
@@ -67,19 +71,21 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def inputs(p: argparse.ArgumentParser) -> None:
-        p.add_argument("inputs", nargs="*", help="input files (text, JSONL or ArrayRecord)")
+        p.add_argument("inputs", nargs="*", help="input files, directories or quoted glob patterns (text, JSONL, "
+                       "plain or .gz/.zst; ArrayRecord; Parquet; Arrow / Hugging Face datasets directories)")
         p.add_argument("--corpus", choices=["pydoc"], help="built-in corpus instead of files: Python's docs")
         p.add_argument("--repeat", type=_at_least(1), default=1, help="use the built-in corpus N times (benchmarks)")
         p.add_argument("--config", help="YAML config: a path, or the name of a shipped one (article, bart, demo)")
-        p.add_argument("--format", choices=["text", "jsonl", "array_record"], help="input format")
+        p.add_argument("--format", choices=[f for f in FORMATS if f != "pydoc"], help="input format")
         p.add_argument("--split", choices=["line", "paragraph", "file"], help="one text record per ...")
         p.add_argument("--field", help="JSON field holding the text")
+        p.add_argument("--column", help="column holding the text (parquet, arrow; default: text)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
 
     build = sub.add_parser("build", help="build a dataset: text in, ArrayRecord shards + manifest out")
     inputs(build)
     build.add_argument("--out", required=True, help="dataset directory")
-    build.add_argument("--tokenizer", help="tokenizer.json to use (default: train a byte-level BPE)")
+    build.add_argument("--tokenizer", help="tokenizer.json or SentencePiece .model (default: train a byte-level BPE)")
     build.add_argument("--vocab-size", type=_at_least(1), help="vocabulary size of a trained tokenizer")
     build.add_argument("--seed", type=int, help="mask seed")
     build.add_argument("--num-shards", type=_at_least(1), help="ArrayRecord shards per host")
@@ -129,7 +135,8 @@ def _source(args: argparse.Namespace, config):
 
     if config.input.format != "pydoc" and not args.inputs:
         raise ValueError("no input files given (or use --corpus pydoc)")
-    return open_source(config.input.format, args.inputs, split=config.input.split, repeat=args.repeat)
+    return open_source(config.input.format, args.inputs, split=config.input.split, repeat=args.repeat,
+                       column=config.input.column)
 
 
 def _tqdm(total: int, desc: str | None, enabled: bool):
@@ -203,6 +210,7 @@ def _report_lines(manifest: dict, summary: dict | None) -> list[str]:
 
 
 def _build(args: argparse.Namespace) -> int:
+    from jaxsample import distributed
     from wakong import multihost
     from wakong.report import MaskStats, plot_positions, plot_span_lengths
 
@@ -329,20 +337,29 @@ def _mask(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``wakong`` command; returns the exit code."""
-    args = _parser().parse_args(argv)
-    commands = {"build": _build, "train-tokenizer": _train_tokenizer, "inspect": _inspect, "mask": _mask}
-    from wakong.records import DatasetError
-    from wakong.tokenizer import TokenizerError
+    """Entry point of the ``wakong`` command; returns the exit code.
 
-    try:
-        return commands[args.command](args)
-    except (OSError, TokenizerError, DatasetError, ValueError, distributed.DistributedError) as err:
-        print(f"wakong: error: {err}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("wakong: interrupted; nothing was committed for the unfinished part", file=sys.stderr)
-        return 130
+    Ctrl-C at any point (imports included) is an interruption: one line, exit code 130.
+    """
+    commands = {"build": _build, "train-tokenizer": _train_tokenizer, "inspect": _inspect, "mask": _mask}
+    with catching_interrupts():
+        try:
+            args = _parser().parse_args(argv)
+            from jaxsample.distributed import DistributedError
+            from wakong.records import DatasetError
+            from wakong.tokenizer import TokenizerError
+
+            try:
+                code = commands[args.command](args)
+            except (OSError, TokenizerError, DatasetError, ValueError, DistributedError) as err:
+                check_interrupt()  # an error caused by an interruption is the interruption
+                print(f"wakong: error: {err}", file=sys.stderr)
+                return 1
+            check_interrupt()
+            return code
+        except KeyboardInterrupt:
+            print("wakong: interrupted; nothing was committed for the unfinished part", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":

@@ -13,9 +13,8 @@ import json
 import os
 from typing import Any, Mapping, Sequence
 
-from jaxsample import config as _config
 from wakong.infilling import NoiseConfig, SpanSpec
-from wakong.sources import TEXT_SPLITS
+from wakong.sources import FORMATS, TEXT_SPLITS
 from wakong.tokenizer import SpecialTokens
 
 
@@ -34,9 +33,13 @@ class InputConfig:
     """How raw records are read.
 
     Attributes:
-      format: ``text``, ``jsonl``, ``array_record`` or ``pydoc`` (Python's docs, no files needed).
+      format: ``text`` / ``jsonl`` (plain, ``.gz`` or ``.zst`` files), ``array_record``, ``parquet``,
+        ``arrow`` (Arrow IPC files or Hugging Face ``datasets`` directories) or ``pydoc`` (Python's docs,
+        no files needed).
       split: for ``text``: ``line``, ``paragraph`` or ``file``.
-      field: JSON field holding the text (``jsonl``; ``array_record`` records are JSON when it is set).
+      field: JSON field holding the text (``jsonl``; ``array_record``, ``parquet`` and ``arrow`` records
+        are JSON when it is set).
+      column: the column holding the text (``parquet``, ``arrow``).
       utf8_errors: ``replace`` (U+FFFD, counted) or ``strict`` (drop the record, counted).
       max_record_bytes: larger records are cut (``oversize: truncate``) or dropped (``drop``), counted.
     """
@@ -44,12 +47,15 @@ class InputConfig:
     format: str = "text"
     split: str = "line"
     field: str | None = None
+    column: str = "text"
     utf8_errors: str = "replace"
     max_record_bytes: int = 1 << 24
     oversize: str = "truncate"
 
     def __post_init__(self):
-        _choice("input.format", self.format, ("text", "jsonl", "array_record", "pydoc"))
+        _choice("input.format", self.format, FORMATS)
+        if not isinstance(self.column, str) or not self.column:
+            raise ValueError(f"input.column must be a column name, got {self.column!r}")
         _choice("input.split", self.split, TEXT_SPLITS)
         _choice("input.utf8_errors", self.utf8_errors, ("replace", "strict"))
         _choice("input.oversize", self.oversize, ("truncate", "drop"))
@@ -60,7 +66,8 @@ class InputConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerConfig:
-    """``path`` to a ``tokenizer.json``, or ``None`` to train a byte-level BPE on the corpus."""
+    """``path`` to a ``tokenizer.json`` or a SentencePiece ``.model``, or ``None`` to train a byte-level BPE
+    on the corpus (``vocab_size``, ``min_frequency``). ``special``: the names of BART's special tokens."""
 
     path: str | None = None
     vocab_size: int = 8192
@@ -133,6 +140,8 @@ class BuildConfig:
         d = self.to_dict()
         d["tokenizer"].pop("path")
         d.pop("output")
+        if self.input.format not in ("parquet", "arrow"):  # unused: fingerprints stay those of earlier builds
+            d["input"].pop("column")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
@@ -147,12 +156,16 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     >>> config.noise.spans.budget_rate, config.examples.unit
     (0.4, 'document')
     """
+    from jaxsample import config as _config  # here: worker processes unpickling a config need not import jax
+
     data = _config.read(path, overrides, kind=KIND)
     return config_from_dict(data)
 
 
 def config_from_dict(data: Mapping) -> BuildConfig:
     """Builds a :class:`BuildConfig` from nested mappings (e.g. a manifest's ``config``)."""
+    from jaxsample import config as _config
+
     return _config.build(BuildConfig, data)
 
 

@@ -24,6 +24,7 @@ into fixed-shape encoder token ids, the swap-in point for on-device masking.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import math
@@ -108,22 +109,56 @@ def span_scheme(rng: random.Random, n: int, spec: SpanSpec = SpanSpec()) -> Mask
 
 
 def _scheme(rng: random.Random, n: int, rate: float, max_span_len: int, cdfs) -> MaskScheme:
-    """The reference algorithm with its constants as arguments (same draws, in the same order)."""
+    """The reference algorithm with its constants as arguments: the same draws, in the same order.
+
+    ``random.Random``'s ``choices``, ``shuffle`` and ``sample`` are inlined (the same ``random()`` /
+    ``_randbelow`` calls and arithmetic; the tests compare outputs and generator states with
+    ``wakong.generate_mask_scheme``): about twice as fast.
+    """
+    uniform, below = rng.random, rng._randbelow
     whole = int(n * rate)
-    budget = min(whole + (rng.random() < n * rate - float(whole)), n // 2)
+    budget = min(whole + (uniform() < n * rate - float(whole)), n // 2)
     lengths = []
     while budget > 0:
         cap = min(max_span_len, budget)
-        lengths.append(rng.choices(range(cap + 1), cum_weights=cdfs[cap - 1])[0])
+        cdf = cdfs[cap - 1]
+        lengths.append(bisect.bisect_right(cdf, uniform() * (cdf[-1] + 0.0), 0, cap))  # choices(range, cum_weights)
         budget -= lengths[-1] + 1
-    rng.shuffle(lengths)
-    slots = sorted(rng.sample(range(n - sum(lengths) - len(lengths) + 1), len(lengths)))
-    shift = rng.random() < 0.5
-    scheme, offset = [], shift
+    for i in range(len(lengths) - 1, 0, -1):  # shuffle
+        j = below(i + 1)
+        lengths[i], lengths[j] = lengths[j], lengths[i]
+    slots = sorted(_sample_range(below, n - sum(lengths) - len(lengths) + 1, len(lengths)))
+    offset = uniform() < 0.5
+    scheme = []
     for slot, length in zip(slots, lengths):
         scheme.append((slot + offset, length))
         offset += length + 1
     return scheme
+
+
+def _sample_range(below, n: int, k: int) -> list[int]:
+    """The values ``random.Random.sample(range(n), k)`` picks, with its draws (in another order)."""
+    if not 0 <= k <= n:
+        raise ValueError("Sample larger than population or is negative")
+    if k == 1:  # the first pick from the pool is the value drawn
+        return [below(n)]
+    setsize = 21  # sample's choice between a pool and a set of picks
+    if k > 5:
+        setsize += 4 ** math.ceil(math.log(k * 3, 4))
+    if n <= setsize:
+        pool, out = list(range(n)), []
+        for i in range(k):
+            j = below(n - i)
+            out.append(pool[j])
+            pool[j] = pool[n - i - 1]
+        return out
+    picked: set[int] = set()
+    for _ in range(k):
+        j = below(n)
+        while j in picked:
+            j = below(n)
+        picked.add(j)
+    return list(picked)
 
 
 def scheme_masks(

@@ -1,16 +1,18 @@
-"""Text -> BART infilling examples with grain, written to ArrayRecord shards with a manifest.
+"""Text -> BART infilling examples, written to ArrayRecord shards with a manifest.
 
-The build pipeline (see :func:`build_dataset`) is a grain ``MapDataset``::
+A build is one transform and one write loop:
 
-    source[i]                          raw bytes of record i (its global index)
-      .map_with_index                  (i, raw)
-      .random_map(ExampleMaker, seed)  decode -> sentences -> words -> tokens -> examples -> noise
-      [process_index::process_count]   this host's records
+    make_outcomes(source, config, tokenizer, indices)   records -> Outcomes (:mod:`wakong.examples`)
+    _write_part                                          Outcomes -> shards, counts, manifest
 
-``random_map`` hands each record a generator that depends only on ``(seed, i)``; :class:`ExampleMaker`
-seeds one ``random.Random`` from it and draws every random choice of the record (the exact Wakong
-algorithm and the other BART noises) from that. Slicing by host comes *after* the random map, so the
-examples of record ``i`` are the same whatever the number of hosts, workers or restarts.
+:func:`make_outcomes` gives record ``i`` everything it draws from a ``random.Random`` seeded by
+``(seed, i)`` only (grain's ``random_map`` derivation; the exact Wakong algorithm and the other BART
+noises), so a record's examples are the same whatever the batch, the number of hosts, workers or
+restarts. Host ``h`` of ``n`` builds the records ``h, h + n, ...`` (its *part*); the part's records are
+cut into ``num_shards`` contiguous ranges, one ArrayRecord shard each, built in order in batches of
+:data:`BATCH` records -- in this process, or whole shards by each of ``workers`` processes
+(:mod:`wakong.shards`; every worker writes its own shards, so nothing funnels through one writer).
+The bytes do not depend on the batch size or the worker count.
 
 Accounting: every record ends as written (one or more examples) or dropped with one reason --
 ``empty``, ``too_short``, ``too_long``, ``invalid_utf8`` (only with ``utf8_errors: strict``; the default
@@ -24,278 +26,58 @@ noising (sentences, then words, are never split unless one alone is too long), s
 ends with EOS and every mask in the source has its span in the target. Noising can only lengthen the
 source by inserted masks (zero-length spans); if that overflows ``max_source_len``, the last inserted
 masks are left out (counted as ``inserted_masks_dropped``; no text is lost).
+
+Kills: every finished shard leaves its summary in the staging directory, so rerunning the same
+command after a kill keeps the finished shards (sha256 checked) and builds the rest
+(:func:`wakong.shards.finished`).
+
+Interruptions: Ctrl-C raises ``KeyboardInterrupt`` and is also remembered
+(:func:`wakong.records.catching_interrupts`), so one swallowed on the way (Python only prints a
+``KeyboardInterrupt`` raised in a garbage-collector callback) still stops the build before it replaces
+anything.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import itertools
 import json
 import os
-import random
 import re
 import shutil
 import time
 from typing import Any, Callable, Sequence
 
-import grain
-import numpy as np
-
 from wakong import records
 from wakong.config import BuildConfig, load_config
-from wakong.infilling import Noised, noise_example
-from wakong.reader import batches, mp_prefetch, open_dataset
-from wakong.report import MaskStats
+from wakong.examples import DROP_REASONS, Outcome, make_examples, make_outcomes, record_text
+from wakong.reader import batches, open_dataset
+from wakong.shards import BATCH, ShardJob, Tally, build_shards, finished, shard_ranges
 from wakong.sources import ArrayRecordSource, PydocSource, TextSource, open_source
-from wakong.text import decode_utf8, split_sentences, split_words, truncate_utf8
 from wakong.tokenizer import TextTokenizer, load_tokenizer, train_tokenizer
 
 __all__ = [  # the pipeline's entry points, including those that live in sibling modules
     "ArrayRecordSource",
+    "BATCH",
     "BuildConfig",
     "DROP_REASONS",
-    "ExampleMaker",
     "Outcome",
     "PydocSource",
     "TextSource",
     "batches",
     "build",
-    "build_dataset",
     "load_config",
     "load_tokenizer",
     "make_examples",
+    "make_outcomes",
     "open_dataset",
     "open_source",
     "commit_part",
     "prepare_dir",
     "resolve_tokenizer",
+    "shard_ranges",
     "train_tokenizer",
     "training_texts",
 ]
-
-#: Reasons a record can be dropped for.
-DROP_REASONS = ("empty", "too_short", "too_long", "invalid_utf8", "invalid_json", "oversize")
-
-Example = list[list[tuple[int, ...]]]  # sentences -> words -> token ids
-
-
-@dataclasses.dataclass
-class Outcome:
-    """What became of one input record."""
-
-    index: int
-    records: list[bytes]  # serialised examples (empty when dropped)
-    dropped: str | None = None  # reason, when no example was written
-    events: dict[str, int] = dataclasses.field(default_factory=dict)
-    tokens: int = 0  # target tokens written (without BOS/EOS)
-    source_tokens: int = 0  # encoder tokens written (without BOS/EOS)
-    schemes: list[tuple[int, list]] = dataclasses.field(default_factory=list)  # (units, scheme) per example
-
-
-def _count(events: dict, key: str, n: int = 1) -> None:
-    if n:
-        events[key] = events.get(key, 0) + n
-
-
-def record_text(raw: bytes, config: BuildConfig, events: dict) -> tuple[str | None, str | None]:
-    """Decodes one raw record: ``(text, None)`` or ``(None, drop reason)``."""
-    cfg = config.input
-    if len(raw) > cfg.max_record_bytes:
-        if cfg.oversize == "drop":
-            return None, "oversize"
-        raw = truncate_utf8(raw, cfg.max_record_bytes)
-        _count(events, "oversize_truncated_records")
-    text, replaced = decode_utf8(bytes(raw), cfg.utf8_errors)
-    if text is None:
-        return None, "invalid_utf8"
-    if replaced:
-        _count(events, "utf8_repaired_records")
-        _count(events, "utf8_replacements", replaced)
-    if cfg.field:
-        if not text.strip():
-            return None, "empty"
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            return None, "invalid_json"
-        if not isinstance(obj, dict) or not isinstance(obj.get(cfg.field), str):
-            return None, "invalid_json"
-        text = obj[cfg.field]
-    return text, None
-
-
-def _pieces(sentence: list[tuple[int, ...]], budget: int, events: dict) -> list[list[tuple[int, ...]]]:
-    """Splits a sentence that does not fit ``budget`` tokens at word boundaries (cutting longer words)."""
-    if sum(map(len, sentence)) <= budget:
-        return [sentence]
-    pieces, current, size = [], [], 0
-    for word in sentence:
-        parts = [word]
-        if len(word) > budget:
-            parts = [word[k : k + budget] for k in range(0, len(word), budget)]
-            _count(events, "words_cut")
-        for part in parts:
-            if current and size + len(part) > budget:
-                pieces.append(current)
-                current, size = [], 0
-            current.append(part)
-            size += len(part)
-    pieces.append(current)
-    return pieces
-
-
-def _pack(sentences: list[list[tuple[int, ...]]], budget: int, events: dict) -> list[Example]:
-    """Greedily packs consecutive sentences (split if one alone is too long) into examples."""
-    chunks, current, size = [], [], 0
-    for sentence in sentences:
-        for piece in _pieces(sentence, budget, events):
-            n = sum(map(len, piece))
-            if current and size + n > budget:
-                chunks.append(current)
-                current, size = [], 0
-            current.append(piece)
-            size += n
-    if current:
-        chunks.append(current)
-    return chunks
-
-
-def _tokens(example: Example) -> int:
-    return sum(len(word) for sentence in example for word in sentence)
-
-
-def _examples(
-    sentences: list[list[tuple[int, ...]]], config: BuildConfig, events: dict
-) -> tuple[list[Example], str | None]:
-    """Examples of one record under the length policies, or a drop reason."""
-    cfg = config.examples
-    budget = min(cfg.max_source_len, cfg.max_target_len) - 2
-    if cfg.unit == "document":
-        if sum(map(len, sentences)) < cfg.min_words:
-            return [], "too_short"
-        chunks = _pack(sentences, budget, events)
-        if len(chunks) > 1:
-            if cfg.too_long == "drop":
-                return [], "too_long"
-            if cfg.too_long == "truncate":
-                _count(events, "truncated_records")
-                _count(events, "tokens_dropped", sum(map(_tokens, chunks[1:])))
-                chunks = chunks[:1]
-            else:
-                _count(events, "split_records")
-        return chunks, None
-    out, short, long = [], 0, 0
-    for sentence in sentences:
-        if len(sentence) < cfg.min_words:
-            short += 1
-            continue
-        pieces = _pieces(sentence, budget, events)
-        if len(pieces) > 1:
-            if cfg.too_long == "drop":
-                long += 1
-                continue
-            if cfg.too_long == "truncate":
-                _count(events, "truncated_sentences")
-                _count(events, "tokens_dropped", sum(map(len, (w for p in pieces[1:] for w in p))))
-                pieces = pieces[:1]
-            else:
-                _count(events, "split_sentences")
-        out.extend([[piece] for piece in pieces])
-    if out:
-        _count(events, "short_sentences_dropped", short)
-        _count(events, "long_sentences_dropped", long)
-        return out, None
-    return [], "too_long" if long > short else "too_short"
-
-
-def encode_example(
-    index: int, part: int, example: Example, noised: Noised, tokenizer: TextTokenizer
-) -> bytes:
-    """Serialises a noised example (BOS/EOS added; word and sentence starts over the labels)."""
-    bos, eos = tokenizer.bos_id, tokenizer.eos_id
-    n = len(noised.target) + 2
-    word_starts, sentence_starts = np.zeros(n, bool), np.zeros(n, bool)
-    word_starts[list(itertools.accumulate((len(w) for s in example for w in s), initial=1))[:-1]] = True
-    sentence_starts[list(itertools.accumulate((sum(map(len, s)) for s in example), initial=1))[:-1]] = True
-    return records.encode_record(
-        index,
-        part,
-        [bos, *noised.source, eos],
-        [bos, *noised.target, eos],
-        word_starts,
-        sentence_starts,
-        wide=tokenizer.vocab_size > 65536,
-    )
-
-
-def make_examples(
-    index: int, raw: bytes, rng: random.Random, config: BuildConfig, tokenizer: TextTokenizer
-) -> Outcome:
-    """Everything that happens to record ``index`` (deterministic given ``rng``)."""
-    outcome = Outcome(index, [])
-    text, reason = record_text(raw, config, outcome.events)
-    if reason is None:
-        words = [split_words(s) for s in split_sentences(text)]
-        words = [w for w in words if w]
-        if not words:
-            reason = "empty"
-    if reason is not None:
-        outcome.dropped = reason
-        return outcome
-    tokens, sentences, at = tokenizer.encode_words([w for sentence in words for w in sentence]), [], 0
-    for sentence in words:
-        kept = [t for t in tokens[at : at + len(sentence)] if t]
-        _count(outcome.events, "words_without_tokens", len(sentence) - len(kept))
-        at += len(sentence)
-        if kept:
-            sentences.append(kept)
-    examples, reason = _examples(sentences, config, outcome.events) if sentences else ([], "empty")
-    body = config.examples.max_source_len - 2
-    options = dict(mask_id=tokenizer.mask_id, vocab=tokenizer.random_ids, max_source=body)
-    for example in examples:
-        noised = noise_example(example, rng, config.noise, **options)
-        _count(outcome.events, "inserted_masks_dropped", noised.dropped_inserts)
-        outcome.records.append(encode_example(index, len(outcome.records), example, noised, tokenizer))
-        outcome.tokens += len(noised.target)
-        outcome.source_tokens += len(noised.source)
-        if config.noise.infill:
-            outcome.schemes.append((noised.n_units, noised.scheme))
-    if not outcome.records:
-        outcome.dropped = reason
-    return outcome
-
-
-def _with_index(index: int, raw: bytes) -> tuple[int, bytes]:
-    return index, raw
-
-
-class ExampleMaker(grain.transforms.RandomMap):
-    """``(index, raw) -> Outcome``, every draw from a ``random.Random`` seeded by grain's generator."""
-
-    def __init__(self, config: BuildConfig, tokenizer: TextTokenizer):
-        self.config, self.tokenizer = config, tokenizer
-
-    def random_map(self, element: tuple[int, bytes], rng: np.random.Generator) -> Outcome:
-        index, raw = element
-        return make_examples(index, raw, random.Random(int(rng.integers(2**63))), self.config, self.tokenizer)
-
-
-def build_dataset(
-    source: Sequence[bytes],
-    config: BuildConfig,
-    tokenizer: TextTokenizer,
-    *,
-    process_index: int = 0,
-    process_count: int = 1,
-) -> grain.MapDataset:
-    """The grain ``MapDataset`` of this host's :class:`Outcome` s (see the module docstring)."""
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index must be in [0, {process_count}), got {process_index}")
-    ds = grain.MapDataset.source(source).map_with_index(_with_index)
-    ds = ds.random_map(ExampleMaker(config, tokenizer), seed=config.seed)
-    return ds[process_index::process_count]
-
 
 #: Longest piece of a word fed to tokenizer training: BPE training time grows with the square of a
 #: word's length (a 256 KiB word took minutes), so longer words are cut into pieces (counted).
@@ -421,7 +203,7 @@ def _complete(manifest: dict | None, identity: dict, where: str, moved_to: str |
             file = find(shard["file"])
             if not os.path.isfile(file) or os.path.getsize(file) != shard["bytes"]:
                 return False
-        tokenizer = find("tokenizer.json")
+        tokenizer = find(manifest["tokenizer"].get("file", "tokenizer.json"))
         return os.path.isfile(tokenizer) and records.file_sha256(tokenizer) == manifest["tokenizer"]["sha256"]
     except (KeyError, TypeError, AttributeError):  # not a part manifest (None, damaged, another format)
         return False
@@ -436,7 +218,7 @@ def _remove_temporaries(out_dir: str, process_index: int, process_count: int) ->
         if match is not None:
             ours = int(match[2]) != process_count or int(match[1]) == process_index
         else:
-            ours = name.startswith("tokenizer.json") or (
+            ours = name.startswith("tokenizer.") or (
                 name.startswith(f".{records.DATASET_MANIFEST}") and process_index == 0
             )
         if ours:
@@ -454,8 +236,9 @@ def prepare_dir(
 ) -> dict | None:
     """Makes ``out_dir`` ready for one part, touching no file of an earlier build.
 
-    Removes temporary files and the staging directory of an earlier build of this part that was
-    killed. Returns the part's manifest when this very part (``identity``: the same settings,
+    Removes temporary files and the staging directory of a killed earlier build of this part, unless
+    that build was this very part (``identity``; its finished shards are reused). Returns the part's
+    manifest when this very part (``identity``: the same settings,
     tokenizer and input) is already complete there: staged by a build killed while committing it
     (the commit is finished now), or, with ``resume``, committed by a build that stopped before the
     dataset manifest was written.
@@ -476,7 +259,8 @@ def prepare_dir(
                 f"{out_dir} holds a build with other settings that was killed while replacing the dataset; "
                 "rerun that command to finish it, or use overwrite"
             )
-        shutil.rmtree(staging)
+        if identity is None or _read_part(os.path.join(staging, _PROGRESS)) != _as_json({"identity": identity}):
+            shutil.rmtree(staging)  # else: this part's killed build, whose finished shards the build reuses
     existing = _replaced(out_dir, process_index, process_count)
     if resume and identity is not None and not os.path.exists(os.path.join(out_dir, records.DATASET_MANIFEST)):
         committed = _read_part(os.path.join(out_dir, name))
@@ -486,6 +270,14 @@ def prepare_dir(
         first = os.path.basename(existing[0])
         raise FileExistsError(f"{out_dir} already holds a dataset ({first} ...); use overwrite")
     return None
+
+
+#: In a staging directory: the identity of the part being built (so a rerun may reuse finished shards).
+_PROGRESS = "progress.json"
+
+
+def _as_json(data):
+    return json.loads(json.dumps(data))
 
 
 def commit_part(out_dir: str, staging: str, manifest: dict) -> None:
@@ -503,12 +295,16 @@ def commit_part(out_dir: str, staging: str, manifest: dict) -> None:
         name = os.path.basename(path)
         return name != records.DATASET_MANIFEST, not name.startswith("manifest")
 
-    moved = sorted(new) + ["tokenizer.json", records.manifest_name(i, n)]
+    tokenizer = manifest.get("tokenizer", {}).get("file", "tokenizer.json")
+    moved = sorted(new) + [tokenizer, records.manifest_name(i, n)]
     try:
         for path in sorted(_replaced(out_dir, i, n), key=order):
             if os.path.basename(path) not in new:
                 with contextlib.suppress(FileNotFoundError):  # another host sharing the directory removed it
                     os.remove(path)
+        for other in {"tokenizer.json", "tokenizer.model"} - {tokenizer}:  # of a build with the other kind
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, other))
         for name in moved:
             if os.path.exists(os.path.join(staging, name)):
                 os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
@@ -526,12 +322,6 @@ def _fsync_dir(path: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _outcomes(ds: grain.MapDataset, workers: int):
-    if workers <= 0:
-        return (ds[j] for j in range(len(ds)))
-    return iter(mp_prefetch(ds.to_iter_dataset(), workers, per_worker_buffer_size=16))
 
 
 def build(
@@ -556,10 +346,12 @@ def build(
       out_dir: dataset directory (created if needed).
       config: the build settings.
       tokenizer: overrides ``config.tokenizer`` (else loaded from its path, or trained on ``source``).
-      workers: grain worker processes (0: in this process). The output does not depend on it.
+      workers: worker processes, each building whole shards (0: in this process; at most
+        ``output.num_shards`` are used). The output does not depend on it.
       process_index, process_count: this host's slice of the records (``record_index % count``).
       overwrite: replace an earlier build in ``out_dir`` (otherwise ``FileExistsError``).
-      progress: called with every :class:`Outcome`, in record order.
+      progress: called once per record with its :class:`Outcome` (in record order without workers;
+        with workers, as their batches finish, without the serialised ``records``).
       resume: return the part's manifest if ``out_dir`` holds this very part (same settings, tokenizer
         and input) but no dataset manifest yet (:func:`wakong.multihost.build` writes it last).
 
@@ -571,9 +363,16 @@ def build(
 
     Raises:
       records.DatasetWriteError: a write failed (e.g. disk full); nothing is replaced.
+      KeyboardInterrupt: Ctrl-C; nothing is replaced.
     """
+    with records.catching_interrupts():
+        return _build(source, os.fspath(out_dir), config, tokenizer, workers, process_index, process_count,
+                      overwrite, progress, resume)
+
+
+def _build(source, out_dir, config, tokenizer, workers, process_index, process_count, overwrite, progress,
+           resume) -> dict:
     start = time.perf_counter()
-    out_dir = os.fspath(out_dir)
     check_workers(workers)
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index must be in [0, {process_count}), got {process_index}")
@@ -584,17 +383,19 @@ def build(
         return reused
     staging = records.staging_dir(out_dir, process_index, process_count)
     try:
-        os.makedirs(staging)
+        os.makedirs(staging, exist_ok=True)  # it exists when a killed build of this part left shards
     except OSError as err:
         raise records._write_error(staging, err) from err
     try:
+        records.write_json_atomic(os.path.join(staging, _PROGRESS), {"identity": _identity(manifest)})
         _phase("staging")
         try:
-            tok.save(os.path.join(staging, "tokenizer.json"))
+            tok.save(os.path.join(staging, tok.file_name))
         except OSError as err:
-            raise records._write_error(os.path.join(staging, "tokenizer.json"), err) from err
+            raise records._write_error(os.path.join(staging, tok.file_name), err) from err
         _write_part(source, staging, config, tok, manifest, workers, progress, start)
         _phase("staged")
+        records.check_interrupt()
     except BaseException:  # a failure or an interruption: the old dataset is untouched
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -616,7 +417,7 @@ def _phase(name: str) -> None:
 def _part_manifest(source, config: BuildConfig, tok: TextTokenizer, process_index: int, process_count: int) -> dict:
     """The part manifest's settings, tokenizer and input (shards, counts and timing come with the build)."""
     tokenizer = {
-        "file": "tokenizer.json",
+        "file": tok.file_name,
         "sha256": tok.sha256,
         "origin": tok.origin,
         "vocab_size": tok.vocab_size,
@@ -647,44 +448,24 @@ def _write_part(source, staging: str, config: BuildConfig, tok: TextTokenizer, m
                 progress, start: float) -> None:
     """Builds the part's shards in ``staging``, completes ``manifest`` and writes it there last."""
     process_index, process_count = manifest["process_index"], manifest["process_count"]
-    ds = build_dataset(source, config, tok, process_index=process_index, process_count=process_count)
-    n_local, num_shards = len(ds), config.output.num_shards
-    dropped = dict.fromkeys(DROP_REASONS, 0)
-    counts = {"records_in": 0, "records_written": 0, "examples": 0, "tokens": 0, "source_tokens": 0}
-    events: dict[str, int] = {}
-    stats = MaskStats(config.noise.spans)
-    loop_start = time.perf_counter()
+    indices = range(process_index, len(source), process_count)
     prefix = records.part_prefix(process_index, process_count)
-    with records.ShardWriter(staging, prefix, num_shards) as writer:
-        for j, outcome in enumerate(_outcomes(ds, workers)):
-            shard = j * num_shards // n_local
-            for data in outcome.records:
-                writer.write(shard, data)
-            counts["records_in"] += 1
-            if outcome.dropped is None:
-                counts["records_written"] += 1
-            else:
-                dropped[outcome.dropped] += 1
-            counts["examples"] += len(outcome.records)
-            counts["tokens"] += outcome.tokens
-            counts["source_tokens"] += outcome.source_tokens
-            for key, value in outcome.events.items():
-                _count(events, key, value)
-            for n, scheme in outcome.schemes:
-                stats.add(n, scheme)
-            if progress is not None:
-                progress(outcome)
-            if j == n_local // 2:
-                _phase("shards")
-        if counts["records_in"] != n_local:  # each record in is counted once, as written or dropped
-            raise RuntimeError(f"record accounting is off: {counts}, dropped {dropped}, expected {n_local}")
-        shards = writer.commit()
+    loop_start = time.perf_counter()
+    job = ShardJob(source, config, tok, staging, prefix, indices)
+    done = finished(staging, config.output.num_shards)  # by a killed build of this very part
+    results = build_shards(job, workers, progress, halfway=lambda: _phase("shards"), done=done)
+    tally = Tally(config)
+    for result in results:
+        tally.merge(result["tally"])
+    counts = tally.counts
+    if counts["records_in"] != len(indices):  # each record in is counted once, as written or dropped
+        raise RuntimeError(f"record accounting is off: {counts}, dropped {tally.dropped}, expected {len(indices)}")
     loop_seconds = time.perf_counter() - loop_start
     seconds = time.perf_counter() - start
     manifest.update(
-        shards=shards,
-        counts={**counts, "records_dropped": dropped, "events": dict(sorted(events.items()))},
-        mask_stats=stats.state(),
+        shards=[file for result in results for file in result["files"]],
+        counts=tally.manifest_counts(),
+        mask_stats=tally.stats.state(),
         timing={
             "seconds": seconds,
             "loop_seconds": loop_seconds,

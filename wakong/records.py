@@ -25,14 +25,17 @@ and sha256; :func:`verify_shards` checks them.
 
 from __future__ import annotations
 
+import contextlib
 import errno as _errno
 import glob
 import hashlib
 import json
 import os
 import secrets
+import signal
 import struct
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -41,6 +44,44 @@ MANIFEST_VERSION = 1
 DATASET_MANIFEST = "manifest.json"
 _MAGIC = b"WKR1"
 _HEADER = struct.Struct("<4sBxxxqiII")  # magic, id width (2 or 4), index, part, n_input, n_labels
+
+
+class _Interrupt:
+    seen = False  # a Ctrl-C arrived since the handler was installed
+
+
+def _on_interrupt(signum, frame):
+    _Interrupt.seen = True
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def catching_interrupts():
+    """Within the block, Ctrl-C raises ``KeyboardInterrupt`` *and is remembered*: an interruption
+    swallowed on the way (Python only prints a ``KeyboardInterrupt`` raised in a garbage-collector
+    callback, a ``__del__`` or a thread) is still seen by :func:`check_interrupt`.
+
+    Installed only over Python's default handler, in the main thread (an enclosing block keeps its
+    own); :func:`wakong.pipeline.build` checks before it replaces anything, the ``wakong`` command
+    installs it first thing.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    _Interrupt.seen = False
+    signal.signal(signal.SIGINT, _on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def check_interrupt() -> None:
+    """Raises ``KeyboardInterrupt`` if Ctrl-C was pressed inside :func:`catching_interrupts`."""
+    if _Interrupt.seen:
+        raise KeyboardInterrupt
 
 
 class DatasetWriteError(OSError):
@@ -67,17 +108,59 @@ def encode_record(
     >>> rec["index"], rec["input_ids"].tolist(), rec["word_starts"].tolist()
     (7, [0, 4, 2], [False, True, False, False])
     """
-    dtype = np.int32 if wide else np.uint16
-    src, tgt = np.asarray(input_ids, dtype), np.asarray(labels, dtype)
-    return b"".join(
-        (
-            _HEADER.pack(_MAGIC, 4 if wide else 2, index, part, len(src), len(tgt)),
-            src.tobytes(),
-            tgt.tobytes(),
-            np.packbits(np.asarray(word_starts, bool)).tobytes(),
-            np.packbits(np.asarray(sentence_starts, bool)).tobytes(),
-        )
-    )
+    src, tgt = np.asarray(input_ids), np.asarray(labels)
+    return encode_records(
+        [index], [part], src, [len(src)], tgt, [len(tgt)], np.asarray(word_starts, bool),
+        np.asarray(sentence_starts, bool), wide=wide,
+    )[0]
+
+
+def encode_records(
+    index: Sequence[int],
+    part: Sequence[int],
+    input_ids: np.ndarray,
+    input_lengths: Sequence[int],
+    labels: np.ndarray,
+    label_lengths: Sequence[int],
+    word_starts: np.ndarray,
+    sentence_starts: np.ndarray,
+    *,
+    wide: bool = False,
+) -> list[bytes]:
+    """:func:`encode_record` for a batch: ids concatenated, ``*_lengths`` per example.
+
+    ``word_starts`` / ``sentence_starts`` are ``bool`` arrays aligned with the concatenated ``labels``.
+    """
+    dtype, width = (np.int32, 4) if wide else (np.uint16, 2)
+    bound = np.iinfo(dtype)
+    ids = [np.asarray(input_ids), np.asarray(labels)]
+    if any(len(a) and (a.min() < max(bound.min, 0) or a.max() > bound.max) for a in ids):
+        raise ValueError(f"token ids outside [0, {bound.max}] do not fit {np.dtype(dtype).name} records (wide={wide})")
+    src, tgt = (a.astype(dtype, copy=False).tobytes() for a in ids)
+    n_src, n_tgt = np.asarray(input_lengths, np.int64), np.asarray(label_lengths, np.int64)
+    nbytes = (n_tgt + 7) // 8
+    pad = np.repeat(8 * _starts(nbytes) - _starts(n_tgt), n_tgt) + np.arange(int(n_tgt.sum()))
+    bits = []
+    for flags in (word_starts, sentence_starts):
+        padded = np.zeros(8 * int(nbytes.sum()), bool)
+        padded[pad] = flags
+        bits.append(np.packbits(padded).tobytes())
+    out = []
+    s0, t0, b0 = (_starts(n).tolist() for n in (n_src * width, n_tgt * width, nbytes))
+    rows = zip(index, part, n_src.tolist(), n_tgt.tolist(), nbytes.tolist(), s0, t0, b0)
+    for i, k, ns, nt, nb, s, t, b in rows:
+        header = _HEADER.pack(_MAGIC, width, i, k, ns, nt)
+        out.append(b"".join((header, src[s : s + ns * width], tgt[t : t + nt * width], bits[0][b : b + nb],
+                             bits[1][b : b + nb])))
+    return out
+
+
+def _starts(lengths) -> np.ndarray:
+    """Exclusive cumulative sum (int64): where each of consecutive pieces of ``lengths`` starts."""
+    lengths = np.asarray(lengths, np.int64)
+    out = np.zeros(len(lengths), np.int64)
+    np.cumsum(lengths[:-1], out=out[1:])
+    return out
 
 
 def decode_record(data: bytes) -> dict[str, Any]:
@@ -141,21 +224,26 @@ _CAUSES = {  # errno -> what it means for a dataset write
 }
 
 
-def _write_error(path: str, err: Exception) -> DatasetWriteError:
+def _write_error(path: str, err: Exception) -> BaseException:
     """A :class:`DatasetWriteError` naming ``path`` and the real cause of ``err`` (an ``Exception``).
 
     The errno comes from ``err`` (``OSError``) or, for ArrayRecord's ``RuntimeError``, from the
-    system message it carries ("No space left on device", ...).
+    system message it carries ("No space left on device", ...). A write cut short by a signal
+    (``EINTR``: Ctrl-C arriving inside a system call) is an interruption, not a disk error: that
+    gives a ``KeyboardInterrupt``.
     """
     code = err.errno if isinstance(err, OSError) else None
     if code is None:
-        code = next((c for c in _CAUSES if os.strerror(c) in str(err)), None)
+        code = next((c for c in (*_CAUSES, _errno.EINTR) if os.strerror(c) in str(err)), None)
+    if code == _errno.EINTR:
+        return KeyboardInterrupt(f"interrupted while writing {path}")
     cause = f" ({_CAUSES[code]})" if code in _CAUSES else ""
     return DatasetWriteError(code or 0, f"writing {path} failed: {err}{cause}")
 
 
 class ShardWriter:
-    """Writes records to ``num_shards`` ArrayRecord files of one part, atomically.
+    """Writes records to the ``num_shards`` ArrayRecord files of one part (or to some of them:
+    ``shards``), atomically.
 
     Use as a context manager: leaving the block with an exception aborts (temporary files removed);
     :meth:`commit` renames the shards into place and returns their descriptions.
@@ -167,16 +255,18 @@ class ShardWriter:
         prefix: str,
         num_shards: int,
         opener: Callable[[str], Any] | None = None,
+        shards: Sequence[int] | None = None,
     ):
         opener = opener or _array_record_writer  # looked up at call time (tests replace it)
         self.out_dir, self.num_shards = out_dir, num_shards
-        self.names = [f"{prefix}-shard-{k:05d}-of-{num_shards:05d}.array_record" for k in range(num_shards)]
-        self._tmp = [os.path.join(out_dir, f".{name}.tmp-{os.getpid()}") for name in self.names]
-        self.counts = [0] * num_shards
-        self._writers: list = []
+        self.shards = list(range(num_shards) if shards is None else shards)
+        self.names = {k: f"{prefix}-shard-{k:05d}-of-{num_shards:05d}.array_record" for k in self.shards}
+        self._tmp = {k: os.path.join(out_dir, f".{name}.tmp-{os.getpid()}") for k, name in self.names.items()}
+        self.counts = dict.fromkeys(self.shards, 0)
+        self._writers: dict = {}
         try:
-            for path in self._tmp:
-                self._writers.append(opener(path))
+            for k, path in self._tmp.items():
+                self._writers[k] = opener(path)
         except Exception as err:
             self.abort()
             raise _write_error(path, err) from err
@@ -196,7 +286,7 @@ class ShardWriter:
         self.counts[shard] += 1
 
     def commit(self) -> list[dict]:
-        for k, writer in enumerate(self._writers):
+        for k, writer in self._writers.items():
             try:
                 writer.close()
             except Exception as err:
@@ -205,26 +295,26 @@ class ShardWriter:
             except BaseException:
                 self.abort()
                 raise
-        self._writers = []
+        self._writers = {}
         shards = []
         try:
-            for tmp, name, count in zip(self._tmp, self.names, self.counts):
-                os.replace(tmp, os.path.join(self.out_dir, name))
-                path = os.path.join(self.out_dir, name)
+            for k in self.shards:
+                path = os.path.join(self.out_dir, self.names[k])
+                os.replace(self._tmp[k], path)
                 size, digest = os.path.getsize(path), file_sha256(path)
-                shards.append({"file": name, "records": count, "bytes": size, "sha256": digest})
+                shards.append({"file": self.names[k], "records": self.counts[k], "bytes": size, "sha256": digest})
         except OSError as err:
-            raise _write_error(os.path.join(self.out_dir, name), err) from err
+            raise _write_error(path, err) from err
         return shards
 
     def abort(self) -> None:
-        for writer in self._writers:
+        for writer in self._writers.values():
             try:
                 writer.close()
-            except Exception:  # already failing; the temporary file is removed below
+            except BaseException:  # already failing (or interrupted); the temporary file is removed below
                 pass
-        self._writers = []
-        for path in self._tmp:
+        self._writers = {}
+        for path in self._tmp.values():
             if os.path.lexists(path):
                 os.remove(path)
 

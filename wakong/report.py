@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -181,25 +183,30 @@ class MaskStats:
 
     def add(self, n: int, scheme: MaskScheme) -> None:
         """Adds the scheme drawn for a sequence of ``n`` units."""
-        self.lengths[n] += 1
-        self.units += n
-        covered = 0
-        for start, span in scheme:
-            self.span_hist[span] += 1
-            covered += span
-        self.masked += covered
-        if n >= 2 * self.edge:
-            self.edge_records += 1
-            near = 0
-            for start, span in scheme:
-                for i in range(start, min(start + span, self.edge)):
-                    self.edge_start[i] += 1
-                    near += 1
-                for i in range(max(start, n - self.edge), start + span):
-                    self.edge_end[n - 1 - i] += 1
-                    near += 1
-            self.interior_masked += covered - near
-            self.interior_units += n - 2 * self.edge
+        self.add_many([n], [scheme])
+
+    def add_many(self, lengths: Sequence[int], schemes: Sequence[MaskScheme]) -> None:
+        """Adds the schemes drawn for sequences of ``lengths`` units (vectorised over all of them)."""
+        self.lengths.update(lengths)
+        n = np.asarray(lengths, np.int64)
+        self.units += int(n.sum())
+        counts = np.fromiter(map(len, schemes), np.int64, len(schemes))
+        flat = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(schemes)), np.int64,
+                           2 * int(counts.sum()))
+        starts, spans, owner = flat[0::2], flat[1::2], np.repeat(n, counts)
+        self.span_hist += np.bincount(spans, minlength=len(self.span_hist))
+        self.masked += int(spans.sum())
+        edge, profiled = self.edge, n >= 2 * self.edge
+        self.edge_records += int(profiled.sum())
+        self.interior_units += int((n[profiled] - 2 * edge).sum())
+        keep = owner >= 2 * edge
+        position = np.repeat(starts[keep] - np.cumsum(spans[keep]) + spans[keep], spans[keep]) + np.arange(
+            int(spans[keep].sum()))  # every masked unit of the profiled sequences
+        length = np.repeat(owner[keep], spans[keep])
+        head, tail = position < edge, position >= length - edge
+        self.edge_start += np.bincount(position[head], minlength=edge)[:edge]
+        self.edge_end += np.bincount((length - 1 - position)[tail], minlength=edge)[:edge]
+        self.interior_masked += len(position) - int(head.sum()) - int(tail.sum())
 
     def state(self) -> dict:
         """The raw counts (JSON-able; what a manifest stores)."""

@@ -33,6 +33,7 @@ _PARAGRAPH = re.compile(r"\n[ \t\r\f\v]*\n\s*")
 _BOUNDARY = re.compile(
     r"""([.!?\u2026]+)(['"\u2019\u201d)\]]*)\s+(?=[\[(\u2018\u201c'"A-Z0-9\u00c0-\u024f])"""
 )
+_CJK_STOPS = "\u3002\uff01\uff1f"
 _CJK_BOUNDARY = re.compile(r"([\u3002\uff01\uff1f]+)(['\"\u2019\u201d\u300d\u300f)\]]*)")
 
 
@@ -94,7 +95,9 @@ def split_sentences(text: str) -> list[str]:
             sentences.append(paragraph[start:end])
             start = match.end()
         sentences.append(paragraph[start:])
-    return [piece.strip() for sentence in sentences for piece in _split_cjk(sentence) if piece.strip()]
+    if any(stop in text for stop in _CJK_STOPS):
+        sentences = [piece for sentence in sentences for piece in _split_cjk(sentence)]
+    return [stripped for sentence in sentences if (stripped := sentence.strip())]
 
 
 def _split_cjk(sentence: str):

@@ -1,16 +1,30 @@
-"""HF ``tokenizers`` for the infilling pipeline: load a ``tokenizer.json`` or train a byte-level BPE.
+"""Tokenizers for the infilling pipeline: HF ``tokenizer.json`` (load, or train a byte-level BPE) and
+SentencePiece ``.model`` files (:mod:`wakong.spm`).
 
 :class:`TextTokenizer` wraps a ``tokenizers.Tokenizer`` with what the pipeline needs: the BART special
-ids, the file's sha256 (recorded in the manifest) and :meth:`TextTokenizer.encode_words`, which tokenises
-a record once and groups the tokens by whitespace word (by character offsets). Record text is encoded by
-a copy of the tokenizer *without* its special added tokens, so a literal ``</s>`` or ``<mask>`` in the
-data becomes ordinary tokens and can never inject an EOS or a mask. Nothing is ever downloaded.
+ids, the file's sha256 (recorded in the manifest) and :meth:`TextTokenizer.encode_records`, which
+tokenises a batch of records (each a list of whitespace words) and groups the tokens by word. Record
+text is encoded by a copy of the tokenizer *without* its special added tokens (and without truncation
+or padding), so a literal ``</s>`` or ``<mask>`` in the data becomes ordinary tokens and can never
+inject an EOS or a mask. Nothing is ever downloaded.
+
+Grouping rule: the tokens of ``' '.join(words)`` are grouped by character offsets, a token belonging
+to the word that holds its last character (so a leading-space marker merged into a token, ``Ġ`` or
+``▁``, stays with its word; a lone space token, rare, goes with the word before it).
+
+Speed: when the tokenizer encodes every whitespace word on its own -- its pre-tokenizer splits at
+spaces and nothing before it looks across one (:func:`word_local`; true for byte-level BPE such as
+the trained one, WordPiece/BERT and Metaspace/SentencePiece-style files) -- words are encoded once
+and cached (:class:`WordCache`): the first word of a text, and any later word after its space, each
+map to the same ids and grouping as inside the whole text (the tests compare both ways on messy
+text). Other tokenizers encode whole records with ``encode_batch``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 from typing import Iterable, Sequence
@@ -39,8 +53,116 @@ class TokenizerError(ValueError):
     """A tokenizer file that cannot be used (corrupt, or missing a required special token)."""
 
 
+#: Normalizers and pre-tokenizers that never look across a space (see :func:`word_local`).
+_LOCAL_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents", "BertNormalizer"})
+_LOCAL_PRE_TOKENIZERS = frozenset({"Whitespace", "WhitespaceSplit", "BertPreTokenizer", "Metaspace", "ByteLevel",
+                                   "Punctuation", "Digits"})
+
+
+def _splits_at_spaces(pre: dict) -> bool:
+    kind = pre.get("type")
+    if kind == "ByteLevel":
+        return bool(pre.get("use_regex", True))
+    if kind == "Metaspace":
+        return bool(pre.get("split", True))
+    return kind in ("Whitespace", "WhitespaceSplit", "BertPreTokenizer")
+
+
+def word_local(spec: dict) -> bool:
+    """Whether a tokenizer (its JSON ``spec``) encodes each whitespace word of a text independently.
+
+    True when the normalizer is absent or per character (Unicode normal forms, lowercasing, accents,
+    BERT's), the pre-tokenizer splits at spaces (byte-level regex, whitespace, BERT, Metaspace with
+    ``split``; in a ``Sequence`` with only such steps, digits and punctuation) and no added token
+    holds whitespace or swallows the space after it (``rstrip``). Then the tokens of a word inside a
+    text are those of the word alone (first word) or of ``' ' + word`` (later words).
+    """
+    norm = spec.get("normalizer")
+    norms = [] if norm is None else norm.get("normalizers", [norm]) if norm.get("type") == "Sequence" else [norm]
+    pre = spec.get("pre_tokenizer") or {}
+    pres = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    added = spec.get("added_tokens", [])
+    return (
+        all(n.get("type") in _LOCAL_NORMALIZERS for n in norms)
+        and all(p.get("type") in _LOCAL_PRE_TOKENIZERS for p in pres)
+        and any(map(_splits_at_spaces, pres))
+        and not any(t.get("rstrip") or any(c.isspace() for c in t["content"]) for t in added)
+    )
+
+
+class WordCache:
+    """Token ids of whitespace words, encoded once (bounded memory; never changes results).
+
+    ``encode_first(words) -> [ids]`` encodes words that start a text; ``encode_next(words) -> [(ids,
+    lead)]`` words that follow a space, ``lead`` being how many of the leading ids belong to the word
+    before (see the grouping rule in the module docstring). Ids are kept as int32 bytes, so a batch
+    is one ``bytes.join``.
+    """
+
+    #: Entries per table before it is cleared (about 200 bytes each: some 100 MB per process at most;
+    #: the most frequent words, which carry nearly all tokens, come back at once).
+    LIMIT = 1 << 18
+
+    def __init__(self, encode_first, encode_next):
+        self._encode_first, self._encode_next = encode_first, encode_next
+        self.first: dict[str, bytes] = {}
+        self.next: dict[str, bytes] = {}
+        self.lead: dict[str, int] = {}  # words of ``next`` whose lead is not 0
+
+    def encode(self, records: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids int32[T], word_lengths int32[W])`` of every word of every record, in order."""
+        words = list(itertools.chain.from_iterable(records))
+        if len(self.next) > self.LIMIT or len(self.first) > self.LIMIT:
+            for table in (self.first, self.next, self.lead):
+                table.clear()
+        groups = list(map(self.next.get, words))
+        if None in groups:
+            missing = list(dict.fromkeys(w for w, g in zip(words, groups) if g is None))
+            for word, (ids, lead) in zip(missing, self._encode_next(missing)):
+                self.next[word] = np.asarray(ids, np.int32).tobytes()
+                if lead:
+                    self.lead[word] = lead
+            groups = list(map(self.next.__getitem__, words))
+        starts = list(itertools.accumulate(map(len, records), initial=0))[:-1]
+        firsts = [records[k][0] for k, start in enumerate(starts) if len(records[k])]
+        missing = list(dict.fromkeys(w for w in firsts if w not in self.first))
+        for word, ids in zip(missing, self._encode_first(missing)):
+            self.first[word] = np.asarray(ids, np.int32).tobytes()
+        for k, start in enumerate(starts):
+            if len(records[k]):
+                groups[start] = self.first[records[k][0]]
+        lengths = np.fromiter(map(len, groups), np.int32, len(groups)) // 4
+        ids = np.frombuffer(b"".join(groups), np.int32)
+        if self.lead:
+            lead = np.fromiter(map(self.lead.get, words, itertools.repeat(0)), np.int32, len(words))
+            lead[[s for k, s in enumerate(starts) if len(records[k])]] = 0
+            lengths -= lead
+            lengths[:-1] += lead[1:]
+        return ids, lengths
+
+
+def group_by_words(ids: Sequence[int], offsets: np.ndarray, words: Sequence[str]) -> np.ndarray:
+    """``int32[len(words)]``: tokens per word of ``' '.join(words)`` from the tokens' character offsets."""
+    if not len(ids):
+        return np.zeros(len(words), np.int32)
+    lengths = np.fromiter((len(w) + 1 for w in words), np.int64, len(words))
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    owner = np.searchsorted(starts, np.maximum(offsets[:, 0], offsets[:, 1] - 1), side="right") - 1
+    return np.diff(np.searchsorted(owner, np.arange(len(words) + 1), side="left")).astype(np.int32)
+
+
+def split_groups(ids: np.ndarray, lengths: np.ndarray) -> list[tuple[int, ...]]:
+    """Per-word tuples from :meth:`TextTokenizer.encode_records`' flat arrays."""
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    flat = ids.tolist()
+    return [tuple(flat[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 class TextTokenizer:
     """A ``tokenizers.Tokenizer`` plus special ids, sha256 and word-grouped encoding. Picklable."""
+
+    #: Name of the tokenizer file in a dataset directory.
+    file_name = "tokenizer.json"
 
     def __init__(
         self, json_text: str, specials: SpecialTokens = SpecialTokens(), *, origin: str = "<memory>"
@@ -70,7 +192,9 @@ class TextTokenizer:
         #: Ids random-token replacement draws from (every id that is not special).
         self.random_ids = np.setdiff1d(np.arange(self.vocab_size), np.fromiter(special, int)).astype(np.int32)
         spec["added_tokens"] = [t for t in spec.get("added_tokens", []) if not t.get("special")]
+        spec["truncation"] = spec["padding"] = None
         self._body = Tokenizer.from_str(json.dumps(spec))
+        self._cache = WordCache(self._encode_first, self._encode_next) if word_local(spec) else None
 
     def __reduce__(self):
         return (TextTokenizer, (self.json_text, self.specials), {"origin": self.origin, "training": self.training})
@@ -78,24 +202,37 @@ class TextTokenizer:
     def __setstate__(self, state):
         self.origin, self.training = state["origin"], state.get("training")
 
-    def encode_words(self, words: Sequence[str]) -> list[tuple[int, ...]]:
-        """Token ids of ``' '.join(words)`` grouped by word (a word without tokens gives ``()``).
+    def _encode_first(self, words: list[str]) -> list[tuple[int, ...]]:
+        return [tuple(e.ids) for e in self._body.encode_batch(words, add_special_tokens=False)]
 
-        A token is attributed to the word holding its last character, so leading-space markers (``Ġ``,
-        ``▁``) stay with their word.
+    def _encode_next(self, words: list[str]) -> list[tuple[tuple[int, ...], int]]:
+        out = []
+        for enc in self._body.encode_batch([" " + w for w in words], add_special_tokens=False):
+            offsets, lead = enc.offsets, 0  # lead: the leading tokens on the space
+            while lead < len(offsets) and max(offsets[lead][0], offsets[lead][1] - 1) < 1:
+                lead += 1
+            out.append((enc.ids, lead))
+        return out
+
+    def encode_records(self, records: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens of ``' '.join(words)`` for each record (a list of whitespace words), grouped by word.
+
+        Returns ``(ids int32[T], word_lengths int32[W])``: the ids of all records in order and the
+        number of ids of each word (``0`` for a word without tokens), ``W`` the number of words.
         """
-        if not words:
-            return []
-        lengths = np.fromiter((len(w) + 1 for w in words), np.int64, len(words))
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        enc = self._body.encode(" ".join(words), add_special_tokens=False)
-        if not enc.ids:
-            return [()] * len(words)
-        offsets = np.asarray(enc.offsets, np.int64).reshape(-1, 2)
-        owner = np.searchsorted(starts, np.maximum(offsets[:, 0], offsets[:, 1] - 1), side="right") - 1
-        bounds = np.searchsorted(owner, np.arange(len(words) + 1), side="left")
-        ids = enc.ids
-        return [tuple(ids[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        if self._cache is not None:
+            return self._cache.encode(records)
+        texts = [" ".join(words) for words in records]
+        encodings = self._body.encode_batch(texts, add_special_tokens=False) if texts else []
+        ids, lengths = [np.zeros(0, np.int32)], [np.zeros(0, np.int32)]
+        for words, enc in zip(records, encodings):
+            ids.append(np.asarray(enc.ids, np.int32))
+            lengths.append(group_by_words(enc.ids, np.asarray(enc.offsets, np.int64).reshape(-1, 2), words))
+        return np.concatenate(ids), np.concatenate(lengths)
+
+    def encode_words(self, words: Sequence[str]) -> list[tuple[int, ...]]:
+        """Token ids of ``' '.join(words)`` grouped by word (a word without tokens gives ``()``)."""
+        return split_groups(*self.encode_records([list(words)])) if words else []
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids`` with special tokens shown."""
@@ -109,22 +246,29 @@ class TextTokenizer:
         os.replace(tmp, path)
 
 
-def load_tokenizer(path: str | os.PathLike, specials: SpecialTokens = SpecialTokens()) -> TextTokenizer:
-    """Loads a ``tokenizer.json`` (or a directory holding one) with clear errors.
+def load_tokenizer(path: str | os.PathLike, specials: SpecialTokens = SpecialTokens()):
+    """Loads a ``tokenizer.json``, a SentencePiece ``.model`` (:class:`wakong.spm.SentencePieceTokenizer`)
+    or a directory holding either, with clear errors.
 
     Raises:
       FileNotFoundError: the file does not exist.
-      TokenizerError: the file is not a tokenizers JSON file, or lacks a required special token.
+      TokenizerError: the file is not a tokenizer of its kind, or lacks a required special token.
     """
     path = os.fspath(path)
     if os.path.isdir(path):
-        path = os.path.join(path, "tokenizer.json")
+        model = os.path.join(path, "tokenizer.model")
+        path = model if os.path.isfile(model) and not os.path.isfile(os.path.join(path, "tokenizer.json")) else (
+            os.path.join(path, "tokenizer.json"))
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"tokenizer file {path} does not exist (train one with `wakong train-tokenizer`)"
         )
     with open(path, "rb") as f:
         raw = f.read()
+    if path.endswith(".model"):
+        from wakong.spm import SentencePieceTokenizer
+
+        return SentencePieceTokenizer(raw, specials, origin=path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
