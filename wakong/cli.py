@@ -83,7 +83,14 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--vocab-size", type=_at_least(1), help="vocabulary size of a trained tokenizer")
     build.add_argument("--seed", type=int, help="mask seed")
     build.add_argument("--num-shards", type=_at_least(1), help="ArrayRecord shards per host")
-    build.add_argument("--workers", type=_at_least(0), default=0, help="grain worker processes (0: in process)")
+    build.add_argument("--workers", type=_at_least(0), default=0,
+                       help="grain worker processes (0: in process); with --runner beam: DirectRunner processes")
+    build.add_argument("--runner", choices=["local", "beam"], default="local",
+                       help="local: this process (or each process of a --distributed job); beam: an Apache Beam "
+                       "pipeline (pip install 'jaxsample[beam]')")
+    build.add_argument("--beam-options", default="", metavar="FLAGS",
+                       help='Beam pipeline options (one string, after "="), passed on as they are, e.g. '
+                       '--beam-options="--runner=FlinkRunner --flink_master=HOST:8081" (default: DirectRunner)')
     build.add_argument("--overwrite", action="store_true", help="replace an earlier build in --out")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
     build.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -172,10 +179,11 @@ def _report_lines(manifest: dict, summary: dict | None) -> list[str]:
         count = manifest["process_count"]
         lines.append(f"processes         {count:>12,}  (records in per process: {per_part})")
     loop_rate = c["tokens"] / max(timing["loop_seconds"], 1e-9)
+    where = f"Beam {timing['runner']}" if "runner" in timing else f"{timing['workers']} workers"
     lines.append(
         f"time              {timing['seconds']:>12.2f} s  -> {timing['tokens_per_second']:,.0f} tokens/s"
         " end to end"
-        f" ({loop_rate:,.0f} tokens/s in the example loop, {timing['workers']} workers)"
+        f" ({loop_rate:,.0f} tokens/s in the example loop, {where})"
     )
     if not summary or not summary["spans"]:
         return lines
@@ -202,10 +210,28 @@ def _report_lines(manifest: dict, summary: dict | None) -> list[str]:
     return lines
 
 
+def _beam_build(args: argparse.Namespace, source, config, reading) -> dict:
+    """``--runner beam``: one launcher; Beam spreads the shards over its workers."""
+    import logging
+
+    logging.getLogger("apache_beam").setLevel(logging.CRITICAL)  # a failure is reported in one line
+    from wakong import beam
+
+    options = beam.pipeline_options(args.beam_options, workers=args.workers)
+    print(f"running the build on Apache Beam ({beam.runner_name(options)})", file=sys.stderr)
+    return beam.build(source, args.out, config, overwrite=args.overwrite, options=options, tokenizer_progress=reading)
+
+
 def _build(args: argparse.Namespace) -> int:
     from wakong import multihost
     from wakong.report import MaskStats, plot_positions, plot_span_lengths
 
+    if args.beam_options and args.runner != "beam":
+        raise ValueError("--beam-options needs --runner beam")
+    settings = (args.coordinator, args.num_processes, args.process_id, args.local_device_ids)
+    if args.runner == "beam" and distributed._resolve(*settings, distributed=args.distributed)[0]:
+        raise ValueError("--runner beam is started once (Beam's runner spreads the work): drop --distributed, "
+                         "--coordinator and their JAXSAMPLE_* variables")
     processes = distributed.from_args(args)
     config = _config(args)
     source = _source(args, config)
@@ -229,16 +255,19 @@ def _build(args: argparse.Namespace) -> int:
         bars["build"][1](outcome)
 
     try:
-        manifest = multihost.build(
-            source,
-            args.out,
-            config,
-            workers=args.workers,
-            overwrite=args.overwrite,
-            progress=update,
-            processes=processes,
-            tokenizer_progress=None if args.no_progress else reading,
-        )
+        if args.runner == "beam":
+            manifest = _beam_build(args, source, config, None if args.no_progress else reading)
+        else:
+            manifest = multihost.build(
+                source,
+                args.out,
+                config,
+                workers=args.workers,
+                overwrite=args.overwrite,
+                progress=update,
+                processes=processes,
+                tokenizer_progress=None if args.no_progress else reading,
+            )
     finally:
         for bar in bars.values():
             (bar[0] if isinstance(bar, tuple) else bar).close()
@@ -337,12 +366,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return commands[args.command](args)
-    except (OSError, TokenizerError, DatasetError, ValueError, distributed.DistributedError) as err:
+    except (OSError, TokenizerError, DatasetError, ValueError, ImportError, distributed.DistributedError) as err:
         print(f"wakong: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("wakong: interrupted; nothing was committed for the unfinished part", file=sys.stderr)
         return 130
+    except RuntimeError as err:  # a failed Beam pipeline (wakong.beam is imported only for --runner beam)
+        beam = sys.modules.get("wakong.beam")
+        if beam is None or not isinstance(err, beam.BeamBuildError):
+            raise
+        print(f"wakong: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ __all__ = [  # the pipeline's entry points, including those that live in sibling
     "load_config",
     "load_tokenizer",
     "make_examples",
+    "make_outcomes",
     "open_dataset",
     "open_source",
     "commit_part",
@@ -295,6 +296,18 @@ def build_dataset(
     ds = grain.MapDataset.source(source).map_with_index(_with_index)
     ds = ds.random_map(ExampleMaker(config, tokenizer), seed=config.seed)
     return ds[process_index::process_count]
+
+
+def make_outcomes(
+    source: Sequence[bytes], config: BuildConfig, tokenizer: TextTokenizer, indices: Sequence[int]
+) -> list[Outcome]:
+    """The :class:`Outcome` s of the records ``indices`` (global record indices) of ``source``.
+
+    Each depends only on ``(config.seed, index)`` and the record's bytes: the same as the in-process
+    build's, whichever process, worker or range computes it (:mod:`wakong.beam` calls this per range).
+    """
+    ds = build_dataset(source, config, tokenizer)
+    return [ds[i] for i in indices]
 
 
 #: Longest piece of a word fed to tokenizer training: BPE training time grows with the square of a

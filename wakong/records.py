@@ -32,7 +32,7 @@ import json
 import os
 import secrets
 import struct
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -155,10 +155,13 @@ def _write_error(path: str, err: Exception) -> DatasetWriteError:
 
 
 class ShardWriter:
-    """Writes records to ``num_shards`` ArrayRecord files of one part, atomically.
+    """Writes records to the ``num_shards`` ArrayRecord files of one part (or to some of them), atomically.
 
     Use as a context manager: leaving the block with an exception aborts (temporary files removed);
-    :meth:`commit` renames the shards into place and returns their descriptions.
+    :meth:`commit` renames the shards into place and returns their descriptions. ``shards`` (default:
+    all) are the shard numbers this writer writes, for builds that write each shard in its own task
+    (:mod:`wakong.beam`). Temporary names are unique per writer, so two attempts at the same shard
+    (a retried or duplicated task) never share a file; the last rename leaves one complete shard.
     """
 
     def __init__(
@@ -167,12 +170,15 @@ class ShardWriter:
         prefix: str,
         num_shards: int,
         opener: Callable[[str], Any] | None = None,
+        shards: Sequence[int] | None = None,
     ):
         opener = opener or _array_record_writer  # looked up at call time (tests replace it)
         self.out_dir, self.num_shards = out_dir, num_shards
-        self.names = [f"{prefix}-shard-{k:05d}-of-{num_shards:05d}.array_record" for k in range(num_shards)]
-        self._tmp = [os.path.join(out_dir, f".{name}.tmp-{os.getpid()}") for name in self.names]
-        self.counts = [0] * num_shards
+        numbers = range(num_shards) if shards is None else shards
+        self._slot = {k: i for i, k in enumerate(numbers)}
+        self.names = [f"{prefix}-shard-{k:05d}-of-{num_shards:05d}.array_record" for k in numbers]
+        self._tmp = [os.path.join(out_dir, f".{name}{temp_suffix()}") for name in self.names]
+        self.counts = [0] * len(self.names)
         self._writers: list = []
         try:
             for path in self._tmp:
@@ -185,15 +191,16 @@ class ShardWriter:
             raise
 
     def write(self, shard: int, data: bytes) -> None:
+        slot = self._slot[shard]
         try:
-            self._writers[shard].write(data)
+            self._writers[slot].write(data)
         except Exception as err:
             self.abort()
-            raise _write_error(self._tmp[shard], err) from err
+            raise _write_error(self._tmp[slot], err) from err
         except BaseException:
             self.abort()
             raise
-        self.counts[shard] += 1
+        self.counts[slot] += 1
 
     def commit(self) -> list[dict]:
         for k, writer in enumerate(self._writers):
