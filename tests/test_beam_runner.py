@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -99,11 +100,11 @@ def _files(path) -> dict:
     return out
 
 
-def _timeless(data):
+def _timeless(data, drop=("timing",)):
     if isinstance(data, dict):
-        return {k: _timeless(v) for k, v in data.items() if k != "timing"}
+        return {k: _timeless(v, drop) for k, v in data.items() if k not in drop}
     if isinstance(data, list):
-        return [_timeless(v) for v in data]
+        return [_timeless(v, drop) for v in data]
     return data
 
 
@@ -114,13 +115,14 @@ def _manifest(path, name=records.DATASET_MANIFEST) -> dict:
 
 def _same_dataset(path, reference) -> None:
     """``path`` holds exactly ``reference``'s files: byte-identical shards and tokenizer, and manifests
-    (the part's and the dataset's) equal but for their timing."""
+    (the part's and the dataset's) equal but for their timing (and the input paths, which may differ)."""
     got, want = _files(path), _files(reference)
     assert sorted(got) == sorted(want)  # no staging directory, run marker or temporary file
     manifests = {records.DATASET_MANIFEST, records.manifest_name(0, 1)}
     assert {k: v for k, v in got.items() if k not in manifests} == {k: v for k, v in want.items() if k not in manifests}
     for name in manifests:
-        assert _timeless(_manifest(path, name)) == _timeless(_manifest(reference, name))
+        built, expected = (_timeless(_manifest(p, name), ("timing", "path")) for p in (path, reference))
+        assert built == expected
     info = records.read_manifests(str(path))
     assert records.verify_shards(info) > 0
 
@@ -191,7 +193,9 @@ def test_beam_options_are_passed_on_as_they_are():
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--beam-options=--runner=DirectRunner"], "--beam-options needs --runner beam"),
+    (["--beam-options=--runner=DirectRunner"], "--beam-options and --worker-path need --runner beam"),
+    (["--runner", "beam", "--worker-path", "/gcs/b/"], "--worker-path takes LAUNCHER=WORKER"),
+    (["--runner", "beam", "--worker-path", "gcs/b/=gs://b/"], "worker_paths maps an absolute launcher path"),
     (["--runner", "beam", "--coordinator", "127.0.0.1:1", "--num-processes", "2", "--process-id", "0"],
      "--runner beam is started once"),
 ])
@@ -259,6 +263,31 @@ def test_a_source_without_files_is_shipped_to_the_workers(tmp_path, tokenizer): 
     _same_dataset(tmp_path / "beam", tmp_path / "local")
     assert manifest["counts"]["records_dropped"] == {**dict.fromkeys(pipeline.DROP_REASONS, 0), "empty": 1,
                                                      "too_short": 1}
+
+
+@needs_beam
+def test_workers_reach_the_files_through_worker_paths(tmp_path, inputs, tok_file, reference, monkeypatch):
+    """Workers that see the launcher's files elsewhere (a bucket the launcher mounts): they copy the input
+    files they read and write shards and the manifest through Beam's FileSystems. Here the launcher's
+    ``view`` is a symlink to ``real``, where the workers are sent."""
+    real, view = tmp_path / "real", tmp_path / "view"
+    real.mkdir()
+    view.symlink_to(real, target_is_directory=True)
+    for path in inputs:
+        shutil.copy(path, real)
+    calls = {"fetch": [], "put": []}
+    fetch, put = beam._fetch, beam._put
+    monkeypatch.setattr(beam, "_fetch", lambda url: calls["fetch"].append(url) or fetch(url))
+    monkeypatch.setattr(beam, "_put", lambda local, d, name: calls["put"].append((d, name)) or put(local, d, name))
+    argv = _argv([str(view / os.path.basename(p)) for p in inputs], view / "data", tok_file, 2, *IN_MEMORY,
+                 "--worker-path", f"{view}={real}")
+    assert main(argv) == 0
+    _same_dataset(view / "data", reference / "seed2")
+    assert sorted(set(calls["fetch"])) == [str(real / "a.txt"), str(real / "b.txt")]  # the empty file holds no record
+    staging = records.staging_dir(str(real / "data"), 0, 1)
+    assert sorted(calls["put"]) == [(staging, records.manifest_name(0, 1))] + [
+        (staging, f"part-00000-of-00001-shard-{k:05d}-of-00004.array_record") for k in range(4)]
+    assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(("wakong-input-", "wakong-stage-"))]
 
 
 # ---------------------------------------------------------------- faults

@@ -36,8 +36,9 @@ import os
 import secrets
 import shlex
 import shutil
+import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from wakong import multihost, pipeline, records
 from wakong.accounting import Accounting
@@ -65,16 +66,69 @@ def shard_range(shard: int, n: int, num_shards: int) -> range:
     return range(-(-shard * n // num_shards), -(-(shard + 1) * n // num_shards))
 
 
+def worker_path(path: str, paths: Mapping[str, str]) -> str:
+    """Where workers find the launcher's ``path``: its prefix replaced by the first entry of ``paths``
+    (launcher prefix -> worker prefix) that it starts with, else ``path`` itself.
+
+    >>> worker_path("/gcs/corpus/a.txt", {"/gcs/corpus/": "gs://corpus/"})
+    'gs://corpus/a.txt'
+    """
+    for prefix, target in paths.items():
+        if path.startswith(prefix):
+            return target + path[len(prefix):]
+    return path
+
+
+def _check_paths(paths: Mapping[str, str] | None) -> dict:
+    """``worker_paths`` as ``{absolute launcher prefix/: worker prefix/}`` (``ValueError`` naming it)."""
+    out = {}
+    for prefix, target in (paths or {}).items():
+        if not isinstance(prefix, str) or not os.path.isabs(prefix) or not isinstance(target, str) or not target:
+            raise ValueError(f"worker_paths maps an absolute launcher path to a worker path, got {prefix!r}: {target!r}")
+        out[os.path.join(prefix, "")] = target if target.endswith("/") else target + "/"
+    return out
+
+
+def _fetch(url: str) -> str:
+    """A local copy of ``url``'s bytes, read with Beam's FileSystems (gs://, s3://, hdfs://, a path)."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    fd, local = tempfile.mkstemp(prefix="wakong-input-")
+    try:
+        with os.fdopen(fd, "wb") as out, FileSystems.open(url, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            shutil.copyfileobj(f, out, 1 << 22)
+    except BaseException:
+        os.remove(local)
+        raise
+    return local
+
+
+def _put(local: str, directory: str, name: str) -> None:
+    """Copies ``local`` to ``directory/name`` with Beam's FileSystems: under a unique temporary name,
+    then renamed, so a retried or duplicated task leaves one complete file."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    tmp = FileSystems.join(directory, f".{name}{records.temp_suffix()}")
+    with open(local, "rb") as f, FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as out:
+        shutil.copyfileobj(f, out, 1 << 22)
+    FileSystems.rename([tmp], [FileSystems.join(directory, name)])
+
+
 class FileRecords:
     """A file source's records, opened on a worker from the source's ``describe()``: ``self[i]`` is the
-    source's record ``i``. Files are opened when first read and checked against the description."""
+    source's record ``i``. Files are opened when first read (copied first when ``paths`` maps them to
+    another filesystem, see :func:`worker_path`) and checked against the description."""
 
-    def __init__(self, description: dict):
+    def __init__(self, description: dict, paths: Mapping[str, str] | None = None):
         self.type, self.split, self.files = description["type"], description.get("split"), description["files"]
+        self.paths = dict(paths or {})
         self.starts = [0]
         for f in self.files:
             self.starts.append(self.starts[-1] + f["records"])
         self._file: tuple[int, Any] | None = None  # the file read last (ranges are read in order)
+        self._copy: str | None = None  # its local copy
 
     def __len__(self) -> int:
         return self.starts[-1]
@@ -88,41 +142,76 @@ class FileRecords:
         return self._file[1][index - self.starts[k]]
 
     def _open(self, file: dict):
-        source = _FILE_SOURCES[self.type](file["path"], self.split)
+        where = worker_path(file["path"], self.paths)
+        local = where if where == file["path"] else _fetch(where)
+        self.close()
+        self._copy = None if local == where else local
+        source = _FILE_SOURCES[self.type](local, self.split)
         (found,) = source.describe()["files"]
         changed = [f"{key} {file[key]} -> {found.get(key)}" for key in file if key != "path" and found.get(key) != file[key]]
         if changed:
-            raise ValueError(f"input file {file['path']} changed after the build started ({', '.join(changed)}); "
+            raise ValueError(f"input file {where} changed after the build started ({', '.join(changed)}); "
                              "rerun the build")
         return source
 
+    def close(self) -> None:
+        """Removes the local copy of the file read last (if any)."""
+        if self._copy is not None:
+            os.remove(self._copy)
+            self._copy = None
+
     def __getstate__(self):
-        return {**self.__dict__, "_file": None}
+        return {**self.__dict__, "_file": None, "_copy": None}
 
 
 def _shipped(source) -> Any:
     """What the workers get: a file source's description (they open the files), else the source."""
     description = getattr(source, "describe", dict)()
-    return description if description.get("type") in _FILE_SOURCES and "files" in description else source
+    if description.get("type") not in _FILE_SOURCES or "files" not in description:
+        return source
+    return {**description, "files": [{**f, "path": os.path.abspath(f["path"])} for f in description["files"]]}
 
 
 class _Job:
     """Everything a shard task needs (pickled into the pipeline)."""
 
-    def __init__(self, source, config: BuildConfig, tok: TextTokenizer, staging: str, run: str, manifest: dict):
+    def __init__(self, source, config: BuildConfig, tok: TextTokenizer, staging: str, run: str, manifest: dict,
+                 paths: Mapping[str, str] | None = None):
         self.source, self.n = _shipped(source), len(source)
         self.config, self.tokenizer, self.staging, self.run = config, tok, staging, run
-        self.manifest, self.start = manifest, time.time()
+        self.manifest, self.start, self.paths = manifest, time.time(), dict(paths or {})
+        self.target = worker_path(staging, self.paths)  # the staging directory as the workers reach it
+        self.remote = self.target != staging  # workers write through Beam's FileSystems
         self.prefix = records.part_prefix(0, 1)
         self.phase = _phase  # the launcher's, so that a test's replacement reaches the workers
 
     def records(self):
-        return FileRecords(self.source) if isinstance(self.source, dict) else self.source
+        return FileRecords(self.source, self.paths) if isinstance(self.source, dict) else self.source
 
     def check_run(self) -> None:
         """Stops a task of an abandoned run (killed launcher) before it touches a newer run's staging."""
-        if not os.path.exists(os.path.join(self.staging, _marker(self.run))):
-            raise BeamBuildError(f"{self.staging} no longer belongs to this build (run {self.run}); stopping")
+        if self.remote:
+            from apache_beam.io.filesystems import FileSystems
+
+            alive = FileSystems.exists(FileSystems.join(self.target, _marker(self.run)))
+        else:
+            alive = os.path.exists(os.path.join(self.staging, _marker(self.run)))
+        if not alive:
+            raise BeamBuildError(f"{self.target} no longer belongs to this build (run {self.run}); stopping")
+
+    def stage(self, write: Callable[[str], str]) -> Any:
+        """Runs ``write(directory)`` (it leaves one file there and returns its name) on the staging
+        directory, or on a local one whose file is then copied there (``remote``)."""
+        if not self.remote:
+            return write(self.staging)
+        local = tempfile.mkdtemp(prefix="wakong-stage-")
+        try:
+            name = write(local)
+            self.check_run()
+            _put(os.path.join(local, name), self.target, name)
+            return name
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
 
 
 def _phase(name: str) -> None:
@@ -137,21 +226,32 @@ def _marker(run: str) -> str:
 def _build_shard(shard: int, job: _Job):
     """One output shard: its records' outcomes, written to the staging directory; yields its tally."""
     started, num_shards = time.time(), job.config.output.num_shards
-    span, source, tally = shard_range(shard, job.n, num_shards), job.records(), Accounting(job.config.noise.spans)
+    span, tally = shard_range(shard, job.n, num_shards), Accounting(job.config.noise.spans)
+    written = {}
+
+    def write(directory: str) -> str:
+        source = job.records()
+        try:
+            with records.ShardWriter(directory, job.prefix, num_shards, shards=[shard]) as writer:
+                for at in range(span.start, span.stop, CHUNK):
+                    chunk = range(at, min(at + CHUNK, span.stop))
+                    for outcome in pipeline.make_outcomes(source, job.config, job.tokenizer, chunk):
+                        for data in outcome.records:
+                            writer.write(shard, data)
+                        tally.add(outcome)
+                if tally.counts["records_in"] != len(span):
+                    raise RuntimeError(f"shard {shard}: {tally.counts['records_in']} outcomes for {len(span)} records")
+                job.check_run()
+                (written[str(shard)],) = writer.commit()
+        finally:
+            if isinstance(source, FileRecords):
+                source.close()
+        return written[str(shard)]["file"]
+
     job.check_run()
-    with records.ShardWriter(job.staging, job.prefix, num_shards, shards=[shard]) as writer:
-        for at in range(span.start, span.stop, CHUNK):
-            chunk = range(at, min(at + CHUNK, span.stop))
-            for outcome in pipeline.make_outcomes(source, job.config, job.tokenizer, chunk):
-                for data in outcome.records:
-                    writer.write(shard, data)
-                tally.add(outcome)
-        if tally.counts["records_in"] != len(span):
-            raise RuntimeError(f"shard {shard}: {tally.counts['records_in']} outcomes for {len(span)} records")
-        job.check_run()
-        (written,) = writer.commit()
+    job.stage(write)
     job.phase("shard")
-    yield {**tally.state(), "shards": {str(shard): written}, "started": started, "finished": time.time()}
+    yield {**tally.state(), "shards": written, "started": started, "finished": time.time()}
 
 
 def _sum_states(spans, states) -> dict:
@@ -192,7 +292,8 @@ def _write_manifest(total: dict, job: _Job, runner: str) -> None:
             "runner": runner,
         },
     }
-    records.write_json_atomic(os.path.join(job.staging, records.manifest_name(0, 1)), manifest)
+    name = records.manifest_name(0, 1)
+    job.stage(lambda directory: records.write_json_atomic(os.path.join(directory, name), manifest) or name)
 
 
 def pipeline_options(flags: Sequence[str] | str = (), workers: int = 0):
@@ -279,6 +380,7 @@ def build(
     tokenizer: TextTokenizer | None = None,
     overwrite: bool = False,
     options: Any = (),
+    worker_paths: Mapping[str, str] | None = None,
     tokenizer_progress: Callable[[], Any] | None = None,
 ) -> dict:
     """Builds the dataset with Apache Beam; returns the dataset manifest (as :func:`wakong.multihost.build`).
@@ -286,16 +388,21 @@ def build(
     Args:
       source, out_dir, config, tokenizer, overwrite: as :func:`wakong.pipeline.build`.
       options: Beam ``PipelineOptions``, or flags for :func:`pipeline_options` (default: DirectRunner).
+      worker_paths: ``{launcher prefix: worker prefix}`` for workers that reach the launcher's input
+        files and ``out_dir`` elsewhere, e.g. ``{"/gcs/bucket/": "gs://bucket/"}`` when the launcher
+        mounts the bucket (Cloud Storage FUSE) and Dataflow workers read and write it with Beam's
+        FileSystems (they copy each input file they read, and write each shard locally first).
       tokenizer_progress: called per record read to train a tokenizer (see ``resolve_tokenizer``).
 
     Raises:
       BeamBuildError: the pipeline failed (nothing replaced; the staging directory is removed).
       records.DatasetWriteError, FileExistsError, ValueError: as the in-process build.
     """
+    paths = _check_paths(worker_paths)
     beam = _import_beam()
     if not hasattr(options, "view_as"):
         options = pipeline_options(options)
-    out_dir = os.fspath(out_dir)
+    out_dir = os.path.abspath(os.fspath(out_dir))
     tok = pipeline.resolve_tokenizer(config, source, tokenizer, progress=tokenizer_progress)
     identity = pipeline.part_identity(source, config, tok)
     part = pipeline.prepare_dir(out_dir, 0, 1, overwrite, identity, resume=True)
@@ -312,7 +419,7 @@ def build(
                 tok.save(os.path.join(staging, "tokenizer.json"))
             except OSError as err:
                 raise records._write_error(os.path.join(staging, "tokenizer.json"), err) from err
-            job = _Job(source, config, tok, staging, run, pipeline._part_manifest(source, config, tok, 0, 1))
+            job = _Job(source, config, tok, staging, run, pipeline._part_manifest(source, config, tok, 0, 1), paths)
             part = _run(beam, options, job)
             _phase("staged")
         except BaseException:  # a failure or an interruption: the old dataset is untouched
@@ -326,4 +433,4 @@ def build(
     return manifest
 
 
-__all__ = ["BeamBuildError", "FileRecords", "build", "pipeline_options", "runner_name", "shard_range"]
+__all__ = ["BeamBuildError", "FileRecords", "build", "pipeline_options", "runner_name", "shard_range", "worker_path"]

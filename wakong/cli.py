@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--runner", choices=["local", "beam"], default="local",
                        help="local: this process (or each process of a --distributed job); beam: an Apache Beam "
                        "pipeline (pip install 'jaxsample[beam]')")
+    build.add_argument("--worker-path", action="append", default=[], metavar="LAUNCHER=WORKER",
+                       help="with --runner beam: Beam workers reach the launcher's paths under LAUNCHER (e.g. a "
+                       "Cloud Storage FUSE mount, /gcs/bucket/) at WORKER (gs://bucket/); repeatable")
     build.add_argument("--beam-options", default="", metavar="FLAGS",
                        help='Beam pipeline options (one string, after "="), passed on as they are, e.g. '
                        '--beam-options="--runner=FlinkRunner --flink_master=HOST:8081" (default: DirectRunner)')
@@ -217,17 +220,21 @@ def _beam_build(args: argparse.Namespace, source, config, reading) -> dict:
     logging.getLogger("apache_beam").setLevel(logging.CRITICAL)  # a failure is reported in one line
     from wakong import beam
 
+    if any("=" not in p for p in args.worker_path):
+        raise ValueError(f"--worker-path takes LAUNCHER=WORKER, got {args.worker_path}")
+    paths = dict(p.split("=", 1) for p in args.worker_path)
     options = beam.pipeline_options(args.beam_options, workers=args.workers)
     print(f"running the build on Apache Beam ({beam.runner_name(options)})", file=sys.stderr)
-    return beam.build(source, args.out, config, overwrite=args.overwrite, options=options, tokenizer_progress=reading)
+    return beam.build(source, args.out, config, overwrite=args.overwrite, options=options, worker_paths=paths,
+                      tokenizer_progress=reading)
 
 
 def _build(args: argparse.Namespace) -> int:
     from wakong import multihost
     from wakong.report import MaskStats, plot_positions, plot_span_lengths
 
-    if args.beam_options and args.runner != "beam":
-        raise ValueError("--beam-options needs --runner beam")
+    if (args.beam_options or args.worker_path) and args.runner != "beam":
+        raise ValueError("--beam-options and --worker-path need --runner beam")
     settings = (args.coordinator, args.num_processes, args.process_id, args.local_device_ids)
     if args.runner == "beam" and distributed._resolve(*settings, distributed=args.distributed)[0]:
         raise ValueError("--runner beam is started once (Beam's runner spreads the work): drop --distributed, "
