@@ -192,6 +192,41 @@ def test_beam_options_are_passed_on_as_they_are():
         beam.pipeline_options("--project 'unclosed")
 
 
+def _readme_beam_commands() -> list[list[str]]:
+    """The `wakong build` lines of the README's Beam section, split into arguments by bash itself."""
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = text[text.index("### On many machines: Apache Beam"):]
+    block = section[section.index("```bash") + len("```bash"):]
+    block = block[:block.index("```")].replace("\\\n", " ")
+    commands = [line for line in block.splitlines() if line.startswith("wakong build") and " ... " not in line]
+    out = []
+    for line in commands:
+        done = subprocess.run(["bash", "-c", f"printf '%s\\0' {line[len('wakong '):]}"],
+                              capture_output=True, check=True)
+        out.append(done.stdout.decode().split("\0")[:-1])
+    return out
+
+
+@needs_beam
+def test_the_readme_beam_invocations_parse_as_documented():
+    from wakong.cli import _parser
+
+    commands = _readme_beam_commands()
+    assert len(commands) == 3
+    runners = []
+    for argv in commands:
+        args = _parser().parse_args(argv)
+        options = beam.pipeline_options(args.beam_options, workers=args.workers).get_all_options()
+        runners.append(options["runner"] or "DirectRunner")
+        assert args.runner == "beam" and args.num_shards >= 16
+        if options["runner"] == "DataflowRunner":
+            assert args.worker_path == ["/gcs/my-bucket/=gs://my-bucket/"] and options["region"] == "us-central1"
+            assert options["temp_location"].startswith("gs://") and options["extra_packages"]
+        if options["runner"] == "FlinkRunner":
+            assert json.loads(options["environment_config"]) == {"command": "/opt/apache/beam/boot"}
+    assert runners == ["DirectRunner", "DataflowRunner", "FlinkRunner"]
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--beam-options=--runner=DirectRunner"], "--beam-options and --worker-path need --runner beam"),
     (["--runner", "beam", "--worker-path", "/gcs/b/"], "--worker-path takes LAUNCHER=WORKER"),
