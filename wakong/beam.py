@@ -15,9 +15,9 @@ The part is the one-process build's part 0 of 1: same record ranges per shard, s
 the shards are byte-identical to ``wakong build`` without Beam and the manifests equal it but for the
 timing. Workers open the input files themselves from the source's description (paths, sizes,
 hashes: a file that changed since the launch is an error naming it); no record passes through the
-launcher. The launcher, the workers and ``out_dir`` must see the input files and ``out_dir`` under the
-same paths (one machine, or a shared filesystem such as NFS, Filestore, Lustre or a Cloud Storage
-FUSE mount on every node).
+launcher. The workers must see the input files and ``out_dir`` under the launcher's paths (one
+machine, or a filesystem mounted on every node: NFS, Filestore, Lustre, Cloud Storage FUSE), or
+elsewhere through Beam's FileSystems as ``worker_paths`` maps them (Dataflow: ``gs://``).
 
 Faults: a task writes its shard under a unique temporary name and renames it into the staging
 directory, so a failed, retried or duplicated task leaves exactly one complete shard (the bytes do
@@ -49,7 +49,10 @@ from wakong.tokenizer import TextTokenizer
 #: Records per :func:`wakong.pipeline.make_outcomes` call in a shard task (bounds a task's memory).
 CHUNK = 1024
 #: Source types whose workers open the files themselves (others are shipped to the workers pickled).
-_FILE_SOURCES = {"text": lambda f, split: TextSource([f], split), "array_record": lambda f, split: ArrayRecordSource([f])}
+_FILE_SOURCES = {
+    "text": lambda path, split: TextSource([path], split),
+    "array_record": lambda path, split: ArrayRecordSource([path]),
+}
 
 
 class BeamBuildError(RuntimeError):
@@ -79,12 +82,14 @@ def worker_path(path: str, paths: Mapping[str, str]) -> str:
     return path
 
 
-def _check_paths(paths: Mapping[str, str] | None) -> dict:
+def check_worker_paths(paths: Mapping[str, str] | None) -> dict:
     """``worker_paths`` as ``{absolute launcher prefix/: worker prefix/}`` (``ValueError`` naming it)."""
     out = {}
     for prefix, target in (paths or {}).items():
         if not isinstance(prefix, str) or not os.path.isabs(prefix) or not isinstance(target, str) or not target:
-            raise ValueError(f"worker_paths maps an absolute launcher path to a worker path, got {prefix!r}: {target!r}")
+            raise ValueError(
+                f"worker_paths maps an absolute launcher path to a worker path, got {prefix!r}: {target!r}"
+            )
         out[os.path.join(prefix, "")] = target if target.endswith("/") else target + "/"
     return out
 
@@ -148,7 +153,7 @@ class FileRecords:
         self._copy = None if local == where else local
         source = _FILE_SOURCES[self.type](local, self.split)
         (found,) = source.describe()["files"]
-        changed = [f"{key} {file[key]} -> {found.get(key)}" for key in file if key != "path" and found.get(key) != file[key]]
+        changed = [f"{k} {file[k]} -> {found.get(k)}" for k in file if k != "path" and found.get(k) != file[k]]
         if changed:
             raise ValueError(f"input file {where} changed after the build started ({', '.join(changed)}); "
                              "rerun the build")
@@ -304,6 +309,7 @@ def pipeline_options(flags: Sequence[str] | str = (), workers: int = 0):
     ``flags``: Beam's DirectRunner; ``workers > 0`` gives it that many worker processes
     (``--direct_num_workers=N --direct_running_mode=multi_processing``); worker logs at WARNING.
     """
+    _import_beam()
     from apache_beam.options.pipeline_options import PipelineOptions
 
     if isinstance(flags, str):
@@ -398,7 +404,7 @@ def build(
       BeamBuildError: the pipeline failed (nothing replaced; the staging directory is removed).
       records.DatasetWriteError, FileExistsError, ValueError: as the in-process build.
     """
-    paths = _check_paths(worker_paths)
+    paths = check_worker_paths(worker_paths)
     beam = _import_beam()
     if not hasattr(options, "view_as"):
         options = pipeline_options(options)
@@ -406,7 +412,6 @@ def build(
     tok = pipeline.resolve_tokenizer(config, source, tokenizer, progress=tokenizer_progress)
     identity = pipeline.part_identity(source, config, tok)
     part = pipeline.prepare_dir(out_dir, 0, 1, overwrite, identity, resume=True)
-    runner = None
     if part is None:
         staging, run = records.staging_dir(out_dir, 0, 1), secrets.token_hex(8)
         try:
@@ -426,11 +431,19 @@ def build(
             shutil.rmtree(staging, ignore_errors=True)
             raise
         pipeline.commit_part(out_dir, staging, part)
-        runner = part["timing"]["runner"]
     manifest = multihost.merge([part], config)
-    manifest["timing"]["runner"] = runner or part["timing"].get("runner", "in process")
+    manifest["timing"]["runner"] = part["timing"].get("runner", "in process")  # a reused part: its own
     records.write_json_atomic(os.path.join(out_dir, records.DATASET_MANIFEST), manifest)
     return manifest
 
 
-__all__ = ["BeamBuildError", "FileRecords", "build", "pipeline_options", "runner_name", "shard_range", "worker_path"]
+__all__ = [
+    "BeamBuildError",
+    "FileRecords",
+    "build",
+    "check_worker_paths",
+    "pipeline_options",
+    "runner_name",
+    "shard_range",
+    "worker_path",
+]

@@ -222,7 +222,7 @@ def _beam_build(args: argparse.Namespace, source, config, reading) -> dict:
 
     if any("=" not in p for p in args.worker_path):
         raise ValueError(f"--worker-path takes LAUNCHER=WORKER, got {args.worker_path}")
-    paths = dict(p.split("=", 1) for p in args.worker_path)
+    paths = beam.check_worker_paths(dict(p.split("=", 1) for p in args.worker_path))
     options = beam.pipeline_options(args.beam_options, workers=args.workers)
     print(f"running the build on Apache Beam ({beam.runner_name(options)})", file=sys.stderr)
     return beam.build(source, args.out, config, overwrite=args.overwrite, options=options, worker_paths=paths,
