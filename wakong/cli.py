@@ -7,6 +7,8 @@ Examples::
     JAXSAMPLE_DISTRIBUTED=1 wakong build corpus/*.txt --out /shared/data/ # on every host of a TPU pod
     wakong build corpus/*.txt --out /shared/data/ --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
     wakong build docs.jsonl --format jsonl --set input.field=body --tokenizer tokenizer.json --out data/
+    wakong build corpus/*.txt --tokenizer tok.json --out /shared/data/ --num-shards 512 --runner beam \
+        --beam-options="--runner=FlinkRunner --flink_master=HOST:8081"   # an Apache Beam cluster
     wakong train-tokenizer corpus/*.txt --vocab-size 32000 --out tokenizer.json
     wakong inspect data/ --verify                                 # also check every shard's sha256
     wakong mask "the quick brown fox jumps over the lazy dog" --seed 1
@@ -17,7 +19,8 @@ one line and exit 1; nonsensical numbers (``--workers -1``) are argparse errors 
 Ctrl-C exits 130. ``build`` checks everything before it changes ``--out`` and replaces an earlier
 dataset only with a complete new one (:func:`wakong.pipeline.build`). ``build`` on several processes (``--distributed``/``--coordinator ...``, see
 :mod:`jaxsample.distributed`) builds a part per process and merges them (:mod:`wakong.multihost`);
-process 0 prints the report.
+process 0 prints the report. ``build --runner beam`` runs the build as an Apache Beam pipeline
+(:mod:`wakong.beam`; ``--beam-options`` go to Beam as they are).
 """
 
 from __future__ import annotations
