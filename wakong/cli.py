@@ -7,8 +7,7 @@ Examples::
     JAXSAMPLE_DISTRIBUTED=1 wakong build corpus/*.txt --out /shared/data/ # on every host of a TPU pod
     wakong build corpus/*.txt --out /shared/data/ --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
     wakong build docs.jsonl --format jsonl --set input.field=body --tokenizer tokenizer.json --out data/
-    wakong build corpus/*.txt --tokenizer tok.json --out /shared/data/ --num-shards 512 --runner beam \
-        --beam-options="--runner=FlinkRunner --flink_master=HOST:8081"   # an Apache Beam cluster
+    wakong build corpus/*.txt --out /shared/data/ --num-shards 512 --runner beam --beam-options="--runner=..."
     wakong train-tokenizer corpus/*.txt --vocab-size 32000 --out tokenizer.json
     wakong inspect data/ --verify                                 # also check every shard's sha256
     wakong mask "the quick brown fox jumps over the lazy dog" --seed 1
