@@ -7,6 +7,7 @@ Examples::
     JAXSAMPLE_DISTRIBUTED=1 wakong build corpus/*.txt --out /shared/data/ # on every host of a TPU pod
     wakong build corpus/*.txt --out /shared/data/ --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
     wakong build docs.jsonl --format jsonl --set input.field=body --tokenizer tokenizer.json --out data/
+    wakong build corpus/*.txt --out /shared/data/ --num-shards 512 --runner beam --beam-options="--runner=..."
     wakong train-tokenizer corpus/*.txt --vocab-size 32000 --out tokenizer.json
     wakong inspect data/ --verify                                 # also check every shard's sha256
     wakong mask "the quick brown fox jumps over the lazy dog" --seed 1
@@ -17,7 +18,8 @@ one line and exit 1; nonsensical numbers (``--workers -1``) are argparse errors 
 Ctrl-C exits 130. ``build`` checks everything before it changes ``--out`` and replaces an earlier
 dataset only with a complete new one (:func:`wakong.pipeline.build`). ``build`` on several processes (``--distributed``/``--coordinator ...``, see
 :mod:`jaxsample.distributed`) builds a part per process and merges them (:mod:`wakong.multihost`);
-process 0 prints the report.
+process 0 prints the report. ``build --runner beam`` runs the build as an Apache Beam pipeline
+(:mod:`wakong.beam`; ``--beam-options`` go to Beam as they are).
 """
 
 from __future__ import annotations
@@ -89,7 +91,18 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--vocab-size", type=_at_least(1), help="vocabulary size of a trained tokenizer")
     build.add_argument("--seed", type=int, help="mask seed")
     build.add_argument("--num-shards", type=_at_least(1), help="ArrayRecord shards per host")
-    build.add_argument("--workers", type=_at_least(0), default=0, help="grain worker processes (0: in process)")
+    build.add_argument("--workers", type=_at_least(0), default=0,
+                       help="worker processes building whole shards (0: in process); with --runner beam: DirectRunner "
+                       "processes")
+    build.add_argument("--runner", choices=["local", "beam"], default="local",
+                       help="local: this process (or each process of a --distributed job); beam: an Apache Beam "
+                       "pipeline (pip install 'jaxsample[beam]')")
+    build.add_argument("--worker-path", action="append", default=[], metavar="LAUNCHER=WORKER",
+                       help="with --runner beam: Beam workers reach the launcher's paths under LAUNCHER (e.g. a "
+                       "Cloud Storage FUSE mount, /gcs/bucket/) at WORKER (gs://bucket/); repeatable")
+    build.add_argument("--beam-options", default="", metavar="FLAGS",
+                       help='Beam pipeline options (one string, after "="), passed on as they are, e.g. '
+                       '--beam-options="--runner=FlinkRunner --flink_master=HOST:8081" (default: DirectRunner)')
     build.add_argument("--overwrite", action="store_true", help="replace an earlier build in --out")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
     build.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -179,10 +192,11 @@ def _report_lines(manifest: dict, summary: dict | None) -> list[str]:
         count = manifest["process_count"]
         lines.append(f"processes         {count:>12,}  (records in per process: {per_part})")
     loop_rate = c["tokens"] / max(timing["loop_seconds"], 1e-9)
+    where = f"Beam {timing['runner']}" if "runner" in timing else f"{timing['workers']} workers"
     lines.append(
         f"time              {timing['seconds']:>12.2f} s  -> {timing['tokens_per_second']:,.0f} tokens/s"
         " end to end"
-        f" ({loop_rate:,.0f} tokens/s in the example loop, {timing['workers']} workers)"
+        f" ({loop_rate:,.0f} tokens/s in the example loop, {where})"
     )
     if not summary or not summary["spans"]:
         return lines
@@ -209,11 +223,33 @@ def _report_lines(manifest: dict, summary: dict | None) -> list[str]:
     return lines
 
 
+def _beam_build(args: argparse.Namespace, source, config, reading) -> dict:
+    """``--runner beam``: one launcher; Beam spreads the shards over its workers."""
+    import logging
+
+    logging.getLogger("apache_beam").setLevel(logging.CRITICAL)  # a failure is reported in one line
+    from wakong import beam
+
+    if any("=" not in p for p in args.worker_path):
+        raise ValueError(f"--worker-path takes LAUNCHER=WORKER, got {args.worker_path}")
+    paths = beam.check_worker_paths(dict(p.split("=", 1) for p in args.worker_path))
+    options = beam.pipeline_options(args.beam_options, workers=args.workers)
+    print(f"running the build on Apache Beam ({beam.runner_name(options)})", file=sys.stderr)
+    return beam.build(source, args.out, config, overwrite=args.overwrite, options=options, worker_paths=paths,
+                      tokenizer_progress=reading)
+
+
 def _build(args: argparse.Namespace) -> int:
     from jaxsample import distributed
     from wakong import multihost
     from wakong.report import MaskStats, plot_positions, plot_span_lengths
 
+    if (args.beam_options or args.worker_path) and args.runner != "beam":
+        raise ValueError("--beam-options and --worker-path need --runner beam")
+    settings = (args.coordinator, args.num_processes, args.process_id, args.local_device_ids)
+    if args.runner == "beam" and distributed._resolve(*settings, distributed=args.distributed)[0]:
+        raise ValueError("--runner beam is started once (Beam's runner spreads the work): drop --distributed, "
+                         "--coordinator and their JAXSAMPLE_* variables")
     processes = distributed.from_args(args)
     config = _config(args)
     source = _source(args, config)
@@ -237,16 +273,19 @@ def _build(args: argparse.Namespace) -> int:
         bars["build"][1](outcome)
 
     try:
-        manifest = multihost.build(
-            source,
-            args.out,
-            config,
-            workers=args.workers,
-            overwrite=args.overwrite,
-            progress=update,
-            processes=processes,
-            tokenizer_progress=None if args.no_progress else reading,
-        )
+        if args.runner == "beam":
+            manifest = _beam_build(args, source, config, None if args.no_progress else reading)
+        else:
+            manifest = multihost.build(
+                source,
+                args.out,
+                config,
+                workers=args.workers,
+                overwrite=args.overwrite,
+                progress=update,
+                processes=processes,
+                tokenizer_progress=None if args.no_progress else reading,
+            )
     finally:
         for bar in bars.values():
             (bar[0] if isinstance(bar, tuple) else bar).close()
@@ -351,8 +390,15 @@ def main(argv: list[str] | None = None) -> int:
 
             try:
                 code = commands[args.command](args)
-            except (OSError, TokenizerError, DatasetError, ValueError, DistributedError) as err:
+            except (OSError, TokenizerError, DatasetError, ValueError, ImportError, DistributedError) as err:
                 check_interrupt()  # an error caused by an interruption is the interruption
+                print(f"wakong: error: {err}", file=sys.stderr)
+                return 1
+            except RuntimeError as err:  # a failed Beam pipeline (wakong.beam is imported only for --runner beam)
+                beam = sys.modules.get("wakong.beam")
+                if beam is None or not isinstance(err, beam.BeamBuildError):
+                    raise
+                check_interrupt()
                 print(f"wakong: error: {err}", file=sys.stderr)
                 return 1
             check_interrupt()

@@ -48,10 +48,11 @@ import time
 from typing import Any, Callable, Sequence
 
 from wakong import records
+from wakong.accounting import Tally
 from wakong.config import BuildConfig, load_config
 from wakong.examples import DROP_REASONS, Outcome, make_examples, make_outcomes, record_text
 from wakong.reader import batches, open_dataset
-from wakong.shards import BATCH, ShardJob, Tally, build_shards, finished, shard_ranges
+from wakong.shards import BATCH, ShardJob, build_shards, finished, shard_ranges
 from wakong.sources import ArrayRecordSource, PydocSource, TextSource, open_source
 from wakong.tokenizer import TextTokenizer, load_tokenizer, train_tokenizer
 

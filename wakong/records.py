@@ -246,7 +246,10 @@ class ShardWriter:
     ``shards``), atomically.
 
     Use as a context manager: leaving the block with an exception aborts (temporary files removed);
-    :meth:`commit` renames the shards into place and returns their descriptions.
+    :meth:`commit` renames the shards into place and returns their descriptions. ``shards`` (default:
+    all) are the shard numbers this writer writes, for builds that write each shard in its own task
+    (:mod:`wakong.beam`). Temporary names are unique per writer, so two attempts at the same shard
+    (a retried or duplicated task) never share a file; the last rename leaves one complete shard.
     """
 
     def __init__(
@@ -261,7 +264,7 @@ class ShardWriter:
         self.out_dir, self.num_shards = out_dir, num_shards
         self.shards = list(range(num_shards) if shards is None else shards)
         self.names = {k: f"{prefix}-shard-{k:05d}-of-{num_shards:05d}.array_record" for k in self.shards}
-        self._tmp = {k: os.path.join(out_dir, f".{name}.tmp-{os.getpid()}") for k, name in self.names.items()}
+        self._tmp = {k: os.path.join(out_dir, f".{name}{temp_suffix()}") for k, name in self.names.items()}
         self.counts = dict.fromkeys(self.shards, 0)
         self._writers: dict = {}
         try:

@@ -26,12 +26,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from wakong import records
+from wakong.accounting import Tally
 from wakong.config import BuildConfig
-from wakong.examples import DROP_REASONS, Outcome, make_outcomes
-from wakong.report import MaskStats
+from wakong.examples import Outcome, make_outcomes
 
 #: Records per :func:`~wakong.examples.make_outcomes` call (the bytes written do not depend on it).
 BATCH = 256
@@ -47,46 +47,18 @@ def shard_ranges(n_records: int, num_shards: int) -> list[range]:
     return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-class Tally:
-    """What a part's manifest sums over outcomes: ``counts``, drop reasons, events and mask statistics.
-
-    ``add(outcomes)`` for made outcomes, ``merge(tally.state())`` for the tallies of other shards
-    (any runner that makes outcomes elsewhere sums them the same way); ``manifest_counts()`` is the
-    manifest's ``counts`` entry.
-    """
-
-    def __init__(self, config: BuildConfig):
-        self.counts = {"records_in": 0, "records_written": 0, "examples": 0, "tokens": 0, "source_tokens": 0}
-        self.dropped, self.events = dict.fromkeys(DROP_REASONS, 0), {}
-        self.stats = MaskStats(config.noise.spans)
-
-    def add(self, outcomes: list[Outcome]) -> None:
-        counts = self.counts
+def fill_shard(writer: records.ShardWriter, shard: int, source, config: BuildConfig, tokenizer,
+               indices: Sequence[int], tally: Tally, progress: Callable[[list[Outcome]], None] | None = None) -> None:
+    """Writes the outcomes of the records ``indices`` of ``source`` to ``shard`` of ``writer``, in record
+    order, made in batches of :data:`BATCH`; adds them to ``tally`` and calls ``progress`` per batch."""
+    for at in range(0, len(indices), BATCH):
+        outcomes = make_outcomes(source, config, tokenizer, indices[at : at + BATCH])
         for outcome in outcomes:
-            counts["records_in"] += 1
-            if outcome.dropped is None:
-                counts["records_written"] += 1
-            else:
-                self.dropped[outcome.dropped] += 1
-            counts["examples"] += len(outcome.records)
-            counts["tokens"] += outcome.tokens
-            counts["source_tokens"] += outcome.source_tokens
-            records._add_counts(self.events, outcome.events)
-        drawn = [pair for outcome in outcomes for pair in outcome.schemes]
-        self.stats.add_many([n for n, _ in drawn], [scheme for _, scheme in drawn])
-
-    def state(self) -> dict:
-        return {"counts": self.counts, "dropped": self.dropped, "events": self.events, "stats": self.stats.state()}
-
-    def merge(self, state: dict) -> "Tally":
-        records._add_counts(self.counts, state["counts"])
-        records._add_counts(self.dropped, state["dropped"])
-        records._add_counts(self.events, state["events"])
-        self.stats.merge(state["stats"])
-        return self
-
-    def manifest_counts(self) -> dict:
-        return {**self.counts, "records_dropped": self.dropped, "events": dict(sorted(self.events.items()))}
+            for data in outcome.records:
+                writer.write(shard, data)
+        tally.add(outcomes)
+        if progress is not None:
+            progress(outcomes)
 
 
 class ShardJob:
@@ -102,15 +74,8 @@ class ShardJob:
         config, num_shards, tally = self.config, self.config.output.num_shards, Tally(self.config)
         positions = shard_ranges(len(self.indices), num_shards)[shard]
         with records.ShardWriter(self.staging, self.prefix, num_shards, shards=[shard]) as writer:
-            for at in range(positions.start, positions.stop, BATCH):
-                outcomes = make_outcomes(self.source, config, self.tokenizer,
-                                         self.indices[at : min(at + BATCH, positions.stop)])
-                for outcome in outcomes:
-                    for data in outcome.records:
-                        writer.write(shard, data)
-                tally.add(outcomes)
-                if self.progress is not None:
-                    self.progress(outcomes)
+            indices = self.indices[positions.start : positions.stop]
+            fill_shard(writer, shard, self.source, config, self.tokenizer, indices, tally, self.progress)
             files = writer.commit()
         result = {"files": files, "tally": tally.state()}
         records.write_json_atomic(os.path.join(self.staging, _done_name(shard, num_shards)), result)
