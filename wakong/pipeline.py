@@ -210,19 +210,21 @@ def _examples(
 
 
 def encode_example(
-    index: int, part: int, example: Example, noised: Noised, tokenizer: TextTokenizer
+    index: int, part: int, example: Example, noised: Noised | None, tokenizer: TextTokenizer
 ) -> bytes:
-    """Serialises a noised example (BOS/EOS added; word and sentence starts over the labels)."""
+    """Serialises a noised example (BOS/EOS added; word and sentence starts over the labels), or, with
+    ``noised=None`` (``output.mode: tokenized``), the unnoised document with no ``input_ids``."""
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
-    n = len(noised.target) + 2
+    target = [t for s in example for w in s for t in w] if noised is None else noised.target
+    n = len(target) + 2
     word_starts, sentence_starts = np.zeros(n, bool), np.zeros(n, bool)
     word_starts[list(itertools.accumulate((len(w) for s in example for w in s), initial=1))[:-1]] = True
     sentence_starts[list(itertools.accumulate((sum(map(len, s)) for s in example), initial=1))[:-1]] = True
     return records.encode_record(
         index,
         part,
-        [bos, *noised.source, eos],
-        [bos, *noised.target, eos],
+        [] if noised is None else [bos, *noised.source, eos],
+        [bos, *target, eos],
         word_starts,
         sentence_starts,
         wide=tokenizer.vocab_size > 65536,
@@ -254,6 +256,10 @@ def make_examples(
     body = config.examples.max_source_len - 2
     options = dict(mask_id=tokenizer.mask_id, vocab=tokenizer.random_ids, max_source=body)
     for example in examples:
+        if config.output.mode == "tokenized":  # unnoised documents, noised at training time
+            outcome.records.append(encode_example(index, len(outcome.records), example, None, tokenizer))
+            outcome.tokens += _tokens(example)
+            continue
         noised = noise_example(example, rng, config.noise, **options)
         _count(outcome.events, "inserted_masks_dropped", noised.dropped_inserts)
         outcome.records.append(encode_example(index, len(outcome.records), example, noised, tokenizer))
