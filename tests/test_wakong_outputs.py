@@ -4,6 +4,8 @@ global ``jax.Array`` batches on 8 simulated devices and resuming from an orbax c
 
 import json
 import os
+import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -321,3 +323,18 @@ def test_global_batches_on_eight_devices_and_orbax_resume(datasets, tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"shape": [16, 62], "devices": 8, "rows_per_device": [2], "equal": True, "noised_equal": True,
                    "noised_sharded": 8, "restored": True, "resume_equal": True}
+
+
+def test_docs_device_noising_and_worked_example_run(datasets, tmp_path, monkeypatch):
+    # docs/wakong.md sections 5 and 7 on a tokenized dataset at docs/ (any input format builds one).
+    page = pathlib.Path(ROOT) / "docs" / "wakong.md"
+    blocks = [b for b in re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M)
+              if "DeviceNoiser" in b]
+    assert len(blocks) == 2
+    os.symlink(datasets["tokenized"], tmp_path / "docs")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(blocks[0], "wakong.md[section 5]", "exec"), namespace)
+    assert namespace["features"]["input_ids"].shape == (32, 64)
+    exec(compile(blocks[1], "wakong.md[section 7]", "exec"), namespace)
+    assert namespace["batch"]["encoder_input_tokens"].shape == (32 * jax.process_count(), 64)
