@@ -88,7 +88,7 @@ def test_train_job_noises_tokenized_documents_on_the_device(tmp_path, documents)
     assert len(run.history["loss"]) == 3 and np.isfinite(run.history["loss"]).all()
     assert min(run.history["tokens"]) > 0
     with pytest.raises(ValueError, match="tokenized documents"):  # no stored masks to read on the host
-        train_job.run(_job(tmp_path / "host", documents, 2, noising="host", renoise=False), **QUIET)
+        train_job.run(_job(tmp_path / "host", documents, 3, noising="host", renoise=False), **QUIET)
     with pytest.raises(ValueError, match="noising must be host or device"):
         _job(tmp_path, documents, 2, noising="tpu")
 
