@@ -27,7 +27,6 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxsample.models import get_config, make_model

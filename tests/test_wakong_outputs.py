@@ -21,7 +21,7 @@ from wakong.config import load_config
 from wakong.device_noise import DeviceNoiser
 from wakong.infilling import NoiseConfig
 from wakong.pipeline import build, training_texts
-from wakong.reader import batches, dataset_mode, noise_key, open_dataset
+from wakong.reader import batches, dataset_mode, noise_key
 from wakong.sources import PydocSource, TextSource
 from wakong.tokenizer import train_tokenizer
 

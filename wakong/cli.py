@@ -172,7 +172,7 @@ def _report_lines(manifest: dict, summary: dict | None) -> list[str]:
     for key, value in c["events"].items():
         lines.append(f"  {key.replace('_', ' '):<30} {value:>10,}")
     if manifest["config"]["output"].get("mode") == "tokenized":
-        lines.append("mode              tokenized: unnoised documents, to be noised on the device (wakong.device_noise)")
+        lines.append("mode              tokenized: unnoised documents, noised on the device (wakong.device_noise)")
     if manifest["process_count"] > 1:
         per_part = ", ".join(f"{p['counts']['records_in']:,}" for p in manifest["parts"])
         count = manifest["process_count"]

@@ -37,14 +37,13 @@ import dataclasses
 import math
 from typing import Any, Mapping, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from jaxsample._types import Array, ArrayLike, KeyLike
 from wakong import _span_mask as sm
-from wakong.infilling import NoiseConfig, SpanSpec
+from wakong.infilling import NoiseConfig
 
 _U32 = jnp.uint32
 # Purposes: each gets its own threefry key per row (block 2**31 + purpose of the row key), so that no
@@ -147,7 +146,8 @@ class DeviceNoiser:
           ValueError: ``config`` needs a noise that is not compiled in, a different longest span, or
             replacement ids that are missing or outside ``int32``.
         """
-        compiled = {"infill": (config.infill, self.infill), "permute_sentences": (config.permute_sentences, self.permute),
+        compiled = {"infill": (config.infill, self.infill),
+                    "permute_sentences": (config.permute_sentences, self.permute),
                     "mask": (config.mask, self.mask), "delete": (config.delete, self.delete),
                     "rotate": (config.rotate, self.rotate), "random_ratio": (config.random_ratio, self.replace)}
         missing = [name for name, (value, on) in compiled.items() if value and not on]
@@ -400,4 +400,4 @@ def _features(noiser: DeviceNoiser, body: Array, body_len: Array, target: Array,
     }
 
 
-__all__ = ["DOCUMENT_KEYS", "DeviceNoiser", "NoiseParams", "SpanSpec"]
+__all__ = ["DOCUMENT_KEYS", "DeviceNoiser", "NoiseParams"]

@@ -76,8 +76,9 @@ def layout(rows: Mapping[str, Any], fmt: str, *, pad_id: int, decoder_start_id: 
 
     >>> rows = canonical_from_hf({"input_ids": np.array([[0, 4, 2, 1]]), "attention_mask": np.array([[1, 1, 1, 0]]),
     ...                           "labels": np.array([[0, 7, 2]]), "loss_mask": np.array([[True, True, True]])})
-    >>> {k: v.tolist() for k, v in layout(rows, "t5x", pad_id=1, decoder_start_id=2, packed=False).items()}
-    {'encoder_input_tokens': [[0, 4, 2, 0]], 'decoder_target_tokens': [[0, 7, 2]], 'decoder_input_tokens': [[2, 0, 7]], 'decoder_loss_weights': [[1, 1, 1]]}
+    >>> t5x = layout(rows, "t5x", pad_id=1, decoder_start_id=2, packed=False)
+    >>> t5x["encoder_input_tokens"].tolist(), t5x["decoder_input_tokens"].tolist(), t5x["decoder_loss_weights"].tolist()
+    ([[0, 4, 2, 0]], [[2, 0, 7]], [[1, 1, 1]])
     """
     check_format(fmt)
     xp = _xp(rows["source"])

@@ -248,8 +248,8 @@ def evaluate_batches(eval_step: Callable, params: Any, batches: Iterable[Batch])
 def _loop_step(model, config: TrainConfig, mesh=None, parallel: _parallel.ParallelConfig | None = None,
                batch_fn: Callable | None = None) -> Callable:
     """The donating step :func:`train` uses, cached so repeated runs of one setup compile once."""
-    return _cached_step(model, dataclasses.replace(config, seed=0, log_every=1), mesh, parallel,  # neither is compiled in
-                        batch_fn)
+    # neither the seed nor log_every is compiled in
+    return _cached_step(model, dataclasses.replace(config, seed=0, log_every=1), mesh, parallel, batch_fn)
 
 
 @functools.lru_cache(maxsize=8)
