@@ -1,6 +1,6 @@
 """Cost of BART noising inside the train step, as a fraction of a BART-base step, on this machine.
 
-    python -m benchmarks.device_noise                       # bart and article recipes, batch 8 x 512
+    python -m benchmarks.device_noise                       # bart and article recipes, batch 2 x 512
     python -m benchmarks.device_noise --configs bart --batch 16 --rounds 5
 
 For each noise config (``configs/wakong/<name>.yaml``'s ``noise`` section) and one batch of ``--batch``
@@ -15,7 +15,9 @@ process, alternating for ``--rounds`` rounds so that every variant sees the same
 
 Reported: medians, the noiser's share of the fused step ``(step+noise - step) / step``, and the
 stand-alone ratio ``noise / step``. The model is ``get_config("bart", "base")`` with ``max_len`` 512
-(the shipped TPU recipe's; the vocabulary is 50,265, as facebook/bart-base).
+(the shipped TPU recipe's; the vocabulary is 50,265, as facebook/bart-base). A second table gives
+noising throughput alone in label tokens/s: the noiser on ``--throughput-batch`` documents per call
+against the host path on the same documents, in this process.
 """
 
 from __future__ import annotations
@@ -119,13 +121,38 @@ def bench(name: str, args) -> dict:
             "alone": med["noise"] / med["step"]}
 
 
+def throughput(name: str, args) -> dict:
+    """Label tokens/s of the noiser (one jitted call per batch) and of the host path, same documents."""
+    config = load_config(os.path.join("configs", "wakong", f"{name}.yaml")).noise
+    noiser = DeviceNoiser.create(config, _Ids, max_source_len=args.seq_len, max_target_len=args.seq_len)
+    vocab = np.arange(5, 50265, dtype=np.int32)
+    params = noiser.params(config, vocab)
+    docs, examples = documents(args.throughput_batch, noiser.max_len, 50265, seed=1)
+    keys = jax.random.split(jax.random.key(0), args.throughput_batch)
+    noise = jax.jit(noiser)
+    jax.block_until_ready(noise(params, keys, docs))
+
+    def host():
+        rng = random.Random(0)
+        for example in examples:
+            noise_example(example, rng, config, mask_id=4, vocab=vocab, max_source=args.seq_len - 2)
+
+    device_s, host_s = [], []
+    for _ in range(args.rounds):
+        device_s.append(_timed(lambda: jax.block_until_ready(noise(params, keys, docs)), args.repeats))
+        host_s.append(_timed(host, 1))
+    tokens = args.throughput_batch * noiser.max_len
+    return {"config": name, "device": tokens / statistics.median(device_s), "host": tokens / statistics.median(host_s)}
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", nargs="+", default=["bart", "article"])
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=512, help="encoder and decoder length (documents: 2 less)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--throughput-batch", type=int, default=256, help="documents per noiser call (throughput)")
     args = ap.parse_args(argv)
     load = tuple(round(x, 2) for x in os.getloadavg())
     print(f"{jax.device_count()} {jax.devices()[0].platform} device(s), {os.cpu_count()} CPUs, load average {load}; "
@@ -139,6 +166,13 @@ def main(argv=None) -> list[dict]:
         rows.append(r)
         print(f"| {name} | {1e3 * r['noise']:.1f} | {1e3 * r['step']:.0f} | {1e3 * r['step+noise']:.0f} | "
               f"{100 * r['share']:.1f}% (alone {100 * r['alone']:.1f}%) | {1e3 * r['host']:.1f} |", flush=True)
+    print(f"\nnoising alone, {args.throughput_batch} documents of {args.seq_len - 2} tokens per call "
+          "(label tokens/s, one process):")
+    print("| noise config | host `noise_example` | device `DeviceNoiser` (this CPU) | ratio |")
+    print("|---|---:|---:|---:|")
+    for name in args.configs:
+        r = throughput(name, args)
+        print(f"| {name} | {r['host']:,.0f} | {r['device']:,.0f} | {r['device'] / r['host']:.1f}x |", flush=True)
     print(f"load average after: {tuple(round(x, 2) for x in os.getloadavg())}")
     return rows
 
