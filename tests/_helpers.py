@@ -69,6 +69,21 @@ def dataset_records(path: str) -> list[dict]:
     return [records.decode_record(source[i]) for i in range(len(source))]
 
 
+def dataset_files(path) -> dict:
+    """sha256 of every file under a dataset directory ``path`` (hidden ones included), the report aside."""
+    import hashlib
+    import os
+
+    out = {}
+    for root, dirs, names in os.walk(path):
+        dirs[:] = [d for d in dirs if d != "report"]
+        for name in names:
+            full = os.path.join(root, name)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
 def unmask(out, units, scheme, mask="<mask>"):
     """Puts each span of ``scheme`` (over ``units``) back in place of its ``mask`` in ``out``."""
     rebuilt, spans = [], iter(scheme)

@@ -6,7 +6,6 @@ Tests that run a pipeline need ``apache_beam`` (``pip install 'jaxsample[beam]'`
 are skipped without it; the others check the runner's plumbing and run everywhere.
 """
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -19,6 +18,7 @@ import time
 
 import pytest
 
+from tests._helpers import dataset_files
 from tests.test_pipeline import tokenizer  # noqa: F401  (fixture)
 from wakong import beam, multihost, pipeline, records, shards
 from wakong.accounting import Tally
@@ -90,17 +90,6 @@ def reference(tmp_path_factory, inputs, tok_file):
     return root
 
 
-def _files(path) -> dict:
-    """sha256 of every file in a dataset directory (hidden ones included), the report aside."""
-    out = {}
-    for root, dirs, names in os.walk(path):
-        dirs[:] = [d for d in dirs if d != "report"]
-        for name in names:
-            full = os.path.join(root, name)
-            out[os.path.relpath(full, path)] = hashlib.sha256(open(full, "rb").read()).hexdigest()
-    return out
-
-
 def _timeless(data, drop=("timing",)):
     if isinstance(data, dict):
         return {k: _timeless(v, drop) for k, v in data.items() if k not in drop}
@@ -117,7 +106,7 @@ def _manifest(path, name=records.DATASET_MANIFEST) -> dict:
 def _same_dataset(path, reference) -> None:
     """``path`` holds exactly ``reference``'s files: byte-identical shards and tokenizer, and manifests
     (the part's and the dataset's) equal but for their timing (and the input paths, which may differ)."""
-    got, want = _files(path), _files(reference)
+    got, want = dataset_files(path), dataset_files(reference)
     assert sorted(got) == sorted(want)  # no staging directory, run marker or temporary file
     manifests = {records.DATASET_MANIFEST, records.manifest_name(0, 1)}
     assert {k: v for k, v in got.items() if k not in manifests} == {k: v for k, v in want.items() if k not in manifests}
@@ -307,9 +296,11 @@ def test_file_sources_build_the_same_dataset(tmp_path, tok_file, kind):
 
 
 @needs_beam
-def test_a_source_without_files_is_shipped_to_the_workers(tmp_path, tokenizer):  # noqa: F811
+@pytest.mark.parametrize("mode", ["noised", "tokenized"])
+def test_a_source_without_files_is_shipped_to_the_workers(tmp_path, tokenizer, mode):  # noqa: F811
     source = _texts(9) + [b"", b"tiny"]  # any sequence of bytes records (pydoc, Python lists): pickled
-    config = load_config(overrides=SETTINGS + ["output.num_shards=13", "seed=6"])  # more shards than records
+    config = load_config(overrides=SETTINGS + ["output.num_shards=13", "seed=6",  # more shards than records
+                                               f"output.mode={mode}"])  # tokenized: documents for the device
     multihost.build(source, tmp_path / "local", config, tokenizer=tokenizer)
     manifest = beam.build(source, tmp_path / "beam", config, tokenizer=tokenizer)
     _same_dataset(tmp_path / "beam", tmp_path / "local")
@@ -348,7 +339,7 @@ def test_workers_reach_the_files_through_worker_paths(tmp_path, inputs, tok_file
 def _old(tmp_path, reference):
     out = tmp_path / "data"
     shutil.copytree(reference / "seed1", out)
-    return out, _files(out)
+    return out, dataset_files(out)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -389,7 +380,7 @@ def test_killed_multiprocess_build_keeps_the_old_dataset_and_a_rerun_finishes_it
     staging = records.staging_dir(str(out), 0, 1)
     staged = os.listdir(staging)
     assert any(n.startswith("part-") for n in staged) and records.manifest_name(0, 1) not in staged
-    assert {k: v for k, v in _files(out).items() if not k.startswith(".staging-")} == before
+    assert {k: v for k, v in dataset_files(out).items() if not k.startswith(".staging-")} == before
     old = records.read_manifests(str(out))
     assert _timeless(old) == {**_timeless(records.read_manifests(str(reference / "seed1"))), "files": old["files"]}
     assert main(_argv(inputs, out, tok_file, 2, "--overwrite", *IN_MEMORY)) == 0  # the same build, any runner
@@ -489,7 +480,7 @@ def test_pipeline_failure_is_one_line_and_keeps_the_old_dataset(tmp_path, inputs
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("wakong: error: the Beam pipeline failed: ValueError: input file ")
     assert "b.txt changed after the build started" in err[-1] and "Traceback" not in "\n".join(err)
-    assert _files(out) == before  # staging removed, nothing replaced
+    assert dataset_files(out) == before  # staging removed, nothing replaced
 
 
 @needs_beam
@@ -504,4 +495,4 @@ def test_ctrl_c_during_a_beam_build_is_an_interruption(tmp_path, inputs, tok_fil
     assert main(_argv(inputs, out, tok_file, 2, "--overwrite", *IN_MEMORY)) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "Traceback" not in err
-    assert _files(out) == before
+    assert dataset_files(out) == before

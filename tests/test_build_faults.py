@@ -3,7 +3,6 @@ the old dataset through failures, interruptions and kills at every phase, reruns
 build byte-identically, cleaned temporaries, long unbroken words, and nonsensical CLI numbers."""
 
 import errno
-import hashlib
 import os
 import signal
 import subprocess
@@ -12,6 +11,7 @@ import time
 
 import pytest
 
+from tests._helpers import dataset_files
 from tests.test_pipeline import SMALL, corpus, tokenizer  # noqa: F401  (fixtures)
 from wakong import pipeline, records
 from wakong.cli import main
@@ -44,17 +44,6 @@ def _argv(corpus, out, tok_file, seed, *extra):  # noqa: F811
     return ["build", corpus, "--out", str(out), "--tokenizer", tok_file, "--seed", str(seed), *FLAGS, *extra]
 
 
-def _files(path) -> dict:
-    """sha256 of every file under ``path`` except the report (what a dataset directory holds)."""
-    out = {}
-    for root, dirs, names in os.walk(path):
-        dirs[:] = [d for d in dirs if d != "report"]
-        for name in names:
-            full = os.path.join(root, name)
-            out[os.path.relpath(full, path)] = hashlib.sha256(open(full, "rb").read()).hexdigest()
-    return out
-
-
 def _timeless(data):
     if isinstance(data, dict):
         return {k: _timeless(v) for k, v in data.items() if k != "timing"}
@@ -65,7 +54,7 @@ def _timeless(data):
 
 def _same_dataset(path, reference) -> None:
     """``path`` holds exactly the dataset of ``reference`` (timings aside) and nothing else."""
-    got, want = _files(path), _files(reference)
+    got, want = dataset_files(path), dataset_files(reference)
     assert sorted(got) == sorted(want)  # no staging directory, no temporary file
     manifests = {"manifest.json", records.manifest_name(0, 1)}
     assert {k: v for k, v in got.items() if k not in manifests} == {k: v for k, v in want.items() if k not in manifests}
@@ -88,7 +77,7 @@ def _old(tmp_path, reference):
 
     out = tmp_path / "data"
     shutil.copytree(reference / "seed1", out)
-    return out, _files(out)
+    return out, dataset_files(out)
 
 
 # ---------------------------------------------------------------- validation before any change
@@ -106,7 +95,7 @@ def test_failing_overwrite_keeps_the_old_dataset(tmp_path, corpus, tok_file, ref
         argv = _argv(corpus, out, tok_file, 2, "--overwrite") + [b.replace("{tmp}", str(tmp_path)) for b in bad]
     assert main(argv) == 1
     assert capsys.readouterr().err.startswith("wakong: error:")
-    assert _files(out) == before
+    assert dataset_files(out) == before
     records.read_manifests(str(out))
 
 
@@ -122,7 +111,7 @@ def test_failure_before_the_replacement_keeps_the_old_dataset(tmp_path, corpus, 
     monkeypatch.setattr(pipeline, "_phase", fail)
     assert main(_argv(corpus, out, tok_file, 2, "--overwrite")) == 1
     assert "No space left on device" in capsys.readouterr().err
-    assert _files(out) == before  # staging removed, nothing replaced
+    assert dataset_files(out) == before  # staging removed, nothing replaced
     monkeypatch.undo()
     assert main(_argv(corpus, out, tok_file, 2, "--overwrite")) == 0
     _same_dataset(out, reference / "seed2")
@@ -145,7 +134,7 @@ def test_write_error_names_the_real_cause(tmp_path, corpus, tok_file, reference,
         pipeline.build(TextSource([corpus], "paragraph"), out, load_config(overrides=SMALL + ["seed=2"]),
                        overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))
     assert info.value.errno == errno.EACCES and "(no permission to write there)" in str(info.value)
-    assert "disk" not in str(info.value) and _files(out) == before
+    assert "disk" not in str(info.value) and dataset_files(out) == before
 
 
 def test_ctrl_c_is_an_interruption_not_a_full_disk(tmp_path, corpus, tok_file, reference, monkeypatch, capsys):  # noqa: F811
@@ -168,11 +157,11 @@ def test_ctrl_c_is_an_interruption_not_a_full_disk(tmp_path, corpus, tok_file, r
     source, config = TextSource([corpus], "paragraph"), load_config(overrides=SMALL + ["seed=2"])
     with pytest.raises(KeyboardInterrupt):  # not DatasetWriteError
         pipeline.build(source, out, config, overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))
-    assert _files(out) == before
+    assert dataset_files(out) == before
     assert main(_argv(corpus, out, tok_file, 2, "--overwrite")) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "disk" not in err and "Traceback" not in err
-    assert _files(out) == before
+    assert dataset_files(out) == before
 
 
 # ---------------------------------------------------------------- failures while replacing, reruns
@@ -248,7 +237,7 @@ def _kill_then_rerun(tmp_path, corpus, tok_file, reference, phase, overwrite):  
         out, before = tmp_path / "data", {}
     extra = ["--overwrite"] if overwrite else []
     _killed(phase, _argv(corpus, out, tok_file, 2, *extra))
-    visible = {k: v for k, v in _files(out).items() if not k.startswith(".staging-")}
+    visible = {k: v for k, v in dataset_files(out).items() if not k.startswith(".staging-")}
     if PHASES.index(phase) < PHASES.index("replacing"):
         assert visible == before  # the old dataset (or nothing) is untouched
         if overwrite:
@@ -346,7 +335,7 @@ def test_write_cut_short_by_a_signal_is_an_interruption(tmp_path, corpus, tok_fi
     assert main(_argv(corpus, out, tok_file, 2, "--overwrite")) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "disk" not in err and "error" not in err
-    assert _files(out) == before
+    assert dataset_files(out) == before
 
 
 def test_swallowed_ctrl_c_still_stops_the_build(tmp_path, corpus, tok_file, reference, monkeypatch):  # noqa: F811
@@ -366,7 +355,15 @@ def test_swallowed_ctrl_c_still_stops_the_build(tmp_path, corpus, tok_file, refe
         with pytest.raises(KeyboardInterrupt):
             pipeline.build(TextSource([corpus], "paragraph"), out, load_config(overrides=SMALL + ["seed=2"]),
                            overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))
-    assert _files(out) == before
+    assert dataset_files(out) == before
+
+
+def _as_from_a_terminal() -> None:
+    """In the child before exec: SIGINT handled and not blocked, as a shell started from a terminal has it
+    (a test process may have inherited it ignored or blocked from its runner: the child would inherit that
+    too, and a Ctrl-C could never reach it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 
 
 def test_ctrl_c_during_a_build_with_workers(tmp_path, tok_file):
@@ -376,7 +373,7 @@ def test_ctrl_c_during_a_build_with_workers(tmp_path, tok_file):
             "--workers", "2", "--num-shards", "4", "--no-progress", "--no-plots"]
     process = subprocess.Popen([sys.executable, "-m", "wakong.cli", *argv], cwd=ROOT, start_new_session=True,
                                env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, preexec_fn=_as_from_a_terminal)
     staging = records.staging_dir(str(out), 0, 1)
     deadline = time.monotonic() + 240
     while not (os.path.isdir(staging) and any(".tmp-" in n for n in os.listdir(staging))):
@@ -413,7 +410,7 @@ def test_sigkill_with_workers_on_parquet_then_rerun(tmp_path, corpus, tok_file):
     time.sleep(0.5)  # the orphaned workers notice their parent is gone and exit
     assert not records.existing_parts(str(out))
     assert main([*argv, "--out", str(out)]) == 0  # the same command restarts the build
-    shards = lambda path: {k: v for k, v in _files(path).items() if not k.startswith("manifest")}  # noqa: E731
+    shards = lambda path: {k: v for k, v in dataset_files(path).items() if not k.startswith("manifest")}  # noqa: E731
     assert shards(out) == shards(clean)
     assert records.read_manifests(str(out))["counts"] == records.read_manifests(str(clean))["counts"]
 

@@ -31,31 +31,43 @@ from typing import NamedTuple
 import numpy as np
 
 from wakong._distribution import MAX_SPAN_LEN, PROPOSED_MASK_RATE, span_length_pmfs
+from wakong.infilling import SpanSpec
 
-def budget_distribution(seq_len: int) -> dict[int, float]:
-    """``{M: P(M)}``: ``floor(0.188 L)``, plus one with probability ``frac(0.188 L)`` (float64 arithmetic)."""
-    x = seq_len * PROPOSED_MASK_RATE
+
+def budget_distribution(seq_len: int, spec: SpanSpec | None = None) -> dict[int, float]:
+    """``{M: P(M)}``: ``floor(0.188 L)``, plus one with probability ``frac(0.188 L)`` (float64 arithmetic).
+
+    ``spec``: another rate (:class:`~wakong.infilling.SpanSpec`), with the budget capped at ``L // 2``
+    as :func:`~wakong.infilling.span_scheme` caps it (never binding for the reference's rate at ``L >= 2``).
+    """
+    x = seq_len * (PROPOSED_MASK_RATE if spec is None else spec.budget_rate)
     whole = int(x)
     frac = x - float(whole)
-    return {whole: 1.0 - frac, whole + 1: frac} if frac > 0 else {whole: 1.0}
+    out = {whole: 1.0 - frac, whole + 1: frac} if frac > 0 else {whole: 1.0}
+    if spec is None:
+        return out
+    capped: dict[int, float] = {}
+    for m, p in out.items():
+        capped[min(m, seq_len // 2)] = capped.get(min(m, seq_len // 2), 0.0) + p
+    return capped
 
 
 @functools.cache
-def _chain(budget: int) -> tuple[np.ndarray, np.ndarray]:
-    """Spans drawn from remaining budget ``budget``.
+def _chain(budget: int, spec: SpanSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Spans drawn from remaining budget ``budget`` (span lengths of ``spec``, default the reference's).
 
     Returns:
       ``(joint, lengths)``: ``joint[n, e]`` = P(``n`` spans and final budget ``-e``), shape
       ``[budget + 1, 2]``; ``lengths[k]`` = expected number of spans of length ``k``.
     """
-    pmfs = span_length_pmfs()
+    pmfs, top = (span_length_pmfs(), MAX_SPAN_LEN) if spec is None else (spec.pmfs(), spec.max_span_len)
     joint = {0: np.array([[1.0, 0.0]]), -1: np.array([[0.0, 1.0]])}
-    lengths = {0: np.zeros(MAX_SPAN_LEN + 1), -1: np.zeros(MAX_SPAN_LEN + 1)}
+    lengths = {0: np.zeros(top + 1), -1: np.zeros(top + 1)}
     for r in range(1, budget + 1):
-        pmf = pmfs[min(MAX_SPAN_LEN, r) - 1]
+        pmf = pmfs[min(top, r) - 1]
         out = np.zeros((r + 1, 2))
-        count = np.zeros(MAX_SPAN_LEN + 1)
-        for s in range(min(MAX_SPAN_LEN, r) + 1):
+        count = np.zeros(top + 1)
+        for s in range(min(top, r) + 1):
             rest = joint[r - s - 1]
             out[1 : rest.shape[0] + 1] += pmf[s] * rest
             count += pmf[s] * lengths[r - s - 1]
@@ -80,18 +92,19 @@ class Statistics(NamedTuple):
 
 
 @functools.cache
-def statistics(seq_len: int) -> Statistics:
+def statistics(seq_len: int, spec: SpanSpec | None = None) -> Statistics:
     """Exact :class:`Statistics` for one length (``seq_len >= 2``; shorter inputs never reach the chain
-    in ``Wakong``, and ``seq_len == 1`` can raise, see :func:`outcomes`)."""
+    in ``Wakong``, and ``seq_len == 1`` can raise, see :func:`outcomes`); ``spec``: the algorithm with
+    other constants (:func:`wakong.infilling.span_scheme`), default the reference's."""
     if seq_len < 2:
         raise ValueError(f"seq_len must be >= 2, got {seq_len}")
-    budgets = budget_distribution(seq_len)
+    budgets = budget_distribution(seq_len, spec)
     top = max(budgets)
     m1 = m2 = n1 = n2 = p_zero_s = 0.0
-    counts = np.zeros(MAX_SPAN_LEN + 1)
+    counts = np.zeros((MAX_SPAN_LEN if spec is None else spec.max_span_len) + 1)
     spans_pmf = np.zeros(top + 1)
     for budget, p in budgets.items():
-        joint, lengths = _chain(budget)
+        joint, lengths = _chain(budget, spec)
         n = np.arange(joint.shape[0])[:, None]
         masked = budget - np.array([0, -1])[None, :] - n  # S = M - end - n
         m1 += p * float((joint * masked).sum())

@@ -39,6 +39,13 @@ A row whose spans do not fit the fast ``capacity`` (probability below ``_FAST_MI
 the exact span-count distribution) sends its tile through an exact branch with room for every
 possible span, under ``lax.cond``; a row's result never depends on the branch, the tiling or other
 rows, only on its key and its length.
+
+Other constants (:class:`~wakong.infilling.SpanSpec`: budget rate, Poisson rate, longest span ``K``)
+run the same program on :class:`SpanTables`, the spec's distribution as integer tables: constants for
+:func:`span_mask` (the reference's), traced arrays for :func:`sample_spans`, so that a new budget or
+Poisson rate never recompiles (only ``K``, the tables' shape, is static). Lengths take the low
+``K.bit_length()`` bits of an entry word, the slot word the rest; the tail after the i.i.d. draws
+(at most ``K - 1`` draws) packs into as many int32 words as it needs (one for ``K = 10``).
 """
 
 from __future__ import annotations
@@ -51,20 +58,38 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from typing import NamedTuple
+
 from jaxsample import _noise, _validate
 from jaxsample._types import Array, ArrayLike, KeyLike
 from wakong import _exact
-from wakong._distribution import MAX_SPAN_LEN, PROPOSED_MASK_RATE, span_length_cdfs
+from wakong._distribution import PROPOSED_MASK_RATE
+from wakong.infilling import SpanSpec
 
 _U32 = jnp.uint32
 # Random streams: block i of a stream is threefry(row key, (stream, i)), two 32-bit words.
 _MISC, _ENTRIES, _TAIL, _SLOTS = 0, 1, 2, 3  # slot redraw number a uses stream _SLOTS + a
-_TAIL_DRAWS = MAX_SPAN_LEN - 1  # once fewer than 10 budget units remain, at most 9 draws follow
 _NOWHERE = 1 << 24  # start of an entry that is not a span: beyond every word
 _CHUNK = 4  # loop steps fused into one pass
 _TILE = 8192  # rows per tile: few tiles (each has fixed loop and branch costs), intermediates still in cache
 _FAST_MISS = 1e-7  # per-row probability that a row needs more span entries than the fast capacity
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+#: Longest span the fixed-shape form handles (a span must fit two 32-bit mask words).
+DEVICE_SPAN_LIMIT = 31
+
+
+class SpanTables(NamedTuple):
+    """A :class:`~wakong.infilling.SpanSpec`'s distribution for lengths ``0..max_len``, as integer tables.
+
+    ``whole int32[max_len + 1]``, ``thr uint32[max_len + 1]``: the budget of ``L`` words is
+    ``whole[L] + (u < thr[L])`` for a uniform 32-bit ``u``; ``lengths uint32[K, K]``: row ``m - 1``
+    holds ``T_t`` (``t < m``, zeros after) with ``P(s <= t | at most m left) = T_t / 2**32``.
+    Numpy arrays are compiled in as constants; jax arrays are traced (new values never recompile).
+    """
+
+    whole: ArrayLike
+    thr: ArrayLike
+    lengths: ArrayLike
 
 
 def _count_below(total: float, c: float) -> int:
@@ -80,43 +105,73 @@ def _count_below(total: float, c: float) -> int:
 
 
 @functools.cache
-def _length_thresholds() -> np.ndarray:
-    """``uint32[10, 10]``: row ``m - 1`` has ``T_t`` with ``P(s <= t | cap m) = T_t / 2**32`` (``t < m``).
+def _length_thresholds(spec: SpanSpec = SpanSpec()) -> np.ndarray:
+    """``uint32[K, K]``: row ``m - 1`` has ``T_t`` with ``P(s <= t | cap m) = T_t / 2**32`` (``t < m``).
 
     ``random.choices(range(m + 1), cum_weights=cdf)`` returns ``bisect_right(cdf, random() * cdf[-1])``,
     i.e. ``s <= t`` exactly when ``random() * cdf[-1] < cdf[t]``; we count those 53-bit events and round.
     """
-    out = np.zeros((MAX_SPAN_LEN, MAX_SPAN_LEN), np.uint32)
-    for m, cdf in enumerate(span_length_cdfs(), start=1):
+    k = spec.max_span_len
+    out = np.zeros((k, k), np.uint32)
+    for m, cdf in enumerate(spec.cdfs(), start=1):
         for t in range(m):
-            out[m - 1, t] = (_count_below(cdf[-1] + 0.0, cdf[t]) + (1 << 20)) >> 21
+            out[m - 1, t] = min((_count_below(cdf[-1] + 0.0, cdf[t]) + (1 << 20)) >> 21, 0xFFFFFFFF)
     return out
 
 
 @functools.cache
-def _budget_table(max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(whole, thr)`` for ``L = 0..max_len``: ``M = whole[L] + (u32 < thr[L])``, float64 as the reference."""
-    x = np.arange(max_len + 1, dtype=np.float64) * PROPOSED_MASK_RATE
+def _budget_table(max_len: int, rate: float = PROPOSED_MASK_RATE) -> tuple[np.ndarray, np.ndarray]:
+    """``(whole, thr)`` for ``L = 0..max_len``: ``M = whole[L] + (u32 < thr[L])``, float64 as the reference,
+    capped at ``L // 2`` as :func:`wakong.infilling.span_scheme` caps it (never binding for ``0.188``)."""
+    lengths = np.arange(max_len + 1, dtype=np.int64)
+    x = lengths * float(rate)
     whole = np.floor(x)
     # random() < frac happens for ceil(frac * 2**53) of the 2**53 values of random(); round to 32 bits.
     thr = (np.ceil((x - whole) * 2.0**53).astype(np.int64) + (1 << 20)) >> 21
     whole = whole.astype(np.int64) + (thr >> 32)  # a fraction that rounds up to 1 always adds one
-    whole[:2], thr[:2] = 0, 0  # the Wakong class never masks fewer than two words
-    return whole.astype(np.int32), (thr & 0xFFFFFFFF).astype(np.uint32)
+    thr = thr & 0xFFFFFFFF
+    cap = lengths // 2  # also: the Wakong class never masks fewer than two words
+    thr = np.where(whole >= cap, 0, thr)
+    whole = np.minimum(whole, cap)
+    return whole.astype(np.int32), thr.astype(np.uint32)
+
+
+def span_tables(spec: SpanSpec, max_len: int) -> SpanTables:
+    """The :class:`SpanTables` (numpy) of ``spec`` for sequences of up to ``max_len`` units.
+
+    >>> t = span_tables(SpanSpec(budget_rate=0.4, poisson_rate=3.0), 512)
+    >>> t.whole.shape, t.lengths.shape, int(t.whole[100])
+    ((513,), (10, 10), 40)
+    """
+    if spec.max_span_len > DEVICE_SPAN_LIMIT:
+        raise ValueError(f"max_span_len must be <= {DEVICE_SPAN_LIMIT} on the device, got {spec.max_span_len}")
+    return SpanTables(*_budget_table(max_len, spec.budget_rate), _length_thresholds(spec))
 
 
 @functools.cache
-def _capacities(max_len: int) -> tuple[int, int]:
+def _capacities(max_len: int, spec: SpanSpec = SpanSpec()) -> tuple[int, int]:
     """``(fast, full)`` numbers of span entries: ``full`` fits every outcome; ``fast`` fits a row of
     ``max_len`` words except with probability below ``_FAST_MISS`` (exact, from :mod:`wakong._exact`),
     so that a full tile of ``_TILE`` rows takes the exact fallback about once in 1000 tiles or less."""
-    whole, thr = _budget_table(max_len)
+    whole, thr = _budget_table(max_len, spec.budget_rate)
     full = max(int((whole + (thr > 0)).max()), 1)
     if max_len < 2:
         return full, full
-    beyond = np.cumsum(_exact.statistics(max_len).spans_pmf[::-1])[::-1]  # beyond[c] = P(#spans >= c)
+    exact = _exact.statistics(max_len, None if spec == SpanSpec() else spec)
+    beyond = np.cumsum(exact.spans_pmf[::-1])[::-1]  # beyond[c] = P(#spans >= c)
     fast = next((c for c in range(1, beyond.size - 1) if beyond[c + 1] < _FAST_MISS), full)
     return min(fast, full), full
+
+
+def capacity(spec: SpanSpec, max_len: int) -> int:
+    """Span entries of the fast branch for ``spec`` at ``max_len`` units: a row needs more with probability
+    below 1e-7 (such tiles take the exact fallback). A static argument of :func:`sample_spans`; give the
+    capacity of the largest budget rate you will trace, so that smaller ones run at full speed.
+
+    >>> capacity(SpanSpec(), 512), capacity(SpanSpec(budget_rate=0.4, poisson_rate=3.0), 512)
+    (29, 69)
+    """
+    return _capacities(max_len, spec)[0]
 
 
 def _threefry2x32(k1: Array, k2: Array, x0: Array, x1: Array) -> tuple[Array, Array]:
@@ -162,74 +217,98 @@ def _mul_wide(u: Array, r: Array, small: bool) -> tuple[Array, Array]:
     return hi, u * r
 
 
-def _draw_lengths(u: Array, cap: int) -> Array:
-    """``int32[...]``: span lengths for words ``u``, from the reference's table truncated at ``cap`` (1..10)."""
-    return sum((u >= _U32(t)).astype(jnp.int32) for t in _length_thresholds()[cap - 1, :cap])
+def _draw_lengths(u: Array, cap: int, table) -> Array:
+    """``int32[...]``: span lengths for words ``u``, from ``table`` (``SpanTables.lengths``) truncated at ``cap``."""
+    return sum((u >= table[cap - 1, t]).astype(jnp.int32) for t in range(cap))
 
 
-def _row_words(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int) -> tuple[Array, Array]:
+def _len_bits(k: int) -> int:
+    """Low bits of an entry word that hold a full-table length (``0..k``); the slot word takes the rest."""
+    return int(k).bit_length()
+
+
+def _row_words(k1: Array, k2: Array, lengths: Array, capacity: int, tables: SpanTables) -> tuple[Array, Array]:
     """Every random draw of a row that needs a threefry block, one output element per block (so XLA
     evaluates each block once). Entry ``q``'s draws never depend on ``capacity``.
 
     Returns:
-      ``entries uint32[capacity, B]``: entry ``q``'s full-table length (low 4 bits, from the low word of
-      block ``q`` of stream ``_ENTRIES``) and its 28-bit slot word (the top 28 bits of the high word);
-      ``misc uint32[B]``: the budget, with the shift in the top bit.
+      ``entries uint32[capacity, B]``: entry ``q``'s full-table length (low ``_len_bits(K)`` bits, from
+      the low word of block ``q`` of stream ``_ENTRIES``) and its slot word (the other bits of the high
+      word: 28 for ``K = 10``); ``misc uint32[B]``: the budget, with the shift in the top bit.
     """
+    k = tables.lengths.shape[0]
     lo, hi = _blocks(k1, k2, _ENTRIES, capacity)
-    entries = (hi & _U32(0xFFFFFFF0)) | _draw_lengths(lo, MAX_SPAN_LEN).astype(_U32)
+    entries = (hi & _U32(~((1 << _len_bits(k)) - 1) & 0xFFFFFFFF)) | _draw_lengths(lo, k, tables.lengths).astype(_U32)
     fraction, shift = _blocks(k1, k2, _MISC, 1)
-    whole, thr = _budget_table(max_len)
-    budget = jnp.asarray(whole)[lengths] + (fraction[0] < jnp.asarray(thr)[lengths])
+    budget = jnp.asarray(tables.whole)[lengths] + (fraction[0] < jnp.asarray(tables.thr)[lengths])
     misc = budget.astype(_U32) | (shift[0] & _U32(1 << 31))
     return entries, misc
 
 
-def _iid_chain(budget: Array, full: Array) -> Array:
-    """``int32[B]``: ``n_iid | (left + 1) << 16`` after the reference's i.i.d. draws (while at least 10
-    budget units remain, entry ``q`` takes ``full[q]``). ``left >= 10`` means ``capacity`` was too small."""
+def _iid_chain(budget: Array, full: Array, k: int) -> Array:
+    """``int32[B]``: ``n_iid | (left + 1) << 16`` after the i.i.d. draws (while at least ``k`` budget
+    units remain, entry ``q`` takes ``full[q]``). ``left >= k`` means ``capacity`` was too small."""
     left, n_iid = budget, jnp.zeros_like(budget)
     for length in full:
-        iid = left >= MAX_SPAN_LEN
+        iid = left >= k
         left, n_iid = jnp.where(iid, left - length - 1, left), n_iid + iid
-    return n_iid | (jnp.minimum(left, MAX_SPAN_LEN) + 1) << 16
+    return n_iid | (jnp.minimum(left, k) + 1) << 16
 
 
-# Tail draw k leaves at most 9 - k units, so its length fits in _TAIL_BITS[k] bits; with the number of
-# draws (4 bits) and the final budget (1 bit) the whole tail packs into one int32 per row.
-_TAIL_BITS = tuple(int(9 - k).bit_length() for k in range(_TAIL_DRAWS))
-_TAIL_SHIFTS = tuple(int(x) for x in np.cumsum((5,) + _TAIL_BITS[:-1]))
+@functools.cache
+def _tail_layout(k: int) -> tuple[int, tuple[tuple[int, int, int], ...]]:
+    """How the at most ``k - 1`` tail draws pack into int32 words: ``(count_bits, ((word, shift, bits), ...))``.
+
+    Word 0 starts with the number of draws (``count_bits``) and the final budget (one bit); draw ``j``
+    leaves at most ``k - 1 - j`` units, so its length takes ``(k - 1 - j).bit_length()`` bits. Words
+    hold at most 31 bits (non-negative int32). For ``k = 10`` everything fits one word (30 bits).
+    """
+    count_bits = int(k - 1).bit_length()
+    fields, word, at = [], 0, count_bits + 1
+    for j in range(k - 1):
+        bits = int(k - 1 - j).bit_length()
+        if at + bits > 31:
+            word, at = word + 1, 0
+        fields.append((word, at, bits))
+        at += bits
+    return count_bits, tuple(fields)
 
 
-def _tail_draws(k1: Array, k2: Array, left: Array) -> Array:
-    """The at most 9 draws once fewer than 10 budget units remain, each truncated at what is left.
+def _tail_draws(k1: Array, k2: Array, left: Array, table) -> tuple[Array, ...]:
+    """The at most ``K - 1`` draws once fewer than ``K`` budget units remain, each truncated at what is left.
 
     Args:
-      k1, k2: row keys (draw ``k`` uses word ``k % 2`` of block ``k // 2`` of stream ``_TAIL``).
-      left: ``int32[B]`` budget left after the i.i.d. draws (0..9).
+      k1, k2: row keys (draw ``j`` uses word ``j % 2`` of block ``j // 2`` of stream ``_TAIL``).
+      left: ``int32[B]`` budget left after the i.i.d. draws (``0..K - 1``).
+      table: ``SpanTables.lengths`` (``[K, K]``).
 
     Returns:
-      ``int32[B]``: ``n_tail | (left_final + 1) << 4 | length_k << _TAIL_SHIFTS[k]`` (one element per
-      row, so that XLA runs the chain once): ``n_tail`` draws were made, ``left_final`` is 0 or -1.
+      int32 words per row (:func:`_tail_layout`; one element per row and word, so that XLA runs the
+      chain once): the number of draws, the final budget (0 or -1) plus one, and every length.
     """
-    packed = jnp.zeros_like(left)
-    words = jnp.stack(_blocks(k1, k2, _TAIL, (_TAIL_DRAWS + 1) // 2), axis=1).reshape(-1, left.shape[0])
-    for k, u in enumerate(words[:_TAIL_DRAWS]):
-        length = _draw_lengths(u, 1)
-        for cap in range(2, _TAIL_DRAWS - k + 1):  # draw k has at most 9 - k units left
-            length = jnp.where(left == cap, _draw_lengths(u, cap), length)
+    k = table.shape[0]
+    count_bits, fields = _tail_layout(k)
+    packed = [jnp.zeros_like(left) for _ in range(fields[-1][0] + 1 if fields else 1)]
+    words = jnp.stack(_blocks(k1, k2, _TAIL, k // 2), axis=1).reshape(-1, left.shape[0])
+    for j, (u, (word, at, _)) in enumerate(zip(words[: k - 1], fields)):
+        length = _draw_lengths(u, 1, table)
+        for cap in range(2, k - j):  # draw j has at most k - 1 - j units left
+            length = jnp.where(left == cap, _draw_lengths(u, cap, table), length)
         active = left > 0
-        packed = packed + active + (jnp.where(active, length, 0) << _TAIL_SHIFTS[k])
+        packed[0] = packed[0] + active
+        packed[word] = packed[word] + (jnp.where(active, length, 0) << at)
         left = left - jnp.where(active, length + 1, 0)
-    return packed | (left + 1) << 4
+    packed[0] = packed[0] | (left + 1) << count_bits
+    return tuple(packed)
 
 
-def _exact_slots(k1: Array, k2: Array, words: Array, bound: Array, small: bool) -> Array:
-    """``floor(u * bound / 2**28)`` for the 28-bit slot words ``u = words >> 4``, with Lemire's rejection
-    step: an entry whose remainder is below ``2**28 mod bound`` is redrawn from the (32-bit) low word of
-    its block of stream ``_SLOTS``, then ``_SLOTS + 1``, ..., so the result is exactly uniform."""
+def _exact_slots(k1: Array, k2: Array, words: Array, bound: Array, small: bool, len_bits: int = 4) -> Array:
+    """``floor(u * bound / 2**w)`` for the ``w = 32 - len_bits``-bit slot words ``u = words >> len_bits``,
+    with Lemire's rejection step: an entry whose remainder is below ``2**w mod bound`` is redrawn from
+    the (32-bit) low word of its block of stream ``_SLOTS``, then ``_SLOTS + 1``, ..., so the result is
+    exactly uniform."""
     hi, lo = _mul_wide(words, bound, small)
-    reject = (lo >> 4) < _U32(1 << 28) % bound
+    reject = (lo >> len_bits) < _U32(1 << (32 - len_bits)) % bound
 
     def body(state):
         hi, reject, stream = state
@@ -316,37 +395,41 @@ def _pack(start: Array, span: Array, real: Array, count: Array, max_len: int) ->
     return _loop(count, step, init)
 
 
-def _draw(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int):
+def _draw(k1: Array, k2: Array, lengths: Array, max_len: int, capacity: int, tables: SpanTables):
     """Packed masks for one tile: ``(masked uint32[Wm, T], inserted uint32[Wi, T], fits bool[T])``."""
     one = (k1[0] >> 31).astype(jnp.int32) | 1  # a traced 1
+    k = tables.lengths.shape[0]
+    len_bits = _len_bits(k)
     entries, misc = _materialised(
-        one, functools.partial(_row_words, max_len=max_len, capacity=capacity), k1, k2, lengths
+        one, functools.partial(_row_words, capacity=capacity, tables=tables), k1, k2, lengths
     )
     budget = (misc & _U32(0x7FFFFFFF)).astype(jnp.int32)
     shift = (misc >> 31).astype(jnp.int32)
-    full = (entries & 0xF).astype(jnp.int32)
-    chain = _materialised(one, _iid_chain, budget, full)
+    full = (entries & ((1 << len_bits) - 1)).astype(jnp.int32)
+    chain = _materialised(one, functools.partial(_iid_chain, k=k), budget, full)
     n_iid, left = chain & 0xFFFF, (chain >> 16) - 1
-    fits = left < MAX_SPAN_LEN
-    tail = _materialised(one, _tail_draws, k1, k2, jnp.where(fits, left, 0))
-    count = n_iid + (tail & 15)
-    left = ((tail >> 4) & 1) - 1
+    fits = left < k
+    tail = _materialised(one, functools.partial(_tail_draws, table=tables.lengths), k1, k2, jnp.where(fits, left, 0))
+    count_bits, fields = _tail_layout(k)
+    count = n_iid + (tail[0] & ((1 << count_bits) - 1))
+    left = ((tail[0] >> count_bits) & 1) - 1
 
     q = jnp.arange(capacity + _CHUNK)[:, None]  # _CHUNK spare rows for the loops' extra steps
     entries, full = jnp.pad(entries, ((0, _CHUNK), (0, 0))), jnp.pad(full, ((0, _CHUNK), (0, 0)))
     real = q < count
-    k = q - n_iid  # index among the tail draws
-    span = jnp.where(k < 0, full, 0)
-    for i, (bits, at) in enumerate(zip(_TAIL_BITS, _TAIL_SHIFTS)):
-        span = jnp.where(k == i, (tail >> at) & ((1 << bits) - 1), span)
+    j = q - n_iid  # index among the tail draws
+    span = jnp.where(j < 0, full, 0)
+    for i, (word, at, bits) in enumerate(fields):
+        span = jnp.where(j == i, (tail[word] >> at) & ((1 << bits) - 1), span)
     span = _materialised(one, lambda x: x, jnp.where(real, span, 0).astype(jnp.int8))
     slots = lengths - budget + left + 1  # P = L - S - n + 1 >= n for every L >= 2
     bound = jnp.where(real, slots - q, 1).astype(_U32)
     small = max_len < (1 << 16) - 1
-    slot_words = entries & _U32(0xFFFFFFF0)
+    slot_words = entries & _U32(~((1 << len_bits) - 1) & 0xFFFFFFFF)
     hi, lo = _mul_wide(slot_words, bound, small)
-    suspect = (lo >> 4) < bound
-    hi = lax.cond(jnp.any(suspect & real), lambda: _exact_slots(k1, k2, slot_words, bound, small), lambda: hi)
+    suspect = (lo >> len_bits) < bound
+    hi = lax.cond(jnp.any(suspect & real), lambda: _exact_slots(k1, k2, slot_words, bound, small, len_bits),
+                  lambda: hi)
     # Slots and offsets are < max_len + 2: int16 when that fits (twice the SIMD lanes of int32).
     narrow = jnp.int16 if max_len < (1 << 15) - 2 else jnp.int32
     code = jnp.where(real, hi, jnp.iinfo(narrow).max).astype(narrow)
@@ -439,9 +522,39 @@ def span_mask(key: KeyLike, lengths: ArrayLike, max_len: int) -> tuple[Array, Ar
     return _sample(key, lens, max_len, _capacities(max_len)[0])
 
 
+def sample_spans(key: KeyLike, lengths: ArrayLike, tables: SpanTables, capacity: int) -> tuple[Array, Array]:
+    """:func:`span_mask` for any :class:`~wakong.infilling.SpanSpec`: the spans of each row have exactly
+    the joint law of :func:`wakong.infilling.span_scheme` with that spec (its budget rate and cap,
+    truncated Poisson, placement and shift), probabilities rounded to multiples of ``2**-32``.
+
+    Args:
+      key, lengths: as :func:`span_mask` (``max_len`` is ``len(tables.whole) - 1``).
+      tables: :func:`span_tables` of the spec; traced when passed as jax arrays (a new budget or Poisson
+        rate never recompiles; the longest span ``K`` is the tables' static shape).
+      capacity: static span entries of the fast branch (:func:`capacity`); rows that need more take an
+        exact fallback, so any capacity gives the same masks.
+
+    Returns:
+      ``(masked bool[*B, max_len], inserted bool[*B, max_len + 1])`` as :func:`span_mask`.
+
+    >>> import jax
+    >>> tables = span_tables(SpanSpec(budget_rate=0.4, poisson_rate=3.0), 64)
+    >>> m, i = jax.jit(sample_spans, static_argnums=3)(jax.random.key(0), jnp.array([64, 3]), tables, 16)
+    >>> m.shape, i.shape
+    ((2, 64), (2, 65))
+    """
+    max_len = int(np.shape(tables.whole)[0]) - 1
+    if np.shape(tables.thr) != (max_len + 1,) or np.ndim(tables.lengths) != 2:
+        raise ValueError("tables must be span_tables(spec, max_len): whole/thr [max_len + 1], lengths [K, K]")
+    capacity = _validate.static_int(capacity, "capacity", lo=1)
+    return _sample(key, _check_lengths(lengths, max_len), max_len, capacity, tables)
+
+
 @functools.partial(jax.jit, static_argnums=(2, 3))
-def _sample(key: KeyLike, lengths: Array, max_len: int, capacity: int) -> tuple[Array, Array]:
-    """:func:`span_mask` on checked ``int32`` lengths, with ``capacity`` span entries in the fast branch.
+def _sample(key: KeyLike, lengths: Array, max_len: int, capacity: int,
+            tables: SpanTables | None = None) -> tuple[Array, Array]:
+    """:func:`span_mask` on checked ``int32`` lengths, with ``capacity`` span entries in the fast branch,
+    for ``tables`` (default: the reference's, compiled in as constants).
 
     The batch runs in tiles of at most ``_TILE`` rows (a loop), so that every intermediate stays small
     and in cache; only the packed words and the outputs are batch-sized.
@@ -454,15 +567,18 @@ def _sample(key: KeyLike, lengths: Array, max_len: int, capacity: int) -> tuple[
     tile = _tile_size(rows)
     tiles = -(-rows // tile)
     pad = lambda x: jnp.pad(x.reshape(-1), (0, tiles * tile - rows)).reshape(tiles, tile)
-    full = _capacities(max_len)[1]
+    if tables is None:
+        tables, full = span_tables(SpanSpec(), max_len), _capacities(max_len)[1]
+    else:
+        full = max(max_len // 2, 1)  # the budget never exceeds L // 2
     fast = min(capacity, full)
 
     def one_tile(args):
         k1, k2, lengths = args
-        masked, inserted, fits = _draw(k1, k2, lengths, max_len, fast)
+        masked, inserted, fits = _draw(k1, k2, lengths, max_len, fast, tables)
         if fast < full:
             masked, inserted = lax.cond(
-                jnp.all(fits), lambda: (masked, inserted), lambda: _draw(k1, k2, lengths, max_len, full)[:2]
+                jnp.all(fits), lambda: (masked, inserted), lambda: _draw(k1, k2, lengths, max_len, full, tables)[:2]
             )
         return masked.T, inserted.T
 

@@ -38,7 +38,7 @@ class Tally:
             counts["examples"] += len(outcome.records)
             counts["tokens"] += outcome.tokens
             counts["source_tokens"] += outcome.source_tokens
-            records._add_counts(self.events, outcome.events)
+            records.add_counts(self.events, outcome.events)
         drawn = [pair for outcome in outcomes for pair in outcome.schemes]
         self.stats.add_many([n for n, _ in drawn], [scheme for _, scheme in drawn])
 
@@ -46,9 +46,9 @@ class Tally:
         return {"counts": self.counts, "dropped": self.dropped, "events": self.events, "stats": self.stats.state()}
 
     def merge(self, state: dict) -> "Tally":
-        records._add_counts(self.counts, state["counts"])
-        records._add_counts(self.dropped, state["dropped"])
-        records._add_counts(self.events, state["events"])
+        records.add_counts(self.counts, state["counts"])
+        records.add_counts(self.dropped, state["dropped"])
+        records.add_counts(self.events, state["events"])
         self.stats.merge(state["stats"])
         return self
 

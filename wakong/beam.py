@@ -421,13 +421,13 @@ def build(
             os.makedirs(staging)
             open(os.path.join(staging, _marker(run)), "w").close()
         except OSError as err:
-            raise records._write_error(staging, err) from err
+            raise records.write_error(staging, err) from err
         try:
             try:
                 tok.save(os.path.join(staging, "tokenizer.json"))
             except OSError as err:
-                raise records._write_error(os.path.join(staging, "tokenizer.json"), err) from err
-            job = _Job(source, config, tok, staging, run, pipeline._part_manifest(source, config, tok, 0, 1), paths)
+                raise records.write_error(os.path.join(staging, "tokenizer.json"), err) from err
+            job = _Job(source, config, tok, staging, run, pipeline.part_manifest(source, config, tok, 0, 1), paths)
             part = _run(beam, options, job)
             _phase("staged")
         except BaseException:  # a failure or an interruption: the old dataset is untouched

@@ -8,6 +8,7 @@ Examples::
     wakong build corpus/*.txt --out /shared/data/ --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
     wakong build docs.jsonl --format jsonl --set input.field=body --tokenizer tokenizer.json --out data/
     wakong build corpus/*.txt --out /shared/data/ --num-shards 512 --runner beam --beam-options="--runner=..."
+    wakong build corpus/*.txt --config bart --mode tokenized --out docs/    # noised on the device
     wakong train-tokenizer corpus/*.txt --vocab-size 32000 --out tokenizer.json
     wakong inspect data/ --verify                                 # also check every shard's sha256
     wakong mask "the quick brown fox jumps over the lazy dog" --seed 1
@@ -43,6 +44,7 @@ _FLAGS = {  # flag attribute -> config key
     "vocab_size": "tokenizer.vocab_size",
     "seed": "seed",
     "num_shards": "output.num_shards",
+    "mode": "output.mode",
 }
 
 
@@ -91,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--vocab-size", type=_at_least(1), help="vocabulary size of a trained tokenizer")
     build.add_argument("--seed", type=int, help="mask seed")
     build.add_argument("--num-shards", type=_at_least(1), help="ArrayRecord shards per host")
+    build.add_argument("--mode", choices=["noised", "tokenized"],
+                       help="write noised examples (default) or tokenized documents to noise on the device")
     build.add_argument("--workers", type=_at_least(0), default=0,
                        help="worker processes building whole shards (0: in process); with --runner beam: DirectRunner "
                        "processes")
@@ -187,6 +191,8 @@ def _report_lines(manifest: dict, summary: dict | None) -> list[str]:
     ]
     for key, value in c["events"].items():
         lines.append(f"  {key.replace('_', ' '):<30} {value:>10,}")
+    if manifest["config"]["output"].get("mode") == "tokenized":
+        lines.append("mode              tokenized: unnoised documents, noised on the device (wakong.device_noise)")
     if manifest["process_count"] > 1:
         per_part = ", ".join(f"{p['counts']['records_in']:,}" for p in manifest["parts"])
         count = manifest["process_count"]
@@ -345,7 +351,8 @@ def _inspect(args: argparse.Namespace) -> int:
     dropped = sum(c["records_dropped"].values())
     print(f"dataset  {os.path.abspath(args.path)}: {len(info['parts'])} part(s), {len(info['files'])} shard(s)")
     print(f"records  in {c['records_in']:,}, written {c['records_written']:,}, dropped {dropped:,}")
-    print(f"examples {c['examples']:,}; tokens {c['tokens']:,}; seed {info['seed']}")
+    mode = info["config"]["output"].get("mode", "noised")
+    print(f"examples {c['examples']:,}; tokens {c['tokens']:,}; seed {info['seed']}; mode {mode}")
     print(f"tokenizer sha256 {tok.sha256}")
     if args.verify:
         checked = records.verify_shards(info)
@@ -356,7 +363,7 @@ def _inspect(args: argparse.Namespace) -> int:
             break
         for rec in records.read_shard(file, left):
             print(f"\n[record {rec['index']} part {rec['part']}]")
-            print("  source:", tok.decode(rec["input_ids"]))
+            print("  source:", tok.decode(rec["input_ids"]) if len(rec["input_ids"]) else "(noised on the device)")
             print("  target:", tok.decode(rec["labels"]))
             left -= 1
     return 0

@@ -107,14 +107,22 @@ class ExampleConfig:
                 raise ValueError(f"examples.{name} must be >= 3 (BOS, a token, EOS), got {getattr(self, name)}")
 
 
+#: What ``wakong build`` writes: noised examples, or tokenized documents for noising on the device.
+OUTPUT_MODES = ("noised", "tokenized")
+
+
 @dataclasses.dataclass(frozen=True)
 class OutputConfig:
-    """``num_shards`` ArrayRecord files per host."""
+    """``num_shards`` ArrayRecord files per host; ``mode``: ``noised`` (examples noised on the host, the
+    default) or ``tokenized`` (unnoised documents: token ids, word and sentence starts; the trainer noises
+    them on the device, :mod:`wakong.device_noise`, with the config's ``noise`` section as default)."""
 
     num_shards: int = 1
+    mode: str = "noised"
 
     def __post_init__(self):
         _positive("output.num_shards", self.num_shards)
+        _choice("output.mode", self.mode, OUTPUT_MODES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,10 +144,13 @@ class BuildConfig:
         return dataclasses.asdict(self)
 
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON of the settings that change the records (not paths or shards)."""
+        """sha256 of the canonical JSON of the settings that change the records (not paths or shards;
+        the output mode only when it is not the default, so noised datasets keep their fingerprints)."""
         d = self.to_dict()
         d["tokenizer"].pop("path")
-        d.pop("output")
+        mode = d.pop("output")["mode"]
+        if mode != "noised":
+            d["mode"] = mode
         if self.input.format not in ("parquet", "arrow"):  # unused: fingerprints stay those of earlier builds
             d["input"].pop("column")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
@@ -174,6 +185,7 @@ __all__ = [
     "ExampleConfig",
     "InputConfig",
     "NoiseConfig",
+    "OUTPUT_MODES",
     "OutputConfig",
     "SpanSpec",
     "TokenizerConfig",

@@ -16,7 +16,9 @@ For a batch of records:
    ``wakong==1.1.1`` algorithm for the default span constants). Only the draws run per example (per
    span, not per token); building the sources from the drawn schemes runs vectorised over the batch.
    Noises other than infilling, sentence permutation and random-token replacement (token masking,
-   deletion, rotation) take :func:`~wakong.infilling.noise_example` itself, per example;
+   deletion, rotation) take :func:`~wakong.infilling.noise_example` itself, per example. With
+   ``output.mode: tokenized`` nothing is drawn: the examples are written unnoised (labels, word and
+   sentence starts, no ``input_ids``) for :mod:`wakong.device_noise`;
 5. serialise (:func:`wakong.records.encode_records`, vectorised).
 
 :func:`record_seeds` reproduces grain's ``random_map`` generator (``Philox(seed)`` with counter
@@ -320,6 +322,9 @@ def _noise_and_encode(examples, ids: np.ndarray, config: BuildConfig, tok: TextT
     n_tokens = np.add.reduceat(piece_tokens, _starts(per_example))
     n_words = np.add.reduceat(piece_words, _starts(per_example))
     layout = (pieces, per_example, piece_words, word_first, word_lengths, n_tokens, n_words)
+    if config.output.mode == "tokenized":  # unnoised documents (no input_ids), noised on the device
+        _encode(examples, ids, None, None, layout, tok)
+        return
     # random replacement treats a mask id inside the text (a tokenizer whose mask is ordinary text) as a mask
     if _fast(noise) and not (noise.random_ratio and (ids == tok.mask_id).any()):
         order, schemes, values = _draws(examples, layout, config, tok)
@@ -455,12 +460,16 @@ def _sources(ids, order, schemes, values, layout, word_unit: bool, mask_id: int)
 
 
 def _encode(examples, ids, source, source_lengths, layout, tok: TextTokenizer) -> None:
-    """Serialises the batch (BOS/EOS added; word and sentence starts over the labels)."""
+    """Serialises the batch (BOS/EOS added; word and sentence starts over the labels); ``source=None``:
+    documents without ``input_ids`` (``output.mode: tokenized``)."""
     pieces, per_example, piece_words, word_first, _, n_tokens, _ = layout
     n = len(examples)
     first = np.asarray([chunk[0][0] for _, _, chunk in examples], np.int64)
     labels = _with_specials(ids[_ranges(first, n_tokens)], n_tokens, tok)
-    inputs = _with_specials(source, source_lengths, tok)
+    if source is None:
+        inputs, input_lengths, source_lengths = np.zeros(0, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    else:
+        inputs, input_lengths = _with_specials(source, source_lengths, tok), source_lengths + 2
     owner = np.repeat(np.arange(n), per_example)
     body_at = _starts(n_tokens) + 2 * np.arange(n) + 1 - first  # label position of token ``t`` of ``e``: t + body_at[e]
     word_starts = np.zeros(len(labels), bool)
@@ -472,7 +481,7 @@ def _encode(examples, ids, source, source_lengths, layout, tok: TextTokenizer) -
         parts.append(count.setdefault(id(outcome), len(outcome.records)))
         count[id(outcome)] += 1
     data = records.encode_records(
-        [outcome.index for outcome, _, _ in examples], parts, inputs, source_lengths + 2, labels,
+        [outcome.index for outcome, _, _ in examples], parts, inputs, input_lengths, labels,
         n_tokens + 2, word_starts, sentence_starts, wide=tok.vocab_size > 65536,
     )
     for (outcome, _, _), record, t, s in zip(examples, data, n_tokens.tolist(), source_lengths.tolist()):

@@ -164,7 +164,7 @@ def _replaced(out_dir: str, process_index: int, process_count: int) -> list[str]
 def part_identity(source, config: BuildConfig, tok: TextTokenizer, process_index: int = 0,
                   process_count: int = 1) -> dict:
     """What identifies the part a build command makes (for :func:`prepare_dir`)."""
-    return _identity(_part_manifest(source, config, tok, process_index, process_count))
+    return _identity(part_manifest(source, config, tok, process_index, process_count))
 
 
 def _identity(manifest: dict) -> dict:
@@ -378,7 +378,7 @@ def _build(source, out_dir, config, tokenizer, workers, process_index, process_c
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index must be in [0, {process_count}), got {process_index}")
     tok = resolve_tokenizer(config, source, tokenizer)  # everything is checked before out_dir is touched
-    manifest = _part_manifest(source, config, tok, process_index, process_count)
+    manifest = part_manifest(source, config, tok, process_index, process_count)
     reused = prepare_dir(out_dir, process_index, process_count, overwrite, _identity(manifest), resume)
     if reused is not None:
         return reused
@@ -386,14 +386,14 @@ def _build(source, out_dir, config, tokenizer, workers, process_index, process_c
     try:
         os.makedirs(staging, exist_ok=True)  # it exists when a killed build of this part left shards
     except OSError as err:
-        raise records._write_error(staging, err) from err
+        raise records.write_error(staging, err) from err
     try:
         records.write_json_atomic(os.path.join(staging, _PROGRESS), {"identity": _identity(manifest)})
         _phase("staging")
         try:
             tok.save(os.path.join(staging, tok.file_name))
         except OSError as err:
-            raise records._write_error(os.path.join(staging, tok.file_name), err) from err
+            raise records.write_error(os.path.join(staging, tok.file_name), err) from err
         _write_part(source, staging, config, tok, manifest, workers, progress, start)
         _phase("staged")
         records.check_interrupt()
@@ -415,7 +415,7 @@ def _phase(name: str) -> None:
     """Marks a phase of :func:`build` (tests replace it to inject failures and kills)."""
 
 
-def _part_manifest(source, config: BuildConfig, tok: TextTokenizer, process_index: int, process_count: int) -> dict:
+def part_manifest(source, config: BuildConfig, tok: TextTokenizer, process_index: int, process_count: int) -> dict:
     """The part manifest's settings, tokenizer and input (shards, counts and timing come with the build)."""
     tokenizer = {
         "file": tok.file_name,

@@ -224,7 +224,7 @@ _CAUSES = {  # errno -> what it means for a dataset write
 }
 
 
-def _write_error(path: str, err: Exception) -> BaseException:
+def write_error(path: str, err: Exception) -> BaseException:
     """A :class:`DatasetWriteError` naming ``path`` and the real cause of ``err`` (an ``Exception``).
 
     The errno comes from ``err`` (``OSError``) or, for ArrayRecord's ``RuntimeError``, from the
@@ -272,7 +272,7 @@ class ShardWriter:
                 self._writers[k] = opener(path)
         except Exception as err:
             self.abort()
-            raise _write_error(path, err) from err
+            raise write_error(path, err) from err
         except BaseException:  # an interruption: clean up, re-raise as is
             self.abort()
             raise
@@ -282,7 +282,7 @@ class ShardWriter:
             self._writers[shard].write(data)
         except Exception as err:
             self.abort()
-            raise _write_error(self._tmp[shard], err) from err
+            raise write_error(self._tmp[shard], err) from err
         except BaseException:
             self.abort()
             raise
@@ -294,7 +294,7 @@ class ShardWriter:
                 writer.close()
             except Exception as err:
                 self.abort()
-                raise _write_error(self._tmp[k], err) from err
+                raise write_error(self._tmp[k], err) from err
             except BaseException:
                 self.abort()
                 raise
@@ -307,7 +307,7 @@ class ShardWriter:
                 size, digest = os.path.getsize(path), file_sha256(path)
                 shards.append({"file": self.names[k], "records": self.counts[k], "bytes": size, "sha256": digest})
         except OSError as err:
-            raise _write_error(path, err) from err
+            raise write_error(path, err) from err
         return shards
 
     def abort(self) -> None:
@@ -353,7 +353,7 @@ def write_json_atomic(path: str, data: dict) -> None:
         if os.path.lexists(tmp):
             os.remove(tmp)
         if isinstance(err, OSError):
-            raise _write_error(path, err) from err
+            raise write_error(path, err) from err
         raise
 
 
@@ -425,7 +425,7 @@ def combine_parts(parts: list[dict]) -> dict:
     parts = sorted(parts, key=lambda p: p["process_index"])
     counts: dict = {}
     for part in parts:
-        _add_counts(counts, part["counts"])
+        add_counts(counts, part["counts"])
     return {**_summary(parts[0]), "counts": counts, "parts": parts}
 
 
@@ -546,9 +546,10 @@ def read_shard(file: str, limit: int | None = None) -> list[dict]:
         raise DatasetError(f"shard {file} is corrupt or unreadable: {reason}") from None
 
 
-def _add_counts(total: dict, counts: dict) -> None:
+def add_counts(total: dict, counts: dict) -> None:
+    """Adds ``counts`` (nested dicts of numbers) into ``total``, key by key, in place."""
     for key, value in counts.items():
         if isinstance(value, dict):
-            _add_counts(total.setdefault(key, {}), value)
+            add_counts(total.setdefault(key, {}), value)
         else:
             total[key] = total.get(key, 0) + value

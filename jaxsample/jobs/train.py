@@ -26,7 +26,10 @@ restores onto any mesh. Checkpoints record the dataset tokenizer's sha256 and vo
 refused, and so is evaluating it on such data (:mod:`jaxsample.evaluation.runner`). A truncated or
 corrupt checkpoint fails with one line naming it (:class:`jaxsample.models.checkpoint.CheckpointError`).
 Training batches re-noise every epoch (:func:`wakong.reader.batches` with ``renoise``) unless
-``renoise: false``.
+``renoise: false``. With ``noising: device`` the reader yields tokenized documents and the train step
+noises them (:class:`wakong.device_noise.DeviceNoiser`, the dataset's ``noise`` settings) with a key
+per example and epoch: fresh masks every epoch; the only way to train on datasets built with
+``output.mode: tokenized`` without noising on the host.
 
 Several hosts: run the same command on each with ``--distributed`` (or ``--coordinator``,
 ``--num-processes``, ``--process-id``), as for ``eval``; process 0 builds missing data, writes the
@@ -36,6 +39,7 @@ history, metrics and plot, and every process writes its shards of each checkpoin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -87,6 +91,7 @@ class TrainJobConfig:
     train: TrainConfig = TrainConfig(num_steps=600, learning_rate=3e-3, warmup_steps=60, log_every=10)
     batch_size: int = 32
     renoise: bool = True
+    noising: str = "host"
     parallel: ParallelConfig = ParallelConfig()
     heldout: DatasetConfig | None = None
     eval_every: int = 0
@@ -97,6 +102,8 @@ class TrainJobConfig:
     def __post_init__(self):
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.noising not in ("host", "device"):
+            raise ValueError(f"noising must be host or device, got {self.noising!r}")
         if not self.out:
             raise ValueError("out is required (the run directory)")
         for name in ("eval_every", "early_stopping", "checkpoint_every"):
@@ -128,15 +135,36 @@ def model_config(job: TrainJobConfig, tokenizer):
     return job.model.build(tokenizer.vocab_size, ids)
 
 
-def _data_stream(path: str, job: TrainJobConfig, local_rows: int, noise, state):
-    """``(iterator of this host's batches, get_state)``, resumed from ``state`` when given."""
-    from wakong.reader import batches
+def _data_stream(path: str, job: TrainJobConfig, local_rows: int, noise, states):
+    """``(iterator of this host's batches, reader iterator, restored)``, resumed from the checkpoint's
+    ``states`` (every host's) when they fit this number of hosts."""
+    from wakong.device_noise import DOCUMENT_KEYS
+    from wakong.reader import batches, restore_host_state
 
-    it = iter(batches(path, batch_size=local_rows, seed=job.seed, num_epochs=None,
-                      renoise=noise if job.renoise else None))
-    if state is not None:
-        it.set_state(state)
-    return ({k: b[k] for k in _BART_KEYS} for b in it), it.get_state
+    device = job.noising == "device"
+    it = iter(batches(path, batch_size=local_rows, seed=job.seed, num_epochs=None, documents=device,
+                      renoise=noise if job.renoise and not device else None))
+    restored = restore_host_state(it, states)
+    keys = DOCUMENT_KEYS + ("noise_keys",) if device else _BART_KEYS
+    return ({k: b[k] for k in keys} for b in it), it, restored
+
+
+def _device_noising(job: TrainJobConfig, info: dict, tokenizer):
+    """The train step's ``batch_fn``: the dataset's noise settings applied on the device (or None)."""
+    if job.noising != "device":
+        return None
+
+    from wakong.config import config_from_dict
+    from wakong.device_noise import DeviceNoiser
+
+    config = config_from_dict(info["config"])
+    noiser = DeviceNoiser.create(config.noise, tokenizer, max_source_len=config.examples.max_source_len,
+                                 max_target_len=config.examples.max_target_len)
+    return functools.partial(_noised, noiser, noiser.params(config.noise, tokenizer.random_ids))
+
+
+def _noised(noiser, params, batch):
+    return noiser(params, batch["noise_keys"], batch)
 
 
 def _heldout_batches(path: str, local_rows: int) -> list[dict]:
@@ -166,7 +194,7 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
     from jaxsample.models import parallel as P
     from jaxsample.models import train as T
     from wakong.config import config_from_dict
-    from wakong.reader import open_dataset
+    from wakong.reader import host_states, open_dataset
 
     main, hosts = distributed.is_main(), distributed.process_count()
     mesh = P.make_mesh()
@@ -195,7 +223,7 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
     if latest >= tc.num_steps:
         return Trained(directory, latest, True, history, 0.0)
     p_sh, o_sh = P.state_shardings_of(model, optimizer, mesh, job.parallel)
-    state, best = None, None
+    states, best = None, None
     if latest:
         like = jax.eval_shape(model.init, jax.random.key(0))
         restored = ckpt.restore(directory, config, step=latest, optimizer=optimizer,
@@ -203,15 +231,13 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
                                 opt_state_like=_with_shardings(jax.eval_shape(optimizer.init, like), o_sh))
         params, opt_state = restored.params, restored.opt_state
         states, best = restored.metadata.get("data_state"), restored.metadata.get("best_eval")
-        if states is not None and len(states) == hosts:
-            state = states[distributed.process_index()]
-        else:
-            quiet(f"the checkpoint has no data state for {hosts} host(s): the data order restarts")
         quiet(f"resuming from step {latest} in {directory}")
     else:
         params, opt_state = P.init_sharded(model, jax.random.key(job.seed), mesh, job.parallel), None
     local_rows = job.batch_size // hosts
-    stream, get_state = _data_stream(path, job, local_rows, config_from_dict(info["config"]).noise, state)
+    stream, reader, resumed = _data_stream(path, job, local_rows, config_from_dict(info["config"]).noise, states)
+    if latest and not resumed:
+        quiet(f"the checkpoint has no data state for {hosts} host(s): the data order restarts")
     evaluate = None
     if job.heldout is not None:
         held = _heldout_batches(job.heldout.path, local_rows)
@@ -241,19 +267,15 @@ def run(job: TrainJobConfig, *, relative_to: str | None = None, progress: bool =
             if main else None
         metrics_log.write("heldout", step, metrics)
 
-    def data_state() -> list:
-        import json as _json
-
-        mine = _json.dumps(get_state()).encode()
-        return [_json.loads(s) for s in distributed.allgather_bytes(mine)]
-
     try:
         result = T.train(model, params, stream, tc, opt_state=opt_state, start_step=latest, callback=callback,
                          checkpoint_dir=directory, checkpoint_every=job.checkpoint_every, mesh=mesh,
                          parallel=job.parallel, evaluate=evaluate, eval_every=job.eval_every,
-                         early_stopping=job.early_stopping, on_eval=on_eval, data_state=data_state, best_eval=best,
+                         early_stopping=job.early_stopping, on_eval=on_eval,
+                         data_state=functools.partial(host_states, reader), best_eval=best,
                          keep_checkpoints=job.keep_checkpoints,
-                         checkpoint_metadata={"tokenizer": ckpt.tokenizer_metadata(tokenizer)})
+                         checkpoint_metadata={"tokenizer": ckpt.tokenizer_metadata(tokenizer)},
+                         batch_fn=_device_noising(job, info, tokenizer))
     finally:
         bar.close()
         metrics_log.close()

@@ -82,10 +82,12 @@ class _BartNet(nn.Module):
         x = x + table(jnp.clip(positions, 0, c.max_len - 1))
         return self.dropout(norm(x), deterministic=deterministic)
 
-    def encode(self, input_ids: Array, attention_mask: Array, deterministic: bool = True) -> Array:
-        positions = layers.default_positions(input_ids)
+    def encode(self, input_ids: Array, attention_mask: Array, deterministic: bool = True,
+               positions: Array | None = None, segments: Array | None = None) -> Array:
+        positions = layers.default_positions(input_ids) if positions is None else positions
         x = self._embed(input_ids, positions, self.encoder_positions, self.encoder_embed_norm, deterministic)
-        mask = layers.padding_mask(attention_mask, input_ids.shape[1])
+        mask = (layers.padding_mask(attention_mask, input_ids.shape[1]) if segments is None
+                else layers.segment_mask(segments, segments))
         for layer in self.encoder_layers:
             x, _ = layer(x, positions, mask, deterministic=deterministic)
         return self.encoder_final_norm(x) if self.config.norm_first else x
@@ -95,21 +97,24 @@ class _BartNet(nn.Module):
 
     def decode(self, tokens: Array, positions: Array, cross: tuple[KVCache, ...], encoder_mask: Array,
                cache: DecoderCache | None = None, deterministic: bool = True,
-               exits: tuple[int, ...] = ()) -> StepOutput:
+               exits: tuple[int, ...] = (), segments: Array | None = None) -> StepOutput:
         dtype = self.config.compute_dtype
         x = self._embed(tokens, positions, self.decoder_positions, self.decoder_embed_norm, deterministic)
         x, cache, taps = layers.decoder_stack(self.decoder_layers, x, positions, cache, (cross, encoder_mask),
-                                              deterministic, exits)
+                                              deterministic, exits, segments)
         if self.config.norm_first:
             x = self.decoder_final_norm(x)
         logits = layers.lm_logits(self.shared.embedding, x, dtype, self.logits_bias)
         return StepOutput(logits, cache, x.astype(jnp.float32), layers.exit_logits(self.shared.embedding, taps, dtype))
 
     def __call__(self, input_ids: Array, attention_mask: Array, decoder_input_ids: Array,
-                 decoder_positions: Array, deterministic: bool = True) -> StepOutput:
-        encoded = self.encode(input_ids, attention_mask, deterministic)
-        return self.decode(decoder_input_ids, decoder_positions, self.cross_kv(encoded), attention_mask, None,
-                           deterministic)
+                 decoder_positions: Array, deterministic: bool = True, encoder_positions: Array | None = None,
+                 encoder_segments: Array | None = None, decoder_segments: Array | None = None) -> StepOutput:
+        encoded = self.encode(input_ids, attention_mask, deterministic, encoder_positions, encoder_segments)
+        cross_mask = attention_mask if decoder_segments is None else layers.segment_mask(decoder_segments,
+                                                                                           encoder_segments)
+        return self.decode(decoder_input_ids, decoder_positions, self.cross_kv(encoded), cross_mask, None,
+                           deterministic, segments=decoder_segments)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +199,9 @@ class Bart:
 
     def __call__(self, params: Any, input_ids: ArrayLike, attention_mask: ArrayLike | None,
                  decoder_input_ids: ArrayLike, decoder_positions: ArrayLike | None = None, *,
-                 dropout_rng: Array | None = None) -> StepOutput:
+                 dropout_rng: Array | None = None, encoder_positions: ArrayLike | None = None,
+                 encoder_segment_ids: ArrayLike | None = None,
+                 decoder_segment_ids: ArrayLike | None = None) -> StepOutput:
         """Full teacher-forced forward pass (training); ``cache`` of the output is ``None``.
 
         Args:
@@ -202,7 +209,13 @@ class Bart:
           decoder_input_ids: ``int32[B, T]``, labels shifted right behind ``decoder_start_id``.
           decoder_positions: ``int32[B, T]``, default ``arange(T)``; ``-1`` marks padding.
           dropout_rng: enables dropout (training) when given.
+          encoder_positions: ``int32[B, S]`` (default ``arange(S)``), e.g. restarting in each packed example.
+          encoder_segment_ids, decoder_segment_ids: ``int32[B, S]`` / ``int32[B, T]`` packed-example ids
+            (0: padding), given together: tokens attend only within their example (encoder, decoder
+            self- and cross-attention), as :func:`wakong.features.attention_masks` describes.
         """
+        if (encoder_segment_ids is None) != (decoder_segment_ids is None):
+            raise ValueError("give encoder_segment_ids and decoder_segment_ids together (packed examples)")
         input_ids, mask = self._check_encoder(input_ids, attention_mask)
         dec = jnp.asarray(decoder_input_ids, jnp.int32)
         positions = layers.default_positions(dec) if decoder_positions is None else decoder_positions
@@ -211,4 +224,12 @@ class Bart:
             raise ValueError(f"decoder batch {dec.shape[0]} differs from encoder batch {input_ids.shape[0]}")
         if dec.shape[1] > self.config.max_len:
             raise ValueError(f"decoder length {dec.shape[1]} exceeds config.max_len={self.config.max_len}")
-        return layers.apply(self.module, params, input_ids, mask, dec, positions, dropout_rng=dropout_rng)
+        packed = {}
+        if encoder_segment_ids is not None:
+            packed = {"encoder_segments": jnp.asarray(encoder_segment_ids, jnp.int32),
+                      "decoder_segments": jnp.asarray(decoder_segment_ids, jnp.int32)}
+            if packed["encoder_segments"].shape != input_ids.shape or packed["decoder_segments"].shape != dec.shape:
+                raise ValueError("segment ids must have the shapes of input_ids and decoder_input_ids")
+        if encoder_positions is not None:
+            packed["encoder_positions"] = jnp.asarray(encoder_positions, jnp.int32)
+        return layers.apply(self.module, params, input_ids, mask, dec, positions, dropout_rng=dropout_rng, **packed)

@@ -77,6 +77,15 @@ def padding_mask(valid: Array, num_queries: int) -> Array:
     return jnp.broadcast_to(valid[:, None, :], (valid.shape[0], num_queries, valid.shape[1]))
 
 
+def segment_mask(queries: Array, keys: Array) -> Array:
+    """``bool[B, T, S]``: a query sees the keys of its own packed example (segment ids ``> 0``; 0 is padding).
+
+    >>> segment_mask(jnp.array([[1, 1, 2]]), jnp.array([[1, 2, 0]])).astype(int).tolist()
+    [[[1, 0, 0], [1, 0, 0], [0, 1, 0]]]
+    """
+    return (queries[:, :, None] == keys[:, None, :]) & (queries[:, :, None] > 0)
+
+
 def cache_write(positions: Array, max_len: int) -> CacheWrite:
     """Slots written by tokens at ``positions: int32[B, T]`` (``< 0`` or ``>= max_len`` write nothing)."""
     if positions.shape[1] == 1:
@@ -281,6 +290,7 @@ def decoder_stack(
     cross: tuple[tuple[KVCache, ...], Array] | None,
     deterministic: bool,
     exits: tuple[int, ...] = (),
+    segments: Array | None = None,
 ) -> tuple[Array, DecoderCache | None, tuple[Array, ...]]:
     """Runs causal ``blocks`` over ``x: [B, T, D]``, full-sequence (``cache=None``) or against a cache.
 
@@ -289,21 +299,27 @@ def decoder_stack(
     and masks slots the same way (``cache_mask``).
 
     Args:
-      cross: ``(per-layer encoder keys/values, encoder valid mask bool[B, S])`` for encoder-decoders.
+      cross: ``(per-layer encoder keys/values, encoder valid mask bool[B, S])`` for encoder-decoders,
+        or a full cross-attention mask ``bool[B, T, S]`` (packed examples).
       exits: layer indices whose output is also returned (``0``: the input ``x``, ``i``: after block ``i``).
+      segments: ``int32[B, T]`` packed-example ids (full-sequence path): a token attends only within its
+        example (positions restart at 0 in each).
 
     Returns:
       ``(x, cache, hidden states [B, T, D] after each layer of exits)``.
     """
     if cache is None:
         slots, written, mask, caches = None, None, causal_mask(positions), (None,) * len(blocks)
+        if segments is not None:
+            mask = mask & segment_mask(segments, segments)
     else:
         slots = cache_write(positions, cache.written.shape[1])
         written = cache.written | slots.hit
         mask, caches = cache_mask(positions, written), cache.layers
     new, taps = [], [x]
     for i, block in enumerate(blocks):
-        layer_cross = None if cross is None else (cross[0][i], padding_mask(cross[1], x.shape[1]))
+        layer_cross = None if cross is None else (
+            cross[0][i], cross[1] if cross[1].ndim == 3 else padding_mask(cross[1], x.shape[1]))
         x, c = block(x, positions, mask, caches[i], slots, layer_cross, deterministic)
         new.append(c)
         taps.append(x)

@@ -11,7 +11,12 @@ Batches are dicts of ``[B, ...]`` arrays:
   exactly on real label positions, EOS included and nothing after it), optional
   ``decoder_attention_mask``. The prediction at decoder position ``t`` is scored against
   ``labels[:, t]``: no further shift, so the off-by-one of training on the padding after EOS cannot
-  creep in as long as ``loss_mask`` is ``labels != pad`` (see :func:`shift_right`).
+  creep in as long as ``loss_mask`` is ``labels != pad`` (see :func:`shift_right`). Packed rows
+  (:mod:`wakong.features`, ``hf`` layout with ``pack=True``) add ``segment_ids``, ``position_ids``,
+  ``decoder_segment_ids``, ``decoder_position_ids``; attention then stays within each example.
+
+A train step may first turn the batch into these features on the device (``batch_fn``, e.g. a
+:class:`wakong.device_noise.DeviceNoiser` noising tokenized documents).
 
 The loss is the mean cross-entropy over all ``loss_mask`` positions of the batch (token-weighted).
 """
@@ -36,6 +41,7 @@ from jaxsample.models.layers import positions_from_mask
 Batch = Mapping[str, Array]
 _LM_KEYS = ("input_ids", "loss_mask")
 _BART_KEYS = ("input_ids", "attention_mask", "decoder_input_ids", "labels", "loss_mask")
+_PACKED_KEYS = ("segment_ids", "position_ids", "decoder_segment_ids", "decoder_position_ids")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -153,8 +159,15 @@ def bart_loss(model, params: Any, batch: Batch,
     _require(batch, _BART_KEYS, "BART")
     dec_mask = batch.get("decoder_attention_mask")
     positions = None if dec_mask is None else positions_from_mask(dec_mask)
+    packed = {}
+    if any(k in batch for k in _PACKED_KEYS):
+        _require(batch, _PACKED_KEYS, "packed BART")
+        segments = jnp.asarray(batch["decoder_segment_ids"], jnp.int32)
+        positions = jnp.where(segments > 0, batch["decoder_position_ids"], -1)
+        packed = {"encoder_positions": batch["position_ids"], "encoder_segment_ids": batch["segment_ids"],
+                  "decoder_segment_ids": segments}
     logits = model(params, batch["input_ids"], batch["attention_mask"], batch["decoder_input_ids"], positions,
-                   dropout_rng=dropout_rng).logits
+                   dropout_rng=dropout_rng, **packed).logits
     return masked_cross_entropy(logits, batch["labels"], batch["loss_mask"])
 
 
@@ -169,7 +182,7 @@ def _uses_dropout(model) -> bool:
 
 def make_train_step(model, optimizer: optax.GradientTransformation, *, dropout: bool = True, donate: bool = False,
                     loss_fn: Callable | None = None, grad_accum: int = 1,
-                    shardings: tuple[Any, Any, Any] | None = None) -> Callable:
+                    shardings: tuple[Any, Any, Any] | None = None, batch_fn: Callable | None = None) -> Callable:
     """Jitted ``(params, opt_state, batch, rng) -> (params, opt_state, metrics)``.
 
     Args:
@@ -181,6 +194,7 @@ def make_train_step(model, optimizer: optax.GradientTransformation, *, dropout: 
       grad_accum: micro-batches per step (:func:`jaxsample.models.parallel.accumulated_grads`).
       shardings: ``(mesh, param_shardings, opt_state_shardings)`` to jit over a device mesh
         (:mod:`jaxsample.models.parallel`); default: a plain ``jax.jit``.
+      batch_fn: ``batch -> batch`` run first inside the step (e.g. device noising of documents).
 
     ``metrics`` holds ``loss``, ``accuracy``, ``tokens`` (masked positions) and ``grad_norm``
     (before clipping), all float32 scalars left on device.
@@ -192,6 +206,7 @@ def make_train_step(model, optimizer: optax.GradientTransformation, *, dropout: 
         return loss_fn(model, p, batch, rng if use_dropout else None)
 
     def step(params, opt_state, batch, rng):
+        batch = batch if batch_fn is None else batch_fn(batch)
         grads, metrics = _parallel.accumulated_grads(objective, params, batch, rng, grad_accum)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
@@ -230,19 +245,21 @@ def evaluate_batches(eval_step: Callable, params: Any, batches: Iterable[Batch])
     return {"loss": sums["loss"] / n, "accuracy": sums["accuracy"] / n, "tokens": sums["tokens"]}
 
 
-def _loop_step(model, config: TrainConfig, mesh=None, parallel: _parallel.ParallelConfig | None = None) -> Callable:
+def _loop_step(model, config: TrainConfig, mesh=None, parallel: _parallel.ParallelConfig | None = None,
+               batch_fn: Callable | None = None) -> Callable:
     """The donating step :func:`train` uses, cached so repeated runs of one setup compile once."""
-    return _cached_step(model, dataclasses.replace(config, seed=0, log_every=1), mesh, parallel)  # neither is compiled in
+    # neither the seed nor log_every is compiled in
+    return _cached_step(model, dataclasses.replace(config, seed=0, log_every=1), mesh, parallel, batch_fn)
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_step(model, config: TrainConfig, mesh, parallel) -> Callable:
+def _cached_step(model, config: TrainConfig, mesh, parallel, batch_fn) -> Callable:
     optimizer = make_optimizer(config)
     if mesh is None:
-        return make_train_step(model, optimizer, dropout=config.dropout, donate=True)
+        return make_train_step(model, optimizer, dropout=config.dropout, donate=True, batch_fn=batch_fn)
     shardings = (mesh, *_parallel.state_shardings_of(model, optimizer, mesh, parallel))
     return make_train_step(model, optimizer, dropout=config.dropout, donate=True, grad_accum=parallel.grad_accum,
-                           shardings=shardings)
+                           shardings=shardings, batch_fn=batch_fn)
 
 
 class TrainResult(NamedTuple):
@@ -292,6 +309,7 @@ def train(
     best_eval: float | None = None,
     keep_checkpoints: int | None = None,
     checkpoint_metadata: dict | None = None,
+    batch_fn: Callable | None = None,
 ) -> TrainResult:
     """Runs the jitted step from ``start_step`` to ``config.num_steps`` (or until ``batches`` runs out).
 
@@ -316,6 +334,8 @@ def train(
       data_state: returns the data iterator's state after the batches consumed so far (saved in
         each checkpoint so a resumed run continues with exactly the next batch).
       keep_checkpoints: keep only the newest this many checkpoints (``None``: all).
+      batch_fn: ``batch -> batch`` applied inside the jitted step before the loss (a hashable
+        callable, e.g. device noising: ``batches`` then yields what it consumes).
 
     Returns:
       :class:`TrainResult`; metrics are only copied to the host every ``log_every`` steps, so the
@@ -334,7 +354,7 @@ def train(
     if mesh is not None and parallel is None:
         parallel = _parallel.ParallelConfig()
     optimizer = make_optimizer(config)
-    step_fn = _loop_step(model, config, mesh, parallel)
+    step_fn = _loop_step(model, config, mesh, parallel, batch_fn)
     if mesh is None:
         params = jax.tree.map(jnp.copy, params)
         opt_state = optimizer.init(params) if opt_state is None else jax.tree.map(jnp.copy, opt_state)
