@@ -358,12 +358,11 @@ def test_swallowed_ctrl_c_still_stops_the_build(tmp_path, corpus, tok_file, refe
     assert dataset_files(out) == before
 
 
-def _as_from_a_terminal() -> None:
-    """In the child before exec: SIGINT handled and not blocked, as a shell started from a terminal has it
-    (a test process may have inherited it ignored or blocked from its runner: the child would inherit that
-    too, and a Ctrl-C could never reach it)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+#: ``python -m wakong.cli`` with SIGINT handled and unblocked first, as in a process started from a terminal
+#: (the test process may have it ignored or blocked, which a child would inherit: no Ctrl-C could reach it).
+AS_FROM_A_TERMINAL = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                      "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT]); "
+                      "runpy.run_module('wakong.cli', run_name='__main__', alter_sys=True)")
 
 
 def test_ctrl_c_during_a_build_with_workers(tmp_path, tok_file):
@@ -371,9 +370,9 @@ def test_ctrl_c_during_a_build_with_workers(tmp_path, tok_file):
     out = tmp_path / "data"
     argv = ["build", "--corpus", "pydoc", "--repeat", "30", "--out", str(out), "--tokenizer", tok_file,
             "--workers", "2", "--num-shards", "4", "--no-progress", "--no-plots"]
-    process = subprocess.Popen([sys.executable, "-m", "wakong.cli", *argv], cwd=ROOT, start_new_session=True,
+    process = subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, *argv], cwd=ROOT, start_new_session=True,
                                env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, preexec_fn=_as_from_a_terminal)
+                               text=True)
     staging = records.staging_dir(str(out), 0, 1)
     deadline = time.monotonic() + 240
     while not (os.path.isdir(staging) and any(".tmp-" in n for n in os.listdir(staging))):
