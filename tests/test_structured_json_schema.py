@@ -426,6 +426,13 @@ def test_empty_containers_have_one_whitespace_run(whitespace):
     assert d.matches(b"{ }") and d.matches(b'{"a":[ ]}') and d.matches(b"{\n}")
     if whitespace == "bounded":  # one run of at most one space (or a newline and indentation)
         assert not d.matches(b"{  }") and not d.matches(b'{"a":[  ]}') and not d.matches(b"{ \n}")
+        from jaxsample import structured as st
+
+        pieces = ["<eos>", "{", "  ", " ", "}", '"a"', ":", "[", "]"]
+        v = st.Vocabulary.from_pieces(pieces, kind="raw", special_ids=[0], eos_ids=[0])
+        g = st.compile_json_schema({"type": "object", "properties": {"a": {"type": "array"}}}, v, whitespace="bounded")
+        after_brace = g.allowed(g.walk([1]))
+        assert not after_brace[2] and after_brace[3] and after_brace[5]  # "  " would have forced "}"
 
 
 def test_whitespace_options_match_the_host_engines():
@@ -450,9 +457,14 @@ def test_negative_zero_is_an_integer():
 
 
 def test_one_of_overlap_is_refused_even_when_the_compiled_branches_are_disjoint():
-    # The compiled languages of these branches are disjoint ("1.0" is a number, "1" an integer), but the
-    # value 1 is valid under both: a oneOf proof must reason on values, not on the compiled bytes.
-    with pytest.raises(am.GrammarError, match="oneOf"):
-        schema_expr({"oneOf": [{"type": "number", "minimum": 0.5}, {"type": "integer"}]})
+    # Closed by default, the compiled branches are disjoint ({"a":1} vs {"b":"x"}), but the value
+    # {"a": 1} is valid under both (the second branch is open in JSON Schema), so it is not valid
+    # under oneOf: a oneOf proof must reason on the schemas' values, not on the compiled bytes.
+    schema = {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                        {"type": "object", "properties": {"b": {"type": "string"}}}]}  # fmt: skip
+    assert not validator(schema).is_valid({"a": 1})
+    with pytest.raises(am.GrammarError) as e:
+        schema_expr(schema)
+    assert e.value.keyword == "oneOf" and e.value.pointer == "/oneOf"
     d = am.compile_expr(schema_expr({"oneOf": [{"type": "number", "maximum": 0}, {"type": "integer", "minimum": 1}]}))
     assert d.matches(b"-0.5") and d.matches(b"3") and not d.matches(b"0.5")
