@@ -138,8 +138,12 @@ def is_hostname(s: str) -> bool:
 
 
 def is_idn_hostname(s: str) -> bool:
-    import idna
-
+    """IDNA 2008 via ``idna`` (as ``jsonschema``); without it, the ASCII rule (lower-case LDH labels,
+    no ``--`` in positions 3-4)."""
+    try:
+        import idna
+    except ImportError:
+        return is_hostname(s) and s == s.lower() and all(label[2:4] != "--" for label in s.split("."))
     try:
         idna.encode(s)
     except idna.IDNAError:

@@ -141,6 +141,9 @@ _REGEX_FORMATS = {
 }
 _ATEXT = r"[A-Za-z0-9!#$%&'*+\-/=?^_`{|}~]"
 
+#: Formats whose language is exactly the RFC's (the others are the subsets above).
+EXACT = frozenset({"duration", "ipv4", "ipv6", "uuid", "uri", "uri-reference", "uri-template", "json-pointer",
+                   "relative-json-pointer"})  # fmt: skip
 #: Formats of JSON Schema 2020-12 that are not supported (``regex``: not a regular language).
 UNSUPPORTED = ("regex",)
 FORMATS = tuple(sorted([*_REGEX_FORMATS, "email", "idn-email", "idn-hostname"]))

@@ -49,7 +49,6 @@ import contextlib
 import functools
 import json
 import math
-from decimal import Decimal
 from typing import Any
 
 from jaxsample.structured import dfa_ops, formats
@@ -67,163 +66,38 @@ from jaxsample.structured.automaton import (
     alt,
     chars,
     compile_expr,
-    complement,
-    intersects,
     lit,
-    normalise_ranges,
     opt,
     repeat,
     seq,
     star,
 )
+from jaxsample.structured.json_objects import ObjectBuilder
+from jaxsample.structured.json_text import (
+    JSON_WS,
+    STRING_BODY,
+    STRING_CHAR,
+    canonical_json,
+    escape,
+    json_encoded,
+    names_dfa,
+    search_dfa,
+    search_expr,
+)
 from jaxsample.structured.numbers import integer_range, multiple_of, number_range, plain_decimals
+from jaxsample.structured.schema_disjoint import Disjoint
 from jaxsample.structured.schema_merge import error
 
 WHITESPACE_MODES = ("free", "compact", "bounded")
 PROPERTY_ORDERS = ("any", "schema")
-_JSON_WS = chars(" \t\n\r")
-_HEX = chars("0-9a-fA-F")
-# DEL is legal JSON but excluded unescaped (as llguidance and llama.cpp do): a harmless over-constraint.
-_UNESCAPED = complement(((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F)))
-_SHORT_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
-# Escapes are the canonical ones (as llguidance emits): short escapes except the redundant "\/", and
-# "\uXXXX" only for the characters that cannot appear raw (U+0000-U+001F, DEL). Every other
-# character is written as itself: an over-constraint that keeps outputs valid and canonical.
-_U_ESCAPE = seq(lit("u00"), alt(seq(chars("01"), _HEX), seq(lit("7"), chars("fF"))))
-_STRING_CHAR = alt(Chars(_UNESCAPED), seq(lit("\\"), alt(chars('"\\\\bfnrt'), _U_ESCAPE)))
-_STRING_BODY = star(_STRING_CHAR)
-_ANY_CHAR = Chars(complement(()))
-_ALL_TYPES = ("object", "array", "string", "number", "boolean", "null")
-_FAMILIES = {
-    "object": {"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
-               "minProperties", "maxProperties", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
-               "_presence"},
-    "array": {"items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains", "minContains",
-              "unevaluatedItems"},
-    "string": {"minLength", "maxLength", "_patterns", "_formats"},
-    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
-}  # fmt: skip
-#: Keywords that constrain values (others next to ``enum`` are annotations or unknown: ignored).
-_CONSTRAINTS = frozenset().union(*_FAMILIES.values(), {"_not", "_not_strings", "allOf", "anyOf", "oneOf", "$ref",
-                                                        "dependentSchemas"})  # fmt: skip
 #: Most values an item set may have for ``uniqueItems`` (the array tracks the subset used).
 MAX_UNIQUE_VALUES = 8
-
-
-def _escape(text: str) -> str:
-    """Canonical JSON encoding of a string's characters (no quotes)."""
-    return "".join(_SHORT_ESCAPES.get(ord(c), f"\\u{ord(c):04x}" if ord(c) < 0x20 or c == "\x7f" else c) for c in text)
-
-
-def _escapes(cp: int):
-    """Every escape ``_STRING_CHAR`` accepts for code point ``cp`` (short form, ``\\u00XX`` in either case)."""
-    forms = [lit(_SHORT_ESCAPES[cp])] if cp in _SHORT_ESCAPES else []
-    if cp < 0x20 or cp == 0x7F:
-        low = f"{cp & 15:x}"
-        forms.append(seq(lit(f"\\u00{cp >> 4:x}"), chars(low + low.upper())))
-    return alt(*forms)
-
-
-def _encoded_literal(text: str):
-    """Every JSON encoding (between the quotes) of ``text`` that strings accept."""
-    return _json_encoded(lit(text)) if text else EPSILON
-
-
-def canonical_json(value) -> str:
-    """Compact JSON text with this module's canonical string escapes."""
-    if isinstance(value, str):
-        return f'"{_escape(value)}"'
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{canonical_json(k)}:{canonical_json(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ",".join(map(canonical_json, value)) + "]"
-    return json.dumps(value)
-
-
-def _json_encoded(expr):
-    """Maps an expression over decoded string characters to one over their JSON encodings."""
-    if isinstance(expr, Chars):
-        plain = normalise_ranges(
-            (max(lo, a), min(hi, b)) for lo, hi in expr.ranges for a, b in _UNESCAPED if max(lo, a) <= min(hi, b)
-        )
-        escaped = []
-        for lo, hi in expr.ranges:
-            for cp in [*range(lo, min(hi, 0x5C) + 1), *([0x7F] if lo <= 0x7F <= hi else [])]:
-                if cp < 0x20 or cp in (0x22, 0x5C, 0x7F):
-                    escaped.append(_escapes(cp))
-        return alt(*([Chars(plain)] if plain else []), *escaped)
-    if isinstance(expr, Seq):
-        return seq(*map(_json_encoded, expr.items))
-    if isinstance(expr, Alt):
-        return alt(*map(_json_encoded, expr.items))
-    if isinstance(expr, Repeat):
-        return repeat(_json_encoded(expr.item), expr.lo, expr.hi)
-    if formats.is_json_safe(expr):
-        return expr
-    raise TypeError(expr)
-
-
-@functools.lru_cache(maxsize=512)
-def _search_dfa(pattern: str) -> ByteDFA:
-    """Byte DFA of the JSON-encoded strings in which ``pattern`` finds a match (ECMAScript ``search``)."""
-    return compile_expr(_json_encoded(_search_expr(pattern)))
-
-
-def _search_expr(pattern: str):
-    """Strings in which ``pattern`` finds a match; each top-level alternative has its own anchors."""
-    branches = []
-    for part in _top_level_alternatives(pattern):
-        anchored_start = part.startswith("^")
-        anchored_end = part.endswith("$") and not part.endswith("\\$")
-        expr = _regex.parse_regex(part)
-        anything = star(_ANY_CHAR)
-        branches.append(seq(EPSILON if anchored_start else anything, expr, EPSILON if anchored_end else anything))
-    return alt(*branches)
-
-
-def _top_level_alternatives(pattern: str) -> list[str]:
-    """``pattern`` split at the ``|`` outside groups and classes."""
-    parts, depth, i, in_class, start = [], 0, 0, False, 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-            j = i + 1 + (pattern[i + 1 : i + 2] == "^")
-            if pattern[j : j + 1] == "]":  # "[]...]", "[^]...]": a literal ] first
-                i = j
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            parts.append(pattern[start:i])
-            start = i + 1
-        i += 1
-    return [*parts, pattern[start:]]
-
-
-@functools.lru_cache(maxsize=64)
-def _body_dfa() -> ByteDFA:
-    return compile_expr(_STRING_BODY)
-
-
-def _names_dfa(names) -> ByteDFA:
-    """DFA of every JSON encoding (between the quotes) of the given strings."""
-    names = list(names)
-    return compile_expr(alt(*map(_encoded_literal, names))) if names else dfa_ops.EMPTY_DFA
+_ANY_SIZES: dict = {}  # DFA states of generic values, per whitespace options and depth
 
 
 def _is_type(value, t: str) -> bool:
     jt = sm.json_type(value)
     return jt == t or (t == "number" and jt == "integer")
-
-
-_ANY_SIZES: dict = {}  # DFA states of generic values, per whitespace options and depth
 
 
 # -------------------------------------------------------------------------------------- compiler
@@ -241,14 +115,14 @@ class _Compiler:
             raise ValueError(f"unknown_formats must be 'ignore' or 'error', got {opts['unknown_formats']!r}")
         if ws_pattern is not None:
             self.ws = _regex.parse_regex(ws_pattern)
-            if not dfa_ops.is_empty(dfa_ops.difference(compile_expr(self.ws), compile_expr(star(_JSON_WS)))):
+            if not dfa_ops.is_empty(dfa_ops.difference(compile_expr(self.ws), compile_expr(star(JSON_WS)))):
                 raise ValueError(f"whitespace_pattern {ws_pattern!r} matches more than JSON whitespace [ \\t\\n\\r]*")
         elif mode == "compact":
             self.ws = EPSILON
         elif mode == "bounded":
             self.ws = opt(alt(lit(" "), seq(lit("\n"), repeat(chars(" \t"), 0, int(opts["max_whitespace"])))))
         else:
-            self.ws = star(_JSON_WS)
+            self.ws = star(JSON_WS)
         seps = opts["separators"]
         if seps is not None:
             if len(seps) != 2:
@@ -266,7 +140,7 @@ class _Compiler:
         self._any: dict[int, Any] = {}
         self._sizes: dict[int, tuple[Any, int]] = {}
         self._anchors = None
-        self.string = seq(lit('"'), _STRING_BODY, lit('"'))
+        self.string = seq(lit('"'), STRING_BODY, lit('"'))
 
     def sub(self, **changes) -> "_Compiler":
         """A compiler for the same document with other options (e.g. compact whitespace for checks)."""
@@ -416,14 +290,14 @@ class _Compiler:
 
     def name_schema(self, obj: dict, name: str):
         """The schema an object applies to an undeclared property ``name``."""
-        matching = [v for p, v in obj.get("patternProperties", {}).items() if self.pattern_dfa(p, "").matches(_escape(name).encode())]
+        matching = [v for p, v in obj.get("patternProperties", {}).items() if self.pattern_dfa(p, "").matches(escape(name).encode())]
         if matching:
             return matching[0] if len(matching) == 1 else {"allOf": matching}
         return obj.get("additionalProperties", True)
 
     def pattern_dfa(self, pattern, path: str) -> ByteDFA:
         try:
-            return _search_dfa(pattern)
+            return search_dfa(pattern)
         except GrammarError as e:
             raise error(path, "pattern", str(e)) from None
 
@@ -463,8 +337,8 @@ class _Compiler:
             return self.enum(s, path)
         types = sm.types_of(s)
         if types is None:
-            implied = [t for t, keys in _FAMILIES.items() if keys & s.keys()]
-            types = implied or list(_ALL_TYPES)
+            implied = [t for t, keys in sm.FAMILIES.items() if keys & s.keys()]
+            types = implied or list(sm.ALL_TYPES)
         return alt(*(self.typed(s, t, path) for t in types))
 
     def dependent_schemas(self, s, path):
@@ -500,7 +374,7 @@ class _Compiler:
         types = sm.types_of(s)
         if types is not None:
             values = [v for v in values if any(_is_type(v, t) for t in types)]
-        rest = {k: v for k, v in s.items() if k in _CONSTRAINTS}
+        rest = {k: v for k, v in s.items() if k in sm.VALUE_KEYWORDS}
         texts = list(dict.fromkeys(canonical_json(v) for v in values))
         if rest and texts:  # keep the values the sibling keywords accept (objects: open, any depth)
             checker = self.sub(whitespace="compact", whitespace_pattern=None, separators=None, open_objects=True,
@@ -522,7 +396,7 @@ class _Compiler:
             keys = {k for k in v if k not in sm.ANNOTATIONS and not k.startswith("x-")}
             if keys == {"type"}:
                 banned = sm.types_of(v)
-                mine = sm.types_of(s) or set(_ALL_TYPES) | {"integer"}
+                mine = sm.types_of(s) or set(sm.ALL_TYPES) | {"integer"}
                 if "number" in banned:
                     banned = banned | {"integer"}
                 left = {t for t in mine if t not in banned}
@@ -533,7 +407,7 @@ class _Compiler:
                 s["type"] = sorted(left)
             elif keys and sm.presence_only(v) and (sm.types_of(v) in (None, {"object"})):
                 s["_presence"] = [*s.get("_presence", []), ("not", sm.presence_predicate(v))]
-            elif keys and keys <= _FAMILIES["string"] | {"enum", "type"} and sm.types_of(v) in (None, {"string"}) and all(
+            elif keys and keys <= sm.FAMILIES["string"] | {"enum", "type"} and sm.types_of(v) in (None, {"string"}) and all(
                 isinstance(x, str) for x in v.get("enum", []) or [""]
             ):
                 s["_not_strings"] = [*s.get("_not_strings", []), v]
@@ -609,23 +483,23 @@ class _Compiler:
             elif f in formats.UNSUPPORTED or self.opts["unknown_formats"] == "error":
                 raise error(path, "format", f"format {f!r} is not supported (known: {', '.join(formats.FORMATS)})")
             # other names are annotations (JSON Schema 2020-12 format-annotation; validators ignore them)
-        length = repeat(_STRING_CHAR, lo, hi)
+        length = repeat(STRING_CHAR, lo, hi)
         nots = s.get("_not_strings", [])
         if not parts and not nots:
             return length
         if len(parts) == 1 and not nots and lo == 0 and hi is None:
             kind, x = parts[0]
             if kind == "format":
-                return _json_encoded(formats.format_expr(x))
+                return json_encoded(formats.format_expr(x))
             try:
-                return _json_encoded(_search_expr(x))
+                return json_encoded(search_expr(x))
             except GrammarError as e:
                 raise error(path, "pattern", str(e)) from None
         for kind, x in parts:
             if kind == "pattern":
                 dfas.append(self.pattern_dfa(x, path))
             else:
-                dfas.append(compile_expr(_json_encoded(formats.format_expr(x))))
+                dfas.append(compile_expr(json_encoded(formats.format_expr(x))))
         if lo or hi is not None or not dfas:
             dfas.append(compile_expr(length))
         d = functools.reduce(dfa_ops.intersect, dfas)
@@ -636,8 +510,8 @@ class _Compiler:
     def string_upper(self, v: dict, path) -> ByteDFA:
         """A superset DFA of a string-only schema's contents (exact but for format subsets)."""
         if "enum" in v:
-            return _names_dfa([x for x in v["enum"] if isinstance(x, str)])
-        exact = {**v, "_formats": [f for f in v.get("_formats", []) if f in _EXACT_FORMATS]}
+            return names_dfa([x for x in v["enum"] if isinstance(x, str)])
+        exact = {**v, "_formats": [f for f in v.get("_formats", []) if f in formats.EXACT]}
         body = self.string_body(exact, path)
         return compile_expr(body)
 
@@ -743,7 +617,7 @@ class _Compiler:
 
     # ------------------------------------------------------------------ objects
     def object(self, s, path):
-        return _ObjectBuilder(self, s, path).build()
+        return ObjectBuilder(self, s, path).build()
 
     # ------------------------------------------------------------------ oneOf
     def check_disjoint(self, branches, path):
@@ -755,15 +629,9 @@ class _Compiler:
                 views.append(None)
         for i in range(len(views)):
             for j in range(i):
-                if views[i] is None or views[j] is None or not _Disjoint(self).schemas(views[i], views[j], 0):
+                if views[i] is None or views[j] is None or not Disjoint(self).schemas(views[i], views[j], 0):
                     raise error(path, "oneOf", f"branches {j} and {i} may overlap (a document valid under both "
                                 "would be invalid; anyOf semantics would under-constrain)")  # fmt: skip
-
-
-#: Formats whose language is exactly the RFC's (the others are subsets: see formats.py); a proof
-#: of disjointness may use only these (for the others it assumes any string).
-_EXACT_FORMATS = frozenset({"duration", "ipv4", "ipv6", "uuid", "uri", "uri-reference", "uri-template",
-                            "json-pointer", "relative-json-pointer"})  # fmt: skip
 
 
 def _only_objects(s: dict) -> bool:
@@ -771,7 +639,7 @@ def _only_objects(s: dict) -> bool:
     types = sm.types_of(s)
     if types is not None:
         return types == {"object"}
-    return {t for t, keys in _FAMILIES.items() if keys & s.keys()} == {"object"}
+    return {t for t, keys in sm.FAMILIES.items() if keys & s.keys()} == {"object"}
 
 
 def _depth(value) -> int:
@@ -784,325 +652,6 @@ def _depth(value) -> int:
 
 def _ref_path(ref: str, path: str) -> str:
     return ref[1:] if ref.startswith("#/") else path
-
-
-class _ObjectBuilder:
-    """Object languages: declared properties in any order (or schema order), extras, counts, predicates."""
-
-    def __init__(self, c: _Compiler, s: dict, path: str):
-        self.c, self.s, self.path = c, s, path
-        for k in ("minProperties", "maxProperties"):
-            if k in s and (isinstance(s[k], bool) or not isinstance(s[k], int) or s[k] < 0):
-                raise error(path, k, f"must be a non-negative integer, got {s[k]!r}")
-        props = dict(s.get("properties", {}))
-        if not isinstance(props, dict):
-            raise error(path, "properties", "must be an object")
-        preds = [("has", n) for n in s.get("required", [])]
-        for name, deps in s.get("dependentRequired", {}).items():
-            preds.append(("any", [("not", ("has", name)), ("all", [("has", d) for d in deps])]))
-        preds += s.get("_presence", [])
-        self.pred = ("all", preds)
-        self.required = set(s.get("required", []))
-        additional = s.get("additionalProperties")
-        if additional is None:
-            additional = s.get("unevaluatedProperties")
-        if additional is None:
-            additional = True if c.opts["open_objects"] else False
-        self.additional = additional
-        for name in sorted(sm.predicate_names(self.pred) - props.keys()):  # named but undeclared: declare
-            props[name] = c.name_schema(s, name)  # (its patternProperties, else additionalProperties)
-        names_dfa = self.names_filter()
-        self.members, self.values = [], {}
-        for name, sub in props.items():
-            sub_path = f"{path}/properties/{sm.pointer_token(name)}"
-            for p, v in s.get("patternProperties", {}).items():
-                if c.pattern_dfa(p, f"{path}/patternProperties").matches(_escape(name).encode()):
-                    sub = {"allOf": [sub, v]}
-            if names_dfa is not None and not names_dfa.matches(_escape(name).encode()):
-                sub = False
-            value = c.compile(sub, sub_path)
-            if value != EMPTY:
-                self.members.append((name, seq(lit('"'), _encoded_literal(name), lit('"'), c.colon, value)))
-                self.values[name] = value
-        self.declared = [n for n, _ in self.members]
-        self.extras = self.extra_members(list(props), names_dfa)
-
-    def names_filter(self) -> ByteDFA | None:
-        """DFA of the allowed (JSON-encoded) property names, from ``propertyNames``."""
-        pn = self.s.get("propertyNames")
-        if pn is None or pn is True:
-            return None
-        at = f"{self.path}/propertyNames"
-        v = self.c.view(pn, at, [])
-        if v is True:
-            return None
-        if v is False:
-            return dfa_ops.EMPTY_DFA
-        types = sm.types_of(v)
-        if types is not None and "string" not in types:
-            return dfa_ops.EMPTY_DFA
-        keys = {k for k in v if k not in sm.ANNOTATIONS and not k.startswith("x-")}
-        if not keys <= _FAMILIES["string"] | {"enum", "type", "_not"}:
-            raise error(at, sorted(keys - _FAMILIES["string"])[0], "propertyNames: only string keywords are supported")
-        v = self.c.apply_not(v, at) if "_not" in v else v
-        if v is False:
-            return dfa_ops.EMPTY_DFA
-        if "enum" in v:
-            return _names_dfa([x for x in v["enum"] if isinstance(x, str)])
-        return compile_expr(self.c.string_body(v, at))
-
-    def extra_members(self, names, names_dfa):
-        """``(key, value)`` member expressions for undeclared names (pattern properties, then the rest)."""
-        c, s = self.c, self.s
-        taken = _names_dfa(names)
-        out = []
-        patterns = s.get("patternProperties", {})
-        at = f"{self.path}/patternProperties"
-        keys = {p: dfa_ops.difference(c.pattern_dfa(p, at), taken) for p in patterns}
-        for region, key in self.regions(keys, at):  # keys matching exactly the patterns of ``region``
-            if names_dfa is not None:
-                key = dfa_ops.intersect(key, names_dfa)
-            sub = patterns[region[0]] if len(region) == 1 else {"allOf": [patterns[p] for p in region]}
-            value = c.compile(sub, f"{at}/{sm.pointer_token(region[0])}")
-            if value != EMPTY and not dfa_ops.is_empty(key):
-                out.append(seq(lit('"'), dfa_ops.Automaton.of(key), lit('"'), c.colon, value))
-        if self.additional is not False:
-            key = dfa_ops.difference(_body_dfa(), taken)
-            for other in keys.values():
-                key = dfa_ops.difference(key, other)
-            if names_dfa is not None:
-                key = dfa_ops.intersect(key, names_dfa)
-            value = c.compile(self.additional, f"{self.path}/additionalProperties")
-            if value != EMPTY and not dfa_ops.is_empty(key):
-                out.append(seq(lit('"'), dfa_ops.Automaton.of(key), lit('"'), c.colon, value))
-        return alt(*out) if out else None
-
-    def any_order_size(self) -> int:
-        """Estimated DFA states of the object in any order: a value's states are repeated for every
-        set of written properties that can end with it (equal values merge: a set holding several
-        properties with the same value expression counts it once)."""
-        c, n = self.c, len(self.members)
-        groups: dict = {}
-        for name, _ in self.members:
-            groups.setdefault(id(self.values[name]), []).append(name)
-        cost = sum(c.size(self.values[names[0]]) * (2**n - 2 ** (n - len(names))) for names in groups.values())
-        cost += sum(c.size(m) - c.size(self.values[name]) for name, m in self.members) * 2 ** max(n - 1, 0)
-        if self.extras is not None:
-            cost += 2**n * c.size(self.extras)
-        return cost
-
-    @staticmethod
-    def regions(keys: dict, at: str):
-        """``(patterns, keys)``: the key languages matched by exactly these patterns (non-empty ones)."""
-        regions = []
-        for p, key in keys.items():
-            nxt = []
-            for names, d in regions:
-                both = dfa_ops.intersect(d, key)
-                if dfa_ops.is_empty(both):
-                    nxt.append((names, d))
-                    continue
-                nxt.append((names + (p,), both))
-                rest = dfa_ops.difference(d, key)
-                if not dfa_ops.is_empty(rest):
-                    nxt.append((names, rest))
-                key = dfa_ops.difference(key, d)
-            if not dfa_ops.is_empty(key):
-                nxt.append(((p,), key))
-            regions = nxt
-            if len(regions) > 64:
-                raise error(at, "", "overlapping patternProperties make more than 64 key regions")
-        return regions
-
-    def build(self):
-        c, s = self.c, self.s
-        lo, hi = s.get("minProperties", 0), s.get("maxProperties")
-        n = len(self.members)
-        cost = self.any_order_size()
-        any_order = c.opts["property_order"] == "any" and cost <= c.opts["max_order_states"]
-        tracked = set(self.declared) if any_order else sm.predicate_names(self.pred)
-        if (lo or hi is not None) and not any_order:
-            tracked = set(self.declared)  # counting needs the set anyway
-            if 2**n > c.opts["max_order_states"]:
-                raise error(self.path, "minProperties" if lo else "maxProperties", f"counting properties of an "
-                            f"object with {n} declared properties needs more than max_order_states states")  # fmt: skip
-        members = dict(self.members)
-        # extras counted: up to maxProperties, and (keys may repeat) at most one toward minProperties
-        cap = 0 if self.extras is None else hi if hi is not None else (1 if lo else 0)
-        order = {name: i for i, name in enumerate(self.declared)}
-        required = [n for n in self.declared if n in self.required]
-
-        def candidates(j, present):
-            if any_order:
-                return [x for x in self.declared if x not in present]
-            out = []
-            for name in self.declared[j:]:  # schema order: optional ones may be skipped, required ones not
-                out.append(name)
-                if name in self.required:
-                    break
-            return out
-
-        def close_ok(j, present, count):
-            if not any_order:  # schema order: required members are never skipped, so all are written
-                if any(order[r] >= j for r in required):
-                    return False
-                present = present | set(required)
-            distinct = len(present) + min(count, 1)
-            return sm.evaluate(self.pred, present) and distinct >= lo and (hi is None or len(present) + count <= hi)
-
-        def step(j, present, name):
-            nxt = present | {name} if name in tracked else present
-            return (0 if any_order else order[name] + 1), frozenset(nxt)
-
-        @functools.cache
-        def after(j, present, count):
-            """The rest of the object once >= 1 member is written; ``present``: tracked names written."""
-            options = [EPSILON] if close_ok(j, present, count) else []
-            room = hi is None or len(present) + count < hi
-            for name in candidates(j, present) if room else []:
-                options.append(seq(c.comma, members[name], after(*step(j, present, name), count)))
-            body = alt(*options)
-            if self.extras is not None and room:
-                if count >= cap and hi is None:  # more extras no longer change anything
-                    return seq(star(seq(c.comma, self.extras)), body)
-                body = alt(body, seq(c.comma, self.extras, after(j, present, min(count + 1, cap))))
-            return body
-
-        start = frozenset()
-        options = []
-        if hi is None or hi > 0:
-            for name in candidates(0, start):
-                options.append(seq(members[name], after(*step(0, start, name), 0)))
-            if self.extras is not None:
-                options.append(seq(self.extras, after(0, start, min(1, cap))))
-        out = c.container("{", "}", alt(*options), close_ok(0, start, 0))
-        c._sizes[id(out)] = (out, cost if any_order else sum(c.size(m) for _, m in self.members) + 1)
-        return out
-
-
-class _Disjoint:
-    """Proofs that no value is valid under two schemas (for ``oneOf``); ``False`` = not proven."""
-
-    MAX_DEPTH = 4
-
-    def __init__(self, c: _Compiler):
-        self.c = c
-
-    def schemas(self, a, b, depth) -> bool:
-        if a is False or b is False:
-            return True
-        if a is True or b is True or depth > self.MAX_DEPTH:
-            return False
-        for x, y in ((a, b), (b, a)):
-            for key in ("anyOf", "oneOf"):
-                if key in x:
-                    rest = {k: v for k, v in x.items() if k != key}
-                    return all(self.schemas(self.view({"allOf": [rest, br]}), y, depth + 1) for br in x[key])
-        if "enum" in a and "enum" in b:
-            return not any(sm.json_equal(x, y) for x in a["enum"] for y in b["enum"])
-        ta, tb = self.types(a, lower=True), self.types(b, lower=True)
-        ua, ub = self.types(a, lower=False), self.types(b, lower=False)
-        common = (ta & ub) | (tb & ua)
-        return all(self.of_type(a, b, t, depth) for t in common)
-
-    def view(self, schema):
-        try:
-            return self.c.view(schema, "", [])
-        except GrammarError:
-            return True  # unknown: assume it may contain anything
-
-    @staticmethod
-    def types(s, lower: bool) -> set:
-        t = sm.types_of(s)
-        if "enum" in s:
-            found = {sm.json_type(v) for v in s["enum"]}
-            t = found if t is None else {x for x in found if any(x == y or (x, y) == ("integer", "number") for y in t)}
-        if t is None:
-            implied = {k for k, keys in _FAMILIES.items() if keys & s.keys()} if lower else set()
-            t = implied or set(_ALL_TYPES) | {"integer"}
-        if "number" in t:
-            t = t | {"integer"}
-        return t
-
-    def of_type(self, a, b, t, depth) -> bool:
-        if "enum" in a or "enum" in b:
-            e, other = (a, b) if "enum" in a else (b, a)
-            vals = [v for v in e["enum"] if sm.json_type(v) == t or (t == "number" and sm.json_type(v) == "integer")]
-            if not vals:
-                return True
-            if t == "string" and not self.other_keys(other, "string"):
-                return False
-            if t == "string":
-                d = self.c.string_upper({k: v for k, v in other.items() if k in _FAMILIES["string"]}, "")
-                return not any(d.matches(_escape(v).encode()) for v in vals)
-            return False
-        if t in ("integer", "number"):
-            return _intervals_disjoint(_interval(a), _interval(b))
-        if t == "string":
-            if _intervals_disjoint(_count(a, "Length"), _count(b, "Length")):
-                return True
-            if not (self.other_keys(a, "string") and self.other_keys(b, "string")):
-                return False
-            da = self.c.string_upper({k: v for k, v in a.items() if k in _FAMILIES["string"]}, "")
-            db = self.c.string_upper({k: v for k, v in b.items() if k in _FAMILIES["string"]}, "")
-            return not intersects(da, db)
-        if t == "array":
-            if _intervals_disjoint(_count(a, "Items"), _count(b, "Items")):
-                return True
-            need = min(a.get("minItems", 0), b.get("minItems", 0))
-            for i in range(min(need, 8)):
-                if self.schemas(self.view(_item(a, i)), self.view(_item(b, i)), depth + 1):
-                    return True
-            return False
-        if t == "object":
-            if _intervals_disjoint(_count(a, "Properties"), _count(b, "Properties")):
-                return True
-            ra, rb = set(a.get("required", [])), set(b.get("required", []))
-            for name in ra | rb:
-                x, y = self.prop(a, name), self.prop(b, name)
-                if name in ra and name in rb and self.schemas(self.view(x), self.view(y), depth + 1):
-                    return True
-                if (name in ra and y is False) or (name in rb and x is False):
-                    return True
-            return False
-        return False
-
-    @staticmethod
-    def other_keys(s, family) -> bool:
-        return bool(_FAMILIES[family] & s.keys())
-
-    def prop(self, s, name):
-        if name in s.get("properties", {}):
-            return s["properties"][name]
-        return self.c.name_schema(s, name)
-
-
-def _interval(s):
-    lo, hi = s.get("minimum"), s.get("maximum")
-    lx, hx = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
-    lo_e = hi_e = False
-    if lx is not None and (lo is None or lx >= lo):
-        lo, lo_e = lx, True
-    if hx is not None and (hi is None or hx <= hi):
-        hi, hi_e = hx, True
-    return (None if lo is None else Decimal(repr(lo)), lo_e, None if hi is None else Decimal(repr(hi)), hi_e)
-
-
-def _count(s, what):
-    lo, hi = s.get(f"min{what}", 0), s.get(f"max{what}")
-    return (Decimal(lo), False, None if hi is None else Decimal(hi), False)
-
-
-def _intervals_disjoint(x, y) -> bool:
-    for (lo, lo_e, _, _), (_, _, hi, hi_e) in ((x, y), (y, x)):
-        if lo is not None and hi is not None and (lo > hi or lo == hi and (lo_e or hi_e)):
-            return True
-    return False
-
-
-def _item(s, i):
-    prefix = s.get("prefixItems", [])
-    return prefix[i] if i < len(prefix) else s.get("items", True)
 
 
 def schema_expr(

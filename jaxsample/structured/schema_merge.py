@@ -29,6 +29,20 @@ ANNOTATIONS = frozenset({
     "readOnly", "writeOnly", "$defs", "definitions", "contentEncoding", "contentMediaType", "contentSchema",
     "$anchor", "$vocabulary", "$dynamicAnchor", "$recursiveAnchor",
 })  # fmt: skip
+ALL_TYPES = ("object", "array", "string", "number", "boolean", "null")
+#: Type-specific keywords (after :func:`normalise`): they imply the type when ``type`` is absent.
+FAMILIES = {
+    "object": {"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+               "minProperties", "maxProperties", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+               "_presence"},
+    "array": {"items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains", "minContains",
+              "unevaluatedItems"},
+    "string": {"minLength", "maxLength", "_patterns", "_formats"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+}  # fmt: skip
+#: Keywords that constrain values (others next to ``enum`` are annotations or unknown: ignored).
+VALUE_KEYWORDS = frozenset().union(*FAMILIES.values(), {"_not", "_not_strings", "allOf", "anyOf", "oneOf", "$ref",
+                                                        "dependentSchemas"})  # fmt: skip
 #: Keywords of JSON Schema (drafts 4 to 2020-12) that constrain values and are never supported.
 UNSUPPORTED = frozenset({"if", "then", "else", "maxContains", "$dynamicRef", "$recursiveRef"})
 _MIN = ("minProperties", "minItems", "minLength", "minContains")
