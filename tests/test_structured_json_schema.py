@@ -268,9 +268,12 @@ def test_time_format_is_rfc3339():
     assert d.matches(b'"23:59:59Z"') and not d.matches(b'"23:59:60Z"') and d.matches(b'"08:30:00.25+05:30"') and not d.matches(b'"24:00:00Z"')
 
 
-def test_enum_objects_are_compact_in_every_mode():
-    d = am.compile_expr(schema_expr({"enum": [{"k": [1, None]}]}))
-    assert d.matches(b'{"k":[1,null]}') and not d.matches(b'{"k": [1, null]}')
+def test_enum_containers_take_whitespace_and_any_member_order():
+    d = am.compile_expr(schema_expr({"enum": [{"k": [1, None], "j": {}}]}))
+    assert d.matches(b'{"k":[1,null],"j":{}}') and d.matches(b'{ "j": { }, "k": [1, null] }')
+    assert not d.matches(b'{"k":[null,1],"j":{}}') and not d.matches(b'{"k":[1,null]}')
+    d = am.compile_expr(schema_expr({"const": {"k": 1}}, whitespace="compact"))
+    assert d.matches(b'{"k":1}') and not d.matches(b'{"k": 1}')
 
 
 # ---------------------------------------------------------------------------------- coverage
@@ -407,6 +410,27 @@ def test_format_defects_are_fixed(fmt, bad):
     d = am.compile_expr(schema_expr({"type": "string", "format": fmt}))
     for text in bad:
         assert not d.matches(json.dumps(text).encode()), text
+
+
+def test_unevaluated_properties_see_what_subschemas_evaluate():
+    base = {"$defs": {"b": {"properties": {"b": {"type": "integer"}}}}}
+    cases = [  # (schema, accepted, refused)
+        ({**base, "$ref": "#/$defs/b", "properties": {"a": {}}, "unevaluatedProperties": False},
+         ['{"a":1,"b":2}'], ['{"a":1,"c":3}']),
+        ({"allOf": [{"properties": {"b": {}}}], "properties": {"a": {}}, "unevaluatedProperties": False},
+         ['{"a":1,"b":2}'], ['{"c":3}']),
+        ({"allOf": [{"properties": {"a": {}}, "unevaluatedProperties": False}, {"properties": {"b": {}}}]},
+         ['{"a":1}'], ['{"b":1}']),  # the first branch does not see "b": it forbids it
+        ({"properties": {"a": {}}, "anyOf": [{"properties": {"b": {}}, "required": ["b"]}], "unevaluatedProperties": False},
+         ['{"a":1,"b":2}', '{"b":2}'], ['{"a":1}', '{"b":1,"c":2}']),
+    ]
+    for schema, good, bad in cases:
+        d = am.compile_expr(schema_expr(schema, whitespace="compact", open_objects=True))
+        check = validator(schema)
+        for text in good:
+            assert d.matches(text.encode()) and check.is_valid(json.loads(text)), (schema, text)
+        for text in bad:
+            assert not d.matches(text.encode()) and not check.is_valid(json.loads(text)), (schema, text)
 
 
 def test_unevaluated_properties_false_closes_the_object():

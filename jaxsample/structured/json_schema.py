@@ -29,7 +29,7 @@ Over-constraints (outputs remain valid; some valid documents cannot be produced)
 many property orders for ``max_order_states`` keep schema order; an absent
 ``additionalProperties`` means closed unless ``open_objects=True`` (as XGrammar and llama.cpp);
 a schema without ``type`` produces only the types its keywords imply; bounded numbers have no
-exponent; enum/const values are written compactly; strings use canonical escapes; ``{}``/``true``
+exponent; enum/const numbers are written as given (``1`` not ``1.0``); strings use canonical escapes; ``{}``/``true``
 values nest at most ``any_depth`` containers and recursive ``$ref`` is unrolled ``max_recursion``
 times; ``minProperties`` counts at most one additional property (their keys could repeat); format
 subsets (:mod:`~jaxsample.structured.formats`).
@@ -248,7 +248,7 @@ class _Compiler:
         target = self.resolve(schema["$ref"], path)
         siblings = {k: v for k, v in schema.items() if k != "$ref" and k not in sm.ANNOTATIONS}
         if siblings and not self.draft4to7:
-            target = {"allOf": [target, siblings]}
+            target = _with_siblings(target, siblings)
         with self.entered([schema["$ref"]]) as ok:
             return self.compile(target, _ref_path(schema["$ref"], path)) if ok else EMPTY
 
@@ -264,25 +264,26 @@ class _Compiler:
             if ref in seen:
                 raise error(path, "$ref", f"{ref!r} refers to itself without nesting (a cycle through allOf/$ref)")
             refs.append(ref)
-            target = self.view(self.resolve(ref, path), _ref_path(ref, path), refs, (*seen, ref))
+            target = self.resolve(ref, path)
             siblings = {k: v for k, v in schema.items() if k != "$ref" and k not in sm.ANNOTATIONS}
-            if not siblings or self.draft4to7 or target is False:
-                return target
-            rest = self.view(siblings, path, refs, seen)
-            if target is True or rest is False:
-                return rest
-            return target if rest is True else self.merge(target, rest, path)
+            if siblings and not self.draft4to7:
+                return self.view(_with_siblings(target, siblings), path, refs, (*seen, ref))
+            return self.view(target, _ref_path(ref, path), refs, (*seen, ref))
         s = sm.normalise(schema, path)
         if "allOf" in s:
             branches = s.pop("allOf")
             if not isinstance(branches, list):
                 raise error(path, "allOf", "must be a list")
+            # unevaluated* of this schema see what the branches evaluate: applied after the merge;
+            # a branch's own unevaluated* see only that branch: they act as its additional*/items
+            lifted = {k: s.pop(k) for k in _UNEVALUATED if k in s}
             for i, b in enumerate(branches):
                 b = self.view(b, f"{path}/allOf/{i}", refs, seen)
                 if b is False:
                     return False
                 if b is not True:
-                    s = self.merge(s, b, path)
+                    s = self.merge(s, _close_unevaluated(b), path)
+            s.update(lifted)
         return s
 
     def merge(self, a, b, path):
@@ -362,7 +363,7 @@ class _Compiler:
                 preds = [("all", []) if v is True else sm.presence_predicate(v) for v in views]
                 rest["_presence"] = [*rest.get("_presence", []), ("any" if key == "anyOf" else "one", preds)]
                 return self.compile(rest, path)
-            branches = [{"allOf": [rest, b]} for b in branches]
+            branches = [_with_siblings(b, rest) for b in branches]
         if key == "oneOf":
             self.check_disjoint(branches, path)
         return alt(*(self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)))
@@ -375,13 +376,26 @@ class _Compiler:
         if types is not None:
             values = [v for v in values if any(_is_type(v, t) for t in types)]
         rest = {k: v for k, v in s.items() if k in sm.VALUE_KEYWORDS}
-        texts = list(dict.fromkeys(canonical_json(v) for v in values))
-        if rest and texts:  # keep the values the sibling keywords accept (objects: open, any depth)
+        values = list({canonical_json(v): v for v in values}.values())
+        if rest and values:  # keep the values the sibling keywords accept (objects: open, any depth)
             checker = self.sub(whitespace="compact", whitespace_pattern=None, separators=None, open_objects=True,
                                any_depth=max(map(_depth, values)))  # fmt: skip
             check = compile_expr(checker.compile({**rest, "type": s["type"]} if "type" in s else rest, path))
-            texts = [t for t in texts if check.matches(t.encode())]
-        return alt(*(lit(t) for t in texts)) if texts else EMPTY
+            values = [v for v in values if check.matches(canonical_json(v).encode())]
+        return alt(*(self.literal(v, path) for v in values))
+
+    def literal(self, value, path):
+        """One JSON value: scalars as their canonical text, containers with whitespace and (objects)
+        members in any order, as their JSON Schema equality allows."""
+        if isinstance(value, dict):
+            props = {k: {"enum": [v]} for k, v in value.items()}
+            schema = {"type": "object", "properties": props, "required": list(value), "additionalProperties": False}
+        elif isinstance(value, list):
+            schema = {"type": "array", "prefixItems": [{"enum": [v]} for v in value], "items": False,
+                      "minItems": len(value)}  # fmt: skip
+        else:
+            return lit(canonical_json(value))
+        return self.compile(schema, path)
 
     def apply_not(self, s, path):
         """Folds ``not`` into the schema: ``{}``/``true``, types, presence conditions, string constraints."""
@@ -632,6 +646,27 @@ class _Compiler:
                 if views[i] is None or views[j] is None or not Disjoint(self).schemas(views[i], views[j], 0):
                     raise error(path, "oneOf", f"branches {j} and {i} may overlap (a document valid under both "
                                 "would be invalid; anyOf semantics would under-constrain)")  # fmt: skip
+
+
+_UNEVALUATED = {"unevaluatedProperties": "additionalProperties", "unevaluatedItems": "items"}
+
+
+def _with_siblings(target, siblings: dict) -> dict:
+    """``target`` and ``siblings`` both apply; ``unevaluated*`` of the siblings see what ``target`` evaluates."""
+    lifted = {k: v for k, v in siblings.items() if k in _UNEVALUATED}
+    return {"allOf": [target, {k: v for k, v in siblings.items() if k not in _UNEVALUATED}], **lifted}
+
+
+def _close_unevaluated(s: dict) -> dict:
+    """A merged branch's ``unevaluated*`` as its ``additionalProperties``/``items`` (it has no subschemas left)."""
+    if not any(k in s for k in _UNEVALUATED):
+        return s
+    s = dict(s)
+    for k, plain in _UNEVALUATED.items():
+        if k in s:
+            value = s.pop(k)
+            s.setdefault(plain, value)
+    return s
 
 
 def _only_objects(s: dict) -> bool:
