@@ -86,7 +86,8 @@ class ObjectBuilder:
             return dfa_ops.EMPTY_DFA
         keys = {k for k in v if k not in sm.ANNOTATIONS and not k.startswith("x-")}
         if not keys <= sm.FAMILIES["string"] | {"enum", "type", "_not"}:
-            raise error(at, sorted(keys - sm.FAMILIES["string"])[0], "propertyNames: only string keywords are supported")
+            bad = sorted(keys - sm.FAMILIES["string"])[0]
+            raise error(at, bad, "propertyNames: only string keywords are supported")
         v = self.c.apply_not(v, at) if "_not" in v else v
         if v is False:
             return dfa_ops.EMPTY_DFA

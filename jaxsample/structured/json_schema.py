@@ -291,7 +291,8 @@ class _Compiler:
 
     def name_schema(self, obj: dict, name: str):
         """The schema an object applies to an undeclared property ``name``."""
-        matching = [v for p, v in obj.get("patternProperties", {}).items() if self.pattern_dfa(p, "").matches(escape(name).encode())]
+        text = escape(name).encode()
+        matching = [v for p, v in obj.get("patternProperties", {}).items() if self.pattern_dfa(p, "").matches(text)]
         if matching:
             return matching[0] if len(matching) == 1 else {"allOf": matching}
         return obj.get("additionalProperties", True)
@@ -421,9 +422,8 @@ class _Compiler:
                 s["type"] = sorted(left)
             elif keys and sm.presence_only(v) and (sm.types_of(v) in (None, {"object"})):
                 s["_presence"] = [*s.get("_presence", []), ("not", sm.presence_predicate(v))]
-            elif keys and keys <= sm.FAMILIES["string"] | {"enum", "type"} and sm.types_of(v) in (None, {"string"}) and all(
-                isinstance(x, str) for x in v.get("enum", []) or [""]
-            ):
+            elif (keys and keys <= sm.FAMILIES["string"] | {"enum", "type"} and sm.types_of(v) in (None, {"string"})
+                  and all(isinstance(x, str) for x in v.get("enum", []))):  # fmt: skip
                 s["_not_strings"] = [*s.get("_not_strings", []), v]
             else:
                 raise error(path, "not", f"'not' of {sorted(keys)} is not supported (only of {{}}, types, "
@@ -563,7 +563,8 @@ class _Compiler:
         if s.get("uniqueItems") and (hi is None or hi > 1):
             raise error(path, "uniqueItems", "'uniqueItems' together with 'contains' is not supported")
         schemas = [*prefix, items]
-        plain = [self.compile(x, f"{path}/prefixItems/{i}") for i, x in enumerate(prefix)] + [self.compile(items, f"{path}/items")]
+        plain = [self.compile(x, f"{path}/prefixItems/{i}") for i, x in enumerate(prefix)]
+        plain.append(self.compile(items, f"{path}/items"))
         hit = [self.compile({"allOf": [x, s["contains"]]}, f"{path}/contains") for x in schemas]
         k = len(prefix)
 
@@ -592,8 +593,8 @@ class _Compiler:
             raise error(path, "uniqueItems", "'uniqueItems' together with 'prefixItems' is not supported")
         values = self.finite_values(items, f"{path}/items")
         if values is None:
-            raise error(path, "uniqueItems", "'uniqueItems' is supported only for finite item sets "
-                        f"(enum/const/boolean/null/small integer ranges, at most {MAX_UNIQUE_VALUES} values)")  # fmt: skip
+            raise error(path, "uniqueItems", "'uniqueItems' is supported only for finite item sets (enum/const/"
+                        f"boolean/null/small integer ranges, at most {MAX_UNIQUE_VALUES} values)")  # fmt: skip
         texts = list(dict.fromkeys(canonical_json(v) for v in values))
 
         @functools.cache

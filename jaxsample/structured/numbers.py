@@ -186,7 +186,7 @@ def number_range(lo=None, hi=None, lo_excl: bool = False, hi_excl: bool = False)
     if lo is None or lo < 0:  # y = -z with z > 0 (the zeros are below)
         a, a_excl = (-hi, hi_excl) if hi is not None and hi < 0 else (zero, True)
         parts.append(seq(lit("-"), _nonneg(a, None if lo is None else -lo, a_excl, lo_excl)))
-    zero_in = (lo is None or lo < 0 or (lo == 0 and not lo_excl)) and (hi is None or hi > 0 or (hi == 0 and not hi_excl))
+    zero_in = (lo is None or lo < 0 or lo == 0 and not lo_excl) and (hi is None or hi > 0 or hi == 0 and not hi_excl)
     if zero_in:
         parts.append(seq(lit("-0"), opt(seq(lit("."), plus(lit("0"))))))
     return alt(*parts)

@@ -146,7 +146,7 @@ def _lazy(a, b):
 
 
 def _lcm(a, b):
-    fa, fb = Fraction(Decimal(repr(a) if isinstance(a, float) else a)), Fraction(Decimal(repr(b) if isinstance(b, float) else b))
+    fa, fb = (Fraction(Decimal(repr(x) if isinstance(x, float) else x)) for x in (a, b))
     num = math.lcm(fa.numerator * fb.denominator, fb.numerator * fa.denominator)
     r = Fraction(num, fa.denominator * fb.denominator)
     return int(r) if r.denominator == 1 else float(Decimal(r.numerator) / Decimal(r.denominator))
