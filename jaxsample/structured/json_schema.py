@@ -401,7 +401,7 @@ class _Compiler:
     def apply_not(self, s, path):
         """Folds ``not`` into the schema: ``{}``/``true``, types, presence conditions, string constraints."""
         s = dict(s)
-        for i, sub in enumerate(s.pop("_not")):
+        for sub in s.pop("_not"):
             at = f"{path}/not"
             v = self.view(sub, at, [])
             if v is True or v == {}:
@@ -517,7 +517,7 @@ class _Compiler:
         if lo or hi is not None or not dfas:
             dfas.append(compile_expr(length))
         d = functools.reduce(dfa_ops.intersect, dfas)
-        for i, v in enumerate(nots):
+        for v in nots:
             d = dfa_ops.difference(d, self.string_upper(v, f"{path}/not"))
         return dfa_ops.Automaton.of(d)
 
