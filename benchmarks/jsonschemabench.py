@@ -226,8 +226,8 @@ def run(engines, records, tok, args) -> dict:
         return b"".join(vocab_bytes[i] for i in ids).decode("utf-8", "replace")
 
     signal.signal(signal.SIGALRM, _alarm)
-    stats = {e.name: {"times": {}, "bytes": [], "errors": Counter(), "valid": [0, 0], "invalid_acc": [0, 0],
-                      "outputs": [0, 0, 0]} for e in engines}  # fmt: skip
+    stats = {e.name: {"times": {}, "bytes": [], "errors": Counter(), "failed": {}, "valid": [0, 0],
+                      "invalid_acc": [0, 0], "outputs": [0, 0, 0]} for e in engines}  # fmt: skip
     for k, rec in enumerate(records):
         schema = rec["schema"]
         for e in engines:
@@ -241,6 +241,7 @@ def run(engines, records, tok, args) -> dict:
                 if isinstance(err, st.GrammarError) and "too large" in str(err):
                     kind = "state budget"
                 s["errors"][kind] += 1
+                s["failed"][k] = f"{kind}: {err}"[:300]
                 continue
             signal.alarm(0)
             s["times"][k] = secs * 1000

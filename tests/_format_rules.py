@@ -333,11 +333,14 @@ RULES = {
 }
 
 
-def format_checker():
-    """``jsonschema``'s checker with :data:`RULES` added (both must pass where both check)."""
+def format_checker(cls=None):
+    """The format checker of ``jsonschema``'s validator class ``cls`` (default 2020-12) with
+    :data:`RULES` added (both must pass where both check)."""
     import jsonschema
 
-    checker = jsonschema.FormatChecker()
+    cls = cls or jsonschema.Draft202012Validator
+    checker = jsonschema.FormatChecker(())
+    checker.checkers = dict(cls.FORMAT_CHECKER.checkers)
     for name, rule in RULES.items():
         previous = checker.checkers.get(name)
 
@@ -367,8 +370,8 @@ def validator(schema):
     import jsonschema
 
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    cls = jsonschema.validators.extend(cls, {"multipleOf": _multiple_of})
-    return cls(schema, format_checker=format_checker())
+    checker = format_checker(cls)
+    return jsonschema.validators.extend(cls, {"multipleOf": _multiple_of})(schema, format_checker=checker)
 
 
 def loads(text: str):
