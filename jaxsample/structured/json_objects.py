@@ -37,9 +37,9 @@ class ObjectBuilder:
         for k in ("minProperties", "maxProperties"):
             if k in s and (isinstance(s[k], bool) or not isinstance(s[k], int) or s[k] < 0):
                 raise error(path, k, f"must be a non-negative integer, got {s[k]!r}")
-        props = dict(s.get("properties", {}))
-        if not isinstance(props, dict):
+        if not isinstance(s.get("properties", {}), dict):
             raise error(path, "properties", "must be an object")
+        props = dict(s.get("properties", {}))
         preds = [("has", n) for n in s.get("required", [])]
         for name, deps in s.get("dependentRequired", {}).items():
             preds.append(("any", [("not", ("has", name)), ("all", [("has", d) for d in deps])]))
@@ -52,13 +52,17 @@ class ObjectBuilder:
         if additional is None:
             additional = True if c.opts["open_objects"] else False
         self.additional = additional
+        patterns = s.get("patternProperties", {})
         for name in sorted(sm.predicate_names(self.pred) - props.keys()):  # named but undeclared: declare
-            props[name] = c.name_schema(s, name)  # (its patternProperties, else additionalProperties)
+            if any(c.pattern_dfa(p, f"{path}/patternProperties").matches(escape(name).encode()) for p in patterns):
+                props[name] = True  # its pattern schemas are applied below
+            else:  # the JSON Schema meaning of an undeclared name, whatever open_objects says
+                props[name] = s.get("additionalProperties", s.get("unevaluatedProperties", True))
         name_filter = self.names_filter()
         self.members, self.values = [], {}
         for name, sub in props.items():
             sub_path = f"{path}/properties/{sm.pointer_token(name)}"
-            for p, v in s.get("patternProperties", {}).items():
+            for p, v in patterns.items():
                 if c.pattern_dfa(p, f"{path}/patternProperties").matches(escape(name).encode()):
                     sub = {"allOf": [sub, v]}
             if name_filter is not None and not name_filter.matches(escape(name).encode()):

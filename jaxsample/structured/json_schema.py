@@ -360,7 +360,12 @@ class _Compiler:
         constrained = {k for k in rest if k not in sm.ANNOTATIONS and not k.startswith("x-")}
         if constrained:
             views = [self.view(b, f"{path}/{key}/{i}", []) for i, b in enumerate(branches)]
-            if _only_objects(rest) and all(v is True or isinstance(v, dict) and sm.presence_only(v) for v in views):
+            # presence-only branches become a predicate, unless their properties are evaluated names
+            # that unevaluatedProperties of the object would otherwise forbid
+            named = {n for v in views if isinstance(v, dict) for n in v.get("properties", {})}
+            foldable = "unevaluatedProperties" not in rest or named <= rest.get("properties", {}).keys()
+            presence = all(v is True or isinstance(v, dict) and sm.presence_only(v) for v in views)
+            if foldable and presence and _only_objects(rest):
                 preds = [("all", []) if v is True else sm.presence_predicate(v) for v in views]
                 rest["_presence"] = [*rest.get("_presence", []), ("any" if key == "anyOf" else "one", preds)]
                 return self.compile(rest, path)
