@@ -354,6 +354,11 @@ CASES = {
                                         {"type": "object", "properties": {"t": {"const": "b"}, "v": {"type": "string"}},
                                          "required": ["t"]}]}, {},
                              [{"t": "a", "v": 1}, {"v": "s", "t": "b"}], ['{"t":"a","v":"s"}', '{"t":"c"}']),
+    "one_of_by_required_names": ({"oneOf": [{"type": "object", "properties": {"x": {"type": "string"}, "y": {}},
+                                             "required": ["x"]},
+                                            {"type": "object", "properties": {"z": {"type": "integer"}},
+                                             "required": ["z"]}]}, {},
+                                 [{"x": "a"}, {"y": 1, "x": "b"}, {"z": 2}], ['{"x":"a","z":1}', "{}"]),
     "decimal_bounds": ({"type": "number", "minimum": 0.5, "exclusiveMaximum": 2.25}, {},
                        [0.5, 1, 2.2, 2.249], ["0.49", "2.25", "3"]),
     "unevaluated_items": ({"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": False}, {},
@@ -490,5 +495,10 @@ def test_one_of_overlap_is_refused_even_when_the_compiled_branches_are_disjoint(
     with pytest.raises(am.GrammarError) as e:
         schema_expr(schema)
     assert e.value.keyword == "oneOf" and e.value.pointer == "/oneOf"
+    # closed objects (the default) that require names the other branch never writes are disjoint
+    # outputs; open ones are not (a document may carry both names)
+    disjoint = CASES["one_of_by_required_names"][0]
+    with pytest.raises(am.GrammarError, match="oneOf"):
+        schema_expr(disjoint, open_objects=True)
     d = am.compile_expr(schema_expr({"oneOf": [{"type": "number", "maximum": 0}, {"type": "integer", "minimum": 1}]}))
     assert d.matches(b"-0.5") and d.matches(b"3") and not d.matches(b"0.5")

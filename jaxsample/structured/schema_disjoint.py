@@ -22,7 +22,11 @@ from jaxsample.structured.json_text import escape
 
 
 class Disjoint:
-    """Proofs that no value is valid under two schemas (for ``oneOf``); ``False`` = not proven."""
+    """Proofs that no value the compiler produces for one schema is valid under another (``oneOf``).
+
+    :meth:`schemas` proves both directions; :meth:`directed` one: ``L(a)``, the compiled (lower)
+    language of ``a``, against ``T(b)``, all values valid under ``b``. ``False`` = not proven.
+    """
 
     MAX_DEPTH = 4
 
@@ -30,20 +34,23 @@ class Disjoint:
         self.c = c
 
     def schemas(self, a, b, depth) -> bool:
+        return self.directed(a, b, depth) and self.directed(b, a, depth)
+
+    def directed(self, a, b, depth) -> bool:
         if a is False or b is False:
             return True
         if a is True or b is True or depth > self.MAX_DEPTH:
             return False
-        for x, y in ((a, b), (b, a)):
-            for key in ("anyOf", "oneOf"):
-                if key in x:
-                    rest = {k: v for k, v in x.items() if k != key}
-                    return all(self.schemas(self.view({"allOf": [rest, br]}), y, depth + 1) for br in x[key])
+        for key in ("anyOf", "oneOf"):  # L(a) and T(b) are the unions of their branches'
+            if key in a:
+                rest = {k: v for k, v in a.items() if k != key}
+                return all(self.directed(self.view({"allOf": [rest, x]}), b, depth + 1) for x in a[key])
+            if key in b:
+                rest = {k: v for k, v in b.items() if k != key}
+                return all(self.directed(a, self.view({"allOf": [rest, x]}), depth + 1) for x in b[key])
         if "enum" in a and "enum" in b:
             return not any(sm.json_equal(x, y) for x in a["enum"] for y in b["enum"])
-        ta, tb = self.types(a, lower=True), self.types(b, lower=True)
-        ua, ub = self.types(a, lower=False), self.types(b, lower=False)
-        common = (ta & ub) | (tb & ua)
+        common = self.types(a, lower=True) & self.types(b, lower=False)
         return all(self.of_type(a, b, t, depth) for t in common)
 
     def view(self, schema):
@@ -54,6 +61,7 @@ class Disjoint:
 
     @staticmethod
     def types(s, lower: bool) -> set:
+        """The JSON types of ``L(s)`` (``lower``: types implied by keywords) or of ``T(s)``."""
         t = sm.types_of(s)
         if "enum" in s:
             found = {sm.json_type(v) for v in s["enum"]}
@@ -66,6 +74,7 @@ class Disjoint:
         return t
 
     def of_type(self, a, b, t, depth) -> bool:
+        """No value of type ``t`` in ``L(a)`` is valid under ``b``."""
         if "enum" in a or "enum" in b:
             e, other = (a, b) if "enum" in a else (b, a)
             vals = [v for v in e["enum"] if sm.json_type(v) == t or (t == "number" and sm.json_type(v) == "integer")]
@@ -91,28 +100,42 @@ class Disjoint:
             if _intervals_disjoint(_count(a, "Items"), _count(b, "Items")):
                 return True
             need = min(a.get("minItems", 0), b.get("minItems", 0))
-            for i in range(min(need, 8)):
-                if self.schemas(self.view(_item(a, i)), self.view(_item(b, i)), depth + 1):
-                    return True
-            return False
+            pairs = ((self.view(_item(a, i)), self.view(_item(b, i))) for i in range(min(need, 8)))
+            return any(self.directed(x, y, depth + 1) for x, y in pairs)
         if t == "object":
             if _intervals_disjoint(_count(a, "Properties"), _count(b, "Properties")):
                 return True
             ra, rb = set(a.get("required", [])), set(b.get("required", []))
-            for name in ra | rb:
-                x, y = self.prop(a, name), self.prop(b, name)
-                if name in ra and name in rb and self.schemas(self.view(x), self.view(y), depth + 1):
+            for name in rb:  # b needs a name our objects for a never write, or write with other values
+                if self.never_written(a, name):
                     return True
-                if (name in ra and y is False) or (name in rb and x is False):
-                    return True
-            return False
+                if name in ra:
+                    x, y = self.view(self.prop(a, name)), self.view(self.prop(b, name))
+                    if self.directed(x, y, depth + 1):
+                        return True
+            return any(self.prop(b, name) is False for name in ra)  # a always writes a name b forbids
         return False
+
+    def never_written(self, s, name) -> bool:
+        """Whether the compiled objects of ``s`` never have property ``name`` (closed, undeclared)."""
+        if name in s.get("properties", {}):
+            return s["properties"][name] is False
+        named = set(s.get("required", [])) | set(s.get("dependentRequired", {}))
+        named |= {n for deps in s.get("dependentRequired", {}).values() for n in deps}
+        named |= {n for p in s.get("_presence", []) for n in sm.predicate_names(p)}
+        if name in named:  # the compiler declares names its predicate needs
+            return False
+        if any(self.c.pattern_dfa(p, "").matches(escape(name).encode()) for p in s.get("patternProperties", {})):
+            return False
+        extra = s.get("additionalProperties", s.get("unevaluatedProperties"))
+        return extra is False or extra is None and not self.c.opts["open_objects"]
 
     @staticmethod
     def other_keys(s, family) -> bool:
         return bool(sm.FAMILIES[family] & s.keys())
 
     def prop(self, s, name):
+        """The schema ``s`` applies to property ``name`` (JSON Schema meaning)."""
         if name in s.get("properties", {}):
             return s["properties"][name]
         return self.c.name_schema(s, name)
