@@ -102,9 +102,11 @@ class ObjectBuilder:
     def extra_members(self, names, name_filter):
         """``(key, value)`` member expressions for undeclared names (pattern properties, then the rest)."""
         c, s = self.c, self.s
+        patterns = s.get("patternProperties", {})
+        if not patterns and self.additional is False:
+            return None
         taken = names_dfa(names)
         out = []
-        patterns = s.get("patternProperties", {})
         at = f"{self.path}/patternProperties"
         keys = {p: dfa_ops.difference(c.pattern_dfa(p, at), taken) for p in patterns}
         for region, key in self.regions(keys, at):  # keys matching exactly the patterns of ``region``
@@ -166,7 +168,7 @@ class ObjectBuilder:
         c, s = self.c, self.s
         lo, hi = s.get("minProperties", 0), s.get("maxProperties")
         n = len(self.members)
-        cost = self.any_order_size()
+        cost = self.any_order_size() if n > 1 else 0
         any_order = c.opts["property_order"] == "any" and cost <= c.opts["max_order_states"]
         tracked = set(self.declared) if any_order else sm.predicate_names(self.pred)
         if (lo or hi is not None) and not any_order:

@@ -183,7 +183,7 @@ class _Compiler:
         if isinstance(expr, Chars):
             n = 1
         elif isinstance(expr, (Seq, Alt)):
-            n = sum(self.size(x) for x in expr.items)
+            n = sum(1 if type(x) is Chars else self.size(x) for x in expr.items)
         elif isinstance(expr, Repeat):
             n = self.size(expr.item) * max(expr.lo, expr.hi or 1, 1)
         else:

@@ -66,6 +66,8 @@ def escapes(cp: int):
 
 def encoded_literal(text: str):
     """Every JSON encoding (between the quotes) of ``text`` that strings accept."""
+    if escape(text) == text:  # no character needs an escape: the text is its only encoding
+        return lit(text)
     return json_encoded(lit(text)) if text else EPSILON
 
 
