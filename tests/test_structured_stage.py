@@ -32,7 +32,7 @@ REGEX_C = r"(yes|no|maybe)( because [a-z]{1,8})?\."
 def grammars():
     v = bpe_vocab(size=V)
     return {
-        "a": st.compile_json_schema(SCHEMA_A, v, whitespace="compact"),
+        "a": st.compile_json_schema(SCHEMA_A, v, whitespace="compact", property_order="schema"),  # small tables
         "b": st.compile_json_schema(SCHEMA_B, v, whitespace="bounded", max_whitespace=2),
         "c": st.compile_regex(REGEX_C, v),
         "d": st.compile_choice(["alpha", "beta", "gamma"], v),

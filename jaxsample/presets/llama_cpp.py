@@ -270,7 +270,8 @@ def _grammar_values(grammar, json_schema, vocabulary, tokenizer, eos_ids) -> dic
                 schema = json.loads(schema)
             except json.JSONDecodeError as err:
                 raise ValueError(f"json_schema is not valid JSON: {err}") from None
-        compiled = structured.compile_json_schema(schema, vocabulary)
+        # llama.cpp's json-schema-to-grammar: bounded whitespace, properties in a fixed order
+        compiled = structured.compile_json_schema(schema, vocabulary, whitespace="bounded", property_order="schema")
     params = structured.grammar_params([compiled], (1,))
     return {key: (value if key.endswith("_tables") else 0) for key, value in params.items()}
 

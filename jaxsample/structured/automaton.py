@@ -274,6 +274,8 @@ class _NFA:
             for _ in range(node.lo):
                 c = self.build(node.item, c)
             return c
+        if hasattr(node, "build_nfa"):  # a leaf that builds itself (dfa_ops.Automaton)
+            return node.build_nfa(self, cont)
         raise TypeError(f"not an expression node: {node!r}")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 from typing import Any, Sequence
 
 from jaxsample.structured import automaton, gbnf, json_schema, regex, tokens
@@ -51,9 +52,21 @@ def compile_regex(pattern: str, vocab: Vocabulary) -> TokenGrammar:
     return compile_expression(regex.parse_regex(pattern), vocab)
 
 
+@contextlib.contextmanager
+def _deep_recursion(limit: int = 20_000):
+    """Raises Python's recursion limit during a compile: expression trees of large schemas nest deeply
+    (an object's properties are a chain of alternatives), and the NFA builder recurses along them."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, limit))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
+
+
 def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGrammar:
     """JSON documents valid under ``schema``; ``options`` as :func:`~jaxsample.structured.json_schema.schema_expr`."""
-    with _collector_paused():
+    with _collector_paused(), _deep_recursion():
         return compile_expression(json_schema.schema_expr(schema, **options), vocab)
 
 
