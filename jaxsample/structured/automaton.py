@@ -69,6 +69,16 @@ class Repeat:
     hi: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A reference to a rule of a recursive grammar (:class:`~jaxsample.structured.pushdown.Grammar`).
+
+    Compiled to a call of the rule's automaton: the return point goes on the row's stack.
+    """
+
+    rule: str
+
+
 EPSILON = Seq(())
 EMPTY = Alt(())  # matches nothing
 
@@ -215,12 +225,14 @@ def _byte_paths(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, ...], .
 
 # --------------------------------------------------------------------------------------------- NFA
 class _NFA:
-    def __init__(self, max_states: int):
+    """Thompson NFA; an edge is ``(symbol mask, target)``: bits 0-255 are bytes, bit ``256 + i`` calls rule ``i``."""
+
+    def __init__(self, max_states: int, rules: Sequence[str] = ()):
         self.eps: list[list[int]] = []
-        self.edges: list[list[tuple[int, int]]] = []  # (256-bit byte mask, target)
+        self.edges: list[list[tuple[int, int]]] = []
         self.max_states = max_states
+        self.rule_index = {name: i for i, name in enumerate(rules)}
         self._memo: dict = {}
-        self._seqs: dict = {}
 
     def new(self) -> int:
         if len(self.eps) >= self.max_states:
@@ -259,6 +271,10 @@ class _NFA:
         if isinstance(node, Alt):
             entry = self.new()
             self.eps[entry] = [self.build(x, cont) for x in node.items]
+            return entry
+        if isinstance(node, Call):
+            entry = self.new()
+            self.edges[entry].append((1 << (256 + self.rule_index[node.rule]), cont))
             return entry
         if isinstance(node, Repeat):
             if node.hi is None:
@@ -307,26 +323,28 @@ class ByteDFA(NamedTuple):
         return bool(self.accept[self.run(data)])
 
 
-def _byte_classes(masks: list[int]) -> tuple[np.ndarray, dict[int, int]]:
-    """Coarsest partition of the 256 bytes respecting every mask; mask -> bitset of its class ids."""
+def _byte_classes(masks: list[int], width: int = 256) -> tuple[np.ndarray, dict[int, int]]:
+    """Coarsest partition of the ``width`` symbols respecting every mask; mask -> bitset of its class ids."""
     distinct = sorted(set(masks))
-    bits = np.zeros((len(distinct), 256), bool)
+    bits = np.zeros((len(distinct), width), bool)
     for i, m in enumerate(distinct):
-        bits[i] = [(m >> b) & 1 for b in range(256)]
-    _, byte_class = np.unique(bits.T, axis=0, return_inverse=True) if distinct else (None, np.zeros(256, int))
-    byte_class = np.asarray(byte_class, np.int32).reshape(256)
+        bits[i] = [(m >> b) & 1 for b in range(width)]
+    _, byte_class = np.unique(bits.T, axis=0, return_inverse=True) if distinct else (None, np.zeros(width, int))
+    byte_class = np.asarray(byte_class, np.int32).reshape(width)
     classes = {m: sum(1 << int(c) for c in set(byte_class[bits[i]].tolist())) for i, m in enumerate(distinct)}
     return byte_class, classes
 
 
-def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
-    """Subset construction over byte classes.
+def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states: int):
+    """Subset construction over symbol classes from each of ``starts``: ``(delta, symbol_class, accept, entries)``.
 
     Per DFA state, the classes are split into groups reached by the same member edges (bitsets of
-    classes, refined edge by edge): one target set per group instead of one per class.
+    classes, refined edge by edge): one target set per group instead of one per class. A state is
+    accepting when it holds one of the ``final`` NFA states; ``entries`` are the starts' DFA states.
     """
-    byte_class, cls_of_mask = _byte_classes([m for es in nfa.edges for m, _ in es])
-    k = int(byte_class.max()) + 1
+    symbol_class, cls_of_mask = _byte_classes([m for es in nfa.edges for m, _ in es], 256 + len(nfa.rule_index))
+    finals = {final} if isinstance(final, int) else set(final)
+    k = int(symbol_class.max()) + 1
     closure_memo: dict[int, frozenset] = {}
 
     def closure(n: int) -> frozenset:
@@ -338,7 +356,7 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
                     if t not in seen:
                         seen.add(t)
                         todo.append(t)
-            got = closure_memo[n] = frozenset(x for x in seen if nfa.edges[x] or x == final)
+            got = closure_memo[n] = frozenset(x for x in seen if nfa.edges[x] or x in finals)
         return got
 
     out_edges: dict[int, list] = {}  # NFA state -> [(class bitset, target closure)], merged per bitset
@@ -357,10 +375,14 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
     ids: dict[frozenset, int] = {frozenset(): 0}
     sets = [frozenset()]
     rows = [[0] * k]
-    first = closure(start)
-    ids[first] = 1
-    sets.append(first)
-    rows.append(None)
+    entries = []
+    for start in starts:
+        first = closure(start)
+        if first not in ids:
+            ids[first] = len(sets)
+            sets.append(first)
+            rows.append(None)
+        entries.append(ids[first])
     everything = (1 << k) - 1
     i = 1
     while i < len(sets):
@@ -396,8 +418,8 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
         rows[i] = row
         i += 1
     delta = np.array(rows, np.int32)
-    accept = np.array([final in s for s in sets], bool)
-    return ByteDFA(delta, byte_class, accept, 1)
+    accept = np.array([not finals.isdisjoint(s) for s in sets], bool)
+    return delta, symbol_class, accept, entries
 
 
 def compile_expr(expr, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: int = MAX_DFA_STATES) -> ByteDFA:
@@ -410,12 +432,12 @@ def compile_expr(expr, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: 
     nfa = _NFA(max_nfa_states)
     final = nfa.new()
     start = nfa.build(expr, final)
-    dfa = _determinise(nfa, start, final, max_dfa_states)
-    trimmed = trim(dfa.delta, dfa.accept, dfa.start)
+    delta, byte_class, accept, (start,) = _determinise(nfa, [start], final, max_dfa_states)
+    trimmed = trim(delta, accept, start)
     if trimmed is None:
         raise EmptyLanguageError("the constraint matches no string at all")
     delta, accept, start = minimise(*trimmed)
-    return ByteDFA(delta, dfa.byte_class, accept, start)
+    return ByteDFA(delta, byte_class, accept, start)
 
 
 def intersects(a: ByteDFA, b: ByteDFA) -> bool:

@@ -13,7 +13,7 @@ import contextlib
 import gc
 from typing import Any, Sequence
 
-from jaxsample.structured import automaton, gbnf, json_schema, regex, tokens
+from jaxsample.structured import automaton, effects, gbnf, json_schema, pushdown, regex, tokens
 from jaxsample.structured.tokens import TokenGrammar
 from jaxsample.structured.vocab import Vocabulary
 
@@ -36,8 +36,11 @@ def _collector_paused():
 
 
 def compile_expression(expr, vocab: Vocabulary) -> TokenGrammar:
-    """Token grammar of an expression tree (see :mod:`~jaxsample.structured.automaton`)."""
+    """Token grammar of an expression tree (see :mod:`~jaxsample.structured.automaton`) or of a
+    recursive :class:`~jaxsample.structured.pushdown.Grammar` (a pushdown automaton)."""
     with _collector_paused():
+        if isinstance(expr, pushdown.Grammar):
+            return effects.build(pushdown.compile_grammar(expr), vocab)
         return tokens.build(automaton.compile_expr(expr), vocab)
 
 

@@ -201,6 +201,11 @@ def minimise(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndar
       ``(delta, accept, start)`` of the minimal DFA, numbered 0 = dead, 1 = start, the other
       blocks in order of their first state.
     """
+    return _renumber(np.asarray(delta, np.int64), accept, start, partition(delta, accept))
+
+
+def partition(delta: np.ndarray, accept: np.ndarray) -> np.ndarray:
+    """``int64[S]``: the coarsest stable partition (Myhill-Nerode blocks) of a trimmed table's states."""
     s_count, k = delta.shape
     delta = np.asarray(delta, np.int64)
     mult = _weights(k)
@@ -228,8 +233,8 @@ def minimise(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndar
     rep = np.zeros(n_blocks, np.int64)
     rep[block] = np.arange(s_count)
     if not np.array_equal(block[delta], block[delta[rep[block]]]):  # pragma: no cover - hash collision
-        return _moore(delta, accept, start)
-    return _renumber(delta, accept, start, block)
+        return _moore_blocks(delta, accept)
+    return block
 
 
 def _renumber(delta, accept, start, block):
@@ -244,7 +249,12 @@ def _renumber(delta, accept, start, block):
     return renum[block[delta[first[order]]]].astype(np.int32), accept[first[order]], 1
 
 
-def _moore(delta, accept, start):  # pragma: no cover - only after a 64-bit hash collision
+def _moore(delta, accept, start):
+    """Plain Moore rounds (the reference the incremental refinement is tested against)."""
+    return _renumber(np.asarray(delta, np.int64), accept, start, _moore_blocks(delta, accept))
+
+
+def _moore_blocks(delta, accept):
     block = np.where(accept, 2, 1)
     block[0] = 0
     while True:
@@ -253,4 +263,4 @@ def _moore(delta, accept, start):  # pragma: no cover - only after a 64-bit hash
         if len(np.unique(nb)) == len(np.unique(block)):
             break
         block = nb
-    return _renumber(delta, accept, start, np.unique(block, return_inverse=True)[1].reshape(-1))
+    return np.unique(block, return_inverse=True)[1].reshape(-1)

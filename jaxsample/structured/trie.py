@@ -133,6 +133,22 @@ class VocabIndex:
         self._parent = np.full(t.size, -1, np.int32)
         self._parent[1:] = np.repeat(np.arange(t.size, dtype=np.int32), t.count)
 
+    @functools.cached_property
+    def subtree(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(lo, hi, depth)`` per byte-trie node: the strings below it are ``strings[lo:hi]`` (sorted
+        strings make them contiguous); ``depth`` is the node's length in bytes."""
+        t = self.trie
+        big = len(self.strings)
+        lo = np.where(t.term >= 0, t.term, big).astype(np.int64)
+        hi = np.where(t.term >= 0, t.term + 1, 0).astype(np.int64)
+        ds = t.depth_start
+        for d in range(ds.size - 2, 0, -1):  # deepest level first
+            a, b = int(ds[d]), int(ds[d + 1])
+            np.minimum.at(lo, self._parent[a:b], lo[a:b])
+            np.maximum.at(hi, self._parent[a:b], hi[a:b])
+        depth = np.repeat(np.arange(ds.size - 1), np.diff(ds))
+        return lo, hi, depth
+
     def quotient(self, blocks: np.ndarray, exact_depth: int = 0) -> Quotient:
         """The quotient trie under the byte partition ``blocks`` (``int[256]`` block ids), cached."""
         blocks = np.asarray(blocks, np.int64)

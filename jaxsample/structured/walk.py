@@ -73,11 +73,14 @@ class Walk(NamedTuple):
 
     A token of a quotient terminal ends in ``state`` from ``origin`` for every token string ending
     at the terminal; a string is either covered by a terminal entry or by its own entries, never
-    both, for a given origin.
+    both, for a given origin. ``marks = (origin, node, marker)``: walkers stopped by a marker
+    transition (see :func:`walk`) on the edge into byte-trie ``node``; the tokens below that node
+    have no other entry for that origin.
     """
 
     fine: tuple[np.ndarray, np.ndarray, np.ndarray]
     coarse: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
+    marks: tuple[np.ndarray, np.ndarray, np.ndarray] = (np.zeros(0, np.int64),) * 3
 
 
 def _blocks(sig: np.ndarray) -> np.ndarray:
@@ -116,7 +119,7 @@ def _survival(delta: np.ndarray, class_weight: np.ndarray) -> np.ndarray:
     return np.stack(out)
 
 
-def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> Plan:
+def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, marker_from: int | None = None) -> Plan:
     """Chooses the walk of every state.
 
     A state expected to keep a large part of the trie alive (string bodies, free-text patterns)
@@ -131,11 +134,13 @@ def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> Plan:
       delta: ``int32[S, K]`` transitions per byte class, state 0 dead.
       byte_class: ``int[256]`` class of each byte.
       index: the vocabulary's tries.
+      marker_from: values ``>= marker_from`` in ``delta`` are markers (they end a walk).
     """
     s_count, k = delta.shape
     mode = np.zeros(s_count, np.int32)
     class_weight = np.bincount(byte_class, weights=index.byte_weight, minlength=k)
-    surv = _survival(delta, class_weight)
+    plain = delta if marker_from is None else np.where(delta >= marker_from, 0, delta)
+    surv = _survival(plain, class_weight)
     t = index.trie
     per_depth = np.diff(t.depth_start)[1:].astype(np.float64)  # nodes at depth 1, 2, ...
     d = min(SURVIVAL_DEPTH, per_depth.size)
@@ -144,7 +149,7 @@ def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> Plan:
     seeds = seeds[seeds != 0]
     if seeds.size == 0:
         return Plan(mode, (), expected)
-    targets = delta[seeds]  # [R, K]
+    targets = plain[seeds]  # [R, K]
     share = class_weight * surv[-2][targets]
     heavy = (share >= EDGE_SHARE * surv[-1][seeds][:, None]) & (targets != 0)
     # per seed: the partition on which all its heavy targets are constant (random linear signature)
@@ -158,7 +163,7 @@ def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> Plan:
     lonely = ~heavy.any(axis=1)
     sig[lonely] = delta[seeds[lonely]]
     blocks = _blocks(np.take(sig, byte_class, axis=1))
-    own = np.take(targets, byte_class, axis=1)
+    own = np.take(delta[seeds], byte_class, axis=1)
     exact = ~(own == np.take_along_axis(own, blocks, axis=1)).all(axis=1)  # the seed splits a block
     first, inv = unique_rows(np.concatenate([blocks, exact[:, None]], 1))
     modes: list[Mode] = []
@@ -232,30 +237,51 @@ def _forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Pla
     )  # fmt: skip
 
 
-def _estimate(delta: np.ndarray, byte_class: np.ndarray, p: Plan) -> np.ndarray:
+def _estimate(delta: np.ndarray, byte_class: np.ndarray, p: Plan, marker_from: int | None = None) -> np.ndarray:
     """Pairs each origin is expected to walk: the survival estimate on the byte trie, and on a
     quotient the sizes of the subtries its live first letters open (small tries: a safe bound)."""
     est = p.expected.copy()
     for k, m in enumerate(p.modes, start=1):
         rows = np.flatnonzero(p.mode == k)
-        live = np.take(delta[rows], byte_class, axis=1) != 0
+        live = np.take(delta[rows], byte_class, axis=1) != 0  # (markers count as live: a bound)
         first = live if m.quotient.exact_depth else np.take(live, m.quotient.representative, axis=1)
         est[rows] = first.astype(np.int64) @ m.quotient.trie.root_weight[: first.shape[1]]
     return est
 
 
-def walk(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan) -> Walk:
-    """Where the tokens end from every state (see :class:`Walk`); origins are batched to bound memory."""
+def walk(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan, marker_from: int | None = None) -> Walk:
+    """Where the tokens end from every state (see :class:`Walk`); origins are batched to bound memory.
+
+    With ``marker_from``, a transition to a value ``>= marker_from`` stops the walker and is
+    reported in ``Walk.marks`` (pushdown grammars: calls and returns, resolved by the caller).
+    """
     forest = _forest(delta, byte_class, index, p)
     origins = np.arange(1, delta.shape[0], dtype=np.int64)
-    batch = (np.cumsum(_estimate(delta, byte_class, p)[origins]) // PAIR_BUDGET).astype(np.int64)
-    hits = [_walk(forest, p, origins[batch == b]) for b in np.unique(batch)]
-    o, n, q = (np.concatenate([h[i] for h in hits]) for i in range(3))
+    batch = (np.cumsum(_estimate(delta, byte_class, p, marker_from)[origins]) // PAIR_BUDGET).astype(np.int64)
+    hits = [_walk(forest, p, origins[batch == b], marker_from) for b in np.unique(batch)]
+    o, n, q = (np.concatenate([h[0][i] for h in hits]) for i in range(3))
     parts = []
     for k in range(len(p.modes) + 1):
         sel = (n >= forest.base[k]) & (n < forest.base[k + 1])
         parts.append((o[sel], forest.term[n[sel]], q[sel]))
-    return Walk(parts[0], tuple(parts[1:]))
+    marks = tuple(np.concatenate([h[1][i] for h in hits]) for i in range(3))
+    return Walk(parts[0], tuple(parts[1:]), marks)
+
+
+def forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> "_Forest":
+    """The byte trie of ``index`` with ``delta``'s transitions, for :func:`walk_from`."""
+    return _forest(delta, byte_class, index, Plan(np.zeros(delta.shape[0], np.int32), (), np.zeros(delta.shape[0])))
+
+
+def walk_from(f: "_Forest", states: np.ndarray, nodes: np.ndarray, origins: np.ndarray, marker_from: int):
+    """Walks the byte trie below ``nodes`` from ``states`` (the bytes of the nodes already read).
+
+    Returns ``(hits, marks)``: ``hits = (origin, string, state)`` for the tokens ending at or below
+    the start nodes, ``marks`` as :attr:`Walk.marks`.
+    """
+    p = Plan(np.zeros(int(np.max(states, initial=0)) + 1, np.int32), (), np.zeros(0))
+    (o, n, q), marks = _walk(f, p, np.asarray(origins, np.int64), marker_from, states, nodes)
+    return (o, f.term[n], q), marks
 
 
 def _spans(ptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -292,17 +318,26 @@ def _regroup(parent, q, n, ptr, origin, n_fine: int):
     return q[order][start], n[order][start], np.concatenate([[0], np.cumsum(size)]), origin[pos]
 
 
-def _walk(f: _Forest, p: Plan, origins: np.ndarray):
-    """Breadth-first walk of the forest from ``origins``; ``(origin, node, state)`` of every token end.
+def _walk(f: _Forest, p: Plan, origins: np.ndarray, marker_from=None, states=None, nodes=None):
+    """Breadth-first walk of the forest from ``origins``: ``((origin, node, state) of every token end, marks)``.
 
-    Walkers that reach the same state at the same node continue as one (whitespace variants before
-    a string, say, share everything after their first byte); each keeps the list of its origins.
+    Walkers start at the root of each origin's trie in the origin's state, or at byte-trie
+    ``nodes`` in ``states`` (tokens ending at a start node count). Walkers that reach the same
+    state at the same node continue as one (whitespace variants before a string, say, share
+    everything after their first byte); each keeps the list of its origins. Transitions to a
+    marker (``>= marker_from``) stop the walker; they are reported on byte-trie nodes.
     """
-    n = f.base[p.mode[origins]].astype(np.int64)  # the root of each origin's trie
-    q = origins.astype(np.int64)
+    if nodes is None:
+        n = f.base[p.mode[origins]].astype(np.int64)  # the root of each origin's trie
+        q = origins.astype(np.int64)
+    else:
+        n, q = np.asarray(nodes, np.int64), np.asarray(states, np.int64)
     ptr, origin = np.arange(origins.size + 1), origins.astype(np.int64)
     n_fine = int(f.base[1])
-    out = []
+    out, marks = [], []
+    if nodes is not None:
+        hit = np.flatnonzero(f.term[n] >= 0)
+        out.append((origin[hit], n[hit], q[hit]))
     depth = 0
     while q.size:
         count = f.count[n]
@@ -313,7 +348,13 @@ def _walk(f: _Forest, p: Plan, origins: np.ndarray):
         child = np.repeat(f.first[n] - offsets, count) + np.arange(total)
         parent = np.repeat(np.arange(q.size), count)
         nxt = f.delta[np.repeat(q * f.width, count) + f.label[child]]
-        alive = np.flatnonzero(nxt != 0)
+        if marker_from is not None:
+            mk = np.flatnonzero(nxt >= marker_from)
+            if mk.size:
+                marks.append(_marks(f, ptr, origin, parent[mk], child[mk], nxt[mk], n_fine))
+            alive = np.flatnonzero((nxt != 0) & (nxt < marker_from))
+        else:
+            alive = np.flatnonzero(nxt != 0)
         q, n, ptr, origin = _regroup(parent[alive], nxt[alive], child[alive], ptr, origin, n_fine)
         hit = np.flatnonzero(f.term[n] >= 0)
         pos, length = _spans(ptr, hit)
@@ -324,7 +365,24 @@ def _walk(f: _Forest, p: Plan, origins: np.ndarray):
             bad = np.flatnonzero(~ok)
             members, length = _spans(f.members_start, n[bad])
             parent = np.concatenate([np.flatnonzero(ok), np.repeat(bad, length)])
-            nodes = np.concatenate([n[ok], f.members[members]])
-            q, n, ptr, origin = _regroup(parent, q[parent], nodes, ptr, origin, n_fine)
+            nodes_ = np.concatenate([n[ok], f.members[members]])
+            q, n, ptr, origin = _regroup(parent, q[parent], nodes_, ptr, origin, n_fine)
         depth += 1
-    return tuple(np.concatenate([h[i] for h in out]) if out else np.zeros(0, np.int64) for i in range(3))
+    empty = np.zeros(0, np.int64)
+    res = tuple(np.concatenate([h[i] for h in out]) if out else empty for i in range(3))
+    return res, tuple(np.concatenate([m[i] for m in marks]) if marks else empty for i in range(3))
+
+
+def _marks(f: _Forest, ptr, origin, parent, child, marker, n_fine: int):
+    """``(origin, byte-trie node, marker)`` of walkers stopped on the edges ``parent -> child``."""
+    pos, length = _spans(ptr, parent)
+    node, mark = np.repeat(child, length), np.repeat(marker, length)
+    o = origin[pos]
+    quotient = np.flatnonzero(node >= n_fine)
+    if quotient.size:  # a quotient node stands for several byte-trie nodes
+        members, count = _spans(f.members_start, node[quotient])
+        fine = np.flatnonzero(node < n_fine)
+        o = np.concatenate([o[fine], np.repeat(o[quotient], count)])
+        mark = np.concatenate([mark[fine], np.repeat(mark[quotient], count)])
+        node = np.concatenate([node[fine], f.members[members]])
+    return o, node, mark
