@@ -195,14 +195,14 @@ def test_whitespace_modes():
         schema_expr(s, whitespace="pretty")
 
 
-def test_recursion_is_unrolled_to_the_configured_depth():
+def test_recursion_is_a_stack_of_max_depth_frames():
+    """A $ref cycle is entered on the stack (not unrolled): each nested node takes one frame."""
+    d = am.compile_expr(schema_expr(SCHEMAS["recursive"], whitespace="compact", max_depth=5))
     deep = {"v": 0}
-    for i in range(6):
-        deep = {"v": i, "kids": [deep]}
-    text = json.dumps(deep, separators=(",", ":")).encode()
-    shallow = am.compile_expr(schema_expr(SCHEMAS["recursive"], whitespace="compact", max_recursion=2))
-    full = am.compile_expr(schema_expr(SCHEMAS["recursive"], whitespace="compact", max_recursion=6))
-    assert not shallow.matches(text) and full.matches(text)
+    for depth in range(1, 40):
+        deep = {"v": depth, "kids": [deep]}
+        text = json.dumps(deep, separators=(",", ":")).encode()
+        assert d.matches(text) == (depth <= 5) and d.matches(text, max_depth=depth) and not d.matches(text, max_depth=depth - 1)
 
 
 @pytest.mark.parametrize(

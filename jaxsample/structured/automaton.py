@@ -425,10 +425,17 @@ def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states:
 def compile_expr(expr, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: int = MAX_DFA_STATES) -> ByteDFA:
     """Minimal byte DFA accepting exactly the UTF-8 encodings of ``expr``'s strings.
 
+    A recursive :class:`~jaxsample.structured.pushdown.Grammar` gives its byte-level pushdown
+    automaton instead (:func:`~jaxsample.structured.pushdown.compile_grammar`; it also ``matches``).
+
     Raises:
       EmptyLanguageError: if ``expr`` matches nothing.
       GrammarError: if a state budget is exceeded.
     """
+    from jaxsample.structured import pushdown  # (it builds on this module)
+
+    if isinstance(expr, pushdown.Grammar):
+        return pushdown.compile_grammar(expr, max_nfa_states=max_nfa_states, max_dfa_states=max_dfa_states)
     nfa = _NFA(max_nfa_states)
     final = nfa.new()
     start = nfa.build(expr, final)

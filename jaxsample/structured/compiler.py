@@ -60,9 +60,18 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
         return compile_expression(json_schema.schema_expr(schema, **options), vocab)
 
 
-def compile_json(vocab: Vocabulary, *, max_depth: int = 4, whitespace: str = "bounded") -> TokenGrammar:
-    """Any JSON value with containers nested at most ``max_depth`` deep (JSON mode)."""
-    return compile_json_schema(True, vocab, any_depth=max_depth, whitespace=whitespace)
+def compile_json(vocab: Vocabulary, *, max_depth: int = pushdown.DEFAULT_MAX_DEPTH, whitespace: str = "bounded") -> TokenGrammar:
+    """Any JSON value with containers nested at most ``max_depth`` deep (JSON mode).
+
+    Containers are a recursive rule on the device stack: the outermost is free, each one inside it
+    takes a frame (the tables' stack limit is ``max_depth - 1``).
+
+    Raises:
+      ValueError: if ``max_depth < 1``.
+    """
+    if max_depth < 1:
+        raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+    return compile_json_schema(True, vocab, max_depth=max_depth - 1, whitespace=whitespace)
 
 
 def compile_gbnf(text: str, vocab: Vocabulary, **options) -> TokenGrammar:

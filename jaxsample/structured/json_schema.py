@@ -6,9 +6,10 @@ only for property-less "map" objects), ``items``/``prefixItems``/``minItems``/``
 ``minLength``/``maxLength``, ``pattern`` (ECMAScript search semantics: unanchored unless ``^...$``),
 ``format`` (date, time, date-time, uuid, email, ipv4, hostname, uri), integer bounds
 (``minimum``/``maximum``/``exclusive*``, any integers) and number bounds with integer values,
-``anyOf``, ``oneOf`` (branches are checked to be disjoint), ``allOf`` (merged), local ``$ref``
-(recursion unrolled ``max_recursion`` times), ``true``/``{}`` (any JSON value, containers nested
-at most ``any_depth`` levels).
+``anyOf``, ``oneOf`` (branches are checked to be disjoint), ``allOf`` (merged), local ``$ref``,
+``true``/``{}`` (any JSON value). Recursion — a ``$ref`` cycle, and the containers of generic JSON
+values — is a rule entered on the device stack (a :class:`~jaxsample.structured.pushdown.Grammar`
+with at most ``max_depth`` nested frames), not unrolled.
 
 Deliberate over-constraints (outputs stay valid, some valid documents cannot be produced):
 properties in schema order; an absent ``additionalProperties`` next to ``properties`` means closed
@@ -33,10 +34,12 @@ from typing import Any
 
 from jaxsample.structured import regex as _regex
 from jaxsample.structured.numbers import integer_range, number_range
+from jaxsample.structured.pushdown import DEFAULT_MAX_DEPTH, Grammar
 from jaxsample.structured.automaton import (
     EMPTY,
     EPSILON,
     Alt,
+    Call,
     Chars,
     GrammarError,
     Repeat,
@@ -56,6 +59,9 @@ from jaxsample.structured.automaton import (
 )
 
 WHITESPACE_MODES = ("compact", "bounded", "free")
+JSON_RULE = "$json"  # generic JSON containers: a recursive rule (refs are named by their JSON pointer)
+_FIRST = {"object": "{", "array": "[", "string": '"', "number": "-0123456789", "integer": "-0123456789",
+          "boolean": "tf", "null": "n"}  # fmt: skip
 _ANNOTATIONS = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
     "readOnly", "writeOnly", "$defs", "definitions", "contentEncoding", "contentMediaType", "$anchor",
@@ -120,7 +126,7 @@ def _json_encoded(expr):
 
 # -------------------------------------------------------------------------------------- compiler
 class _Compiler:
-    def __init__(self, root, whitespace, max_whitespace, max_recursion, any_depth):
+    def __init__(self, root, whitespace, max_whitespace, max_depth):
         if whitespace not in WHITESPACE_MODES:
             raise ValueError(f"whitespace must be one of {WHITESPACE_MODES}, got {whitespace!r}")
         self.root = root
@@ -132,10 +138,9 @@ class _Compiler:
             self.ws = star(chars(" \t\n\r"))
         self.comma = seq(self.ws, lit(","), self.ws)
         self.colon = seq(self.ws, lit(":"), self.ws)
-        self.max_recursion = int(max_recursion)
-        self.any_depth = int(any_depth)
-        self.active: dict[str, int] = {}
-        self._any: dict[int, Any] = {}
+        self.max_depth = int(max_depth)
+        self.active: set[str] = set()
+        self.rules: dict[str, Any] = {}  # recursive rules: $ref pointers on a cycle, JSON_RULE; None until built
         self.string = seq(lit('"'), star(_STRING_CHAR), lit('"'))
 
     # ------------------------------------------------------------------ helpers
@@ -152,17 +157,15 @@ class _Compiler:
             body = EPSILON
         return seq(lit(open_), self.ws, body, self.ws, lit(close))
 
-    def any_value(self, depth: int):
-        if depth not in self._any:
-            scalars = alt(self.string, number_range(None, None), lit("true"), lit("false"), lit("null"))
-            if depth <= 0:  # no room for containers
-                self._any[depth] = scalars
-            else:
-                inner = self.any_value(depth - 1)
-                member = seq(self.string, self.colon, inner)
-                objects = self.container("{", "}", member, member)
-                self._any[depth] = alt(scalars, objects, self.container("[", "]", inner, inner))
-        return self._any[depth]
+    def any_value(self):
+        """Any JSON value: scalars inline, containers the recursive rule ``JSON_RULE`` (one stack frame each)."""
+        scalars = alt(self.string, number_range(None, None), lit("true"), lit("false"), lit("null"))
+        if JSON_RULE not in self.rules:
+            self.rules[JSON_RULE] = EPSILON  # reserved: the body below calls the rule
+            value = alt(scalars, Call(JSON_RULE))
+            member = seq(self.string, self.colon, value)
+            self.rules[JSON_RULE] = alt(self.container("{", "}", member, member), self.container("[", "]", value, value))
+        return alt(scalars, Call(JSON_RULE))
 
     def literal(self, value):
         return lit(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
@@ -170,7 +173,7 @@ class _Compiler:
     # ------------------------------------------------------------------ schemas
     def compile(self, schema, path: str = "#"):
         if schema is True or schema == {}:
-            return self.any_value(self.any_depth)
+            return self.any_value()
         if schema is False:
             return EMPTY
         if not isinstance(schema, dict):
@@ -205,14 +208,54 @@ class _Compiler:
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise self.error(path, f"only local '$ref' (starting with '#') is supported, got {ref!r}")
         target = self.resolve(ref, path)
-        depth = self.active.get(ref, 0)
-        if depth > self.max_recursion:
-            return EMPTY  # recursion unrolled max_recursion times: deeper branches are cut
-        self.active[ref] = depth + 1
+        if ref in self.active:  # a cycle: the schema is a rule entered on the stack
+            self.rules.setdefault(ref, None)
+            return Call(ref)
+        self.active.add(ref)
         try:
             return self.compile(target, ref)
         finally:
-            self.active[ref] = depth
+            self.active.discard(ref)
+
+    def grammar(self, root):
+        """``root`` when nothing recursed, else a :class:`Grammar` with the recursive rules (built here)."""
+        while any(body is None for body in self.rules.values()):
+            for ref in [r for r, body in self.rules.items() if body is None]:
+                self.active = {ref}
+                self.rules[ref] = self.compile(self.resolve(ref, ref), ref)
+        return Grammar({"$root": root, **self.rules}, "$root", self.max_depth) if self.rules else root
+
+    def regular(self, expr):
+        """``expr`` with each call replaced by a regular superset (the callee's first character, then
+        anything): enough to prove ``oneOf`` branches disjoint."""
+        if isinstance(expr, Call):
+            first = "{[" if expr.rule == JSON_RULE else self.first_chars(self.resolve(expr.rule, expr.rule), {expr.rule})
+            return seq(chars([(ord(c), ord(c)) for c in first]), star(Chars(complement(()))))
+        if isinstance(expr, (Seq, Alt)):
+            return (seq if isinstance(expr, Seq) else alt)(*map(self.regular, expr.items))
+        if isinstance(expr, Repeat):
+            return repeat(self.regular(expr.item), expr.lo, expr.hi)
+        return expr
+
+    def first_chars(self, schema, seen: set) -> str:
+        """Characters a value of ``schema`` may start with (a superset)."""
+        every = "".join(sorted(set("".join(_FIRST.values()))))
+        if not isinstance(schema, dict) or not schema:
+            return every
+        if "$ref" in schema:
+            ref = schema["$ref"]
+            return every if ref in seen else self.first_chars(self.resolve(ref, ref), seen | {ref})
+        for key in ("anyOf", "oneOf"):
+            if key in schema and isinstance(schema[key], list):
+                return "".join(sorted({c for sub in schema[key] for c in self.first_chars(sub, seen)}))
+        if "const" in schema or "enum" in schema:
+            values = [schema["const"]] if "const" in schema else list(schema["enum"])
+            return "".join(sorted({json.dumps(v)[0] for v in values})) or every
+        types = schema.get("type")
+        types = [types] if isinstance(types, str) else types
+        if not isinstance(types, list) or "allOf" in schema or any(t not in _FIRST for t in types):
+            return every
+        return "".join(sorted({c for t in types for c in _FIRST[t]}))
 
     def merge_all_of(self, schema, path):
         merged = {k: v for k, v in schema.items() if k != "allOf"}
@@ -258,7 +301,7 @@ class _Compiler:
             for i, b in enumerate(branches):
                 if b == EMPTY:
                     continue
-                d = compile_expr(b)
+                d = compile_expr(self.regular(b))
                 for j, other in dfas:
                     if intersects(d, other):
                         raise self.error(path, f"'oneOf' branches {j} and {i} overlap (anyOf semantics would under-constrain)")
@@ -412,8 +455,7 @@ class _Compiler:
         return seq(lit("{"), self.ws, body, self.ws, lit("}"))
 
     def any_object(self):
-        inner = self.any_value(self.any_depth - 1)
-        member = seq(self.string, self.colon, inner)
+        member = seq(self.string, self.colon, self.any_value())
         return self.container("{", "}", member, member)
 
 
@@ -456,10 +498,10 @@ def schema_expr(
     *,
     whitespace: str = "bounded",
     max_whitespace: int = 20,
-    max_recursion: int = 3,
-    any_depth: int = 3,
+    max_depth: int = DEFAULT_MAX_DEPTH,
 ):
-    """Expression tree of the JSON documents a schema accepts (see the module docstring).
+    """Expression tree of the JSON documents a schema accepts, or a :class:`~jaxsample.structured.pushdown.Grammar`
+    when it recurses (see the module docstring).
 
     Args:
       schema: the schema (a dict, a bool, or its JSON text).
@@ -467,12 +509,15 @@ def schema_expr(
         space, or a newline plus at most ``max_whitespace`` spaces/tabs, as llama.cpp) or ``"free"``
         (any ``[ \\t\\n\\r]*``; beware run-on whitespace with small models).
       max_whitespace: indentation bound of the bounded mode.
-      max_recursion: how many times a recursive ``$ref`` is unrolled on one path.
-      any_depth: container nesting allowed inside values of unconstrained schemas (``{}``/``true``).
+      max_depth: stack frames of a recursive schema: each nested ``$ref`` on a cycle, and each
+        container inside a generic value (``{}``/``true``: its outermost container is free when the
+        value ends the document), takes one. The default limit of the compiled tables, changeable
+        per batch on the device.
 
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and location).
     """
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)
-    return _Compiler(schema, whitespace, max_whitespace, max_recursion, any_depth).compile(schema)
+    c = _Compiler(schema, whitespace, max_whitespace, max_depth)
+    return c.grammar(c.compile(schema))
