@@ -50,7 +50,15 @@ MIN_GRAMMARS = 1
 MIN_STATES = 64
 MIN_CLASSES = 32
 MIN_MASKS = 16
-MIN_DEPTH = 8  # stack capacity bucket of recursive grammars
+# recursive grammars: stack capacity, stack-dependent tokens per row and in all, stack rooms, effects,
+# pushes per token, returns per token (generous minimums: most grammars share one bucket)
+MIN_DEPTH = 8
+MIN_RETURNS = 64
+MIN_POP_TOKENS = 1024
+MIN_ROOMS = 4
+MIN_EFFECTS = 256
+MIN_PUSHES = 4
+MIN_POPS = 4
 
 _STATIC = ("depth", "max_pops", "window")
 
@@ -146,6 +154,8 @@ def stack(
     num_masks: int | None = None,
     max_depth: int | None = None,
     num_depth: int | None = None,
+    num_returns: int | None = None,
+    num_pop_tokens: int | None = None,
 ) -> Tables:
     """Device tables for several grammars (same vocabulary), padded to bucketed shapes.
 
@@ -159,6 +169,10 @@ def stack(
         value: changing it within the capacity never recompiles.
       num_depth: fixed stack capacity ``D`` (default: the power-of-two bucket of the largest limit,
         at least ``MIN_DEPTH``; 0 when no grammar recurses).
+      num_returns: fixed window ``W`` of stack-dependent tokens resolved per row and step (default:
+        the bucket of the longest per-state list, at least ``MIN_RETURNS``; 0 without recursion).
+      num_pop_tokens: fixed length ``T`` of the stack-dependent token lists of a grammar (default:
+        the bucket of the longest, at least ``MIN_POP_TOKENS``).
 
     Raises:
       ValueError: on an empty list, mixed vocabulary sizes, a negative ``max_depth``, or fixed
@@ -180,19 +194,19 @@ def stack(
     c = _size(num_classes, max(g.num_classes for g in grammars), MIN_CLASSES, "num_classes", sizes)
     u = _size(num_masks, max(g.masks.shape[0] for g in grammars), MIN_MASKS, "num_masks", sizes)
     d = _size(num_depth, max(max(limits), 1), MIN_DEPTH, "num_depth", sizes) if rec else int(num_depth or 0)
+    longest = max([int(np.diff(p.pop_start).max(initial=0)) for p in rec], default=0)
+    window = _size(num_returns, longest, MIN_RETURNS, "num_returns", sizes) if longest else int(num_returns or 0)
+    n_pop = _size(num_pop_tokens, max([p.pop_token.size for p in rec], default=1), MIN_POP_TOKENS, "num_pop_tokens", sizes)
     small = {k: v for k, v in sizes.items() if v[0] < v[1]}
     if small:
         raise ValueError(
             f"{', '.join(f'{k}={v[0]}' for k, v in small.items())} smaller than needed "
             f"({', '.join(str(v[1]) for v in small.values())})"
         )
-    rooms = bucket(max([p.room_mask_id.shape[1] for p in rec], default=1), 1) if rec else 1
-    n_eff = bucket(max([p.effect.shape[0] for p in rec], default=1), 1)
-    width = max([p.effect.shape[1] for p in rec], default=4)
-    n_pop = bucket(max([p.pop_token.size for p in rec], default=1), 1)
-    window = bucket(max([int(np.diff(p.pop_start).max(initial=0)) for p in rec], default=0), 1) if rec else 0
-    window = window if any(p.pop_token.size for p in rec) else 0
-    max_pops = max([p.max_pops for p in rec], default=0)
+    rooms = bucket(max(p.room_mask_id.shape[1] for p in rec), MIN_ROOMS) if rec else 1
+    n_eff = bucket(max(p.effect.shape[0] for p in rec), MIN_EFFECTS) if rec else 1
+    width = 4 + bucket(max(p.effect.shape[1] - 4 for p in rec), MIN_PUSHES) if rec else 4
+    max_pops = bucket(max(p.max_pops for p in rec), MIN_POPS) if rec else 0
     n_eos = max(len(g.eos_ids) for g in grammars) or 1
     v = vocab.pop()
     nxt = np.zeros((n, s, c), _index_dtype(s + n_eff))
