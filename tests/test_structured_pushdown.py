@@ -41,10 +41,22 @@ SOURCES = {
 }  # fmt: skip
 
 
+# every byte, and tokens that enter and leave rules (for a moment deeper), return through several
+# rules, or return and enter again
+CROSSING = (None, *(bytes([b]) for b in range(256)), b"[1]", b"[[", b"]]", b"]]]", b"],[", b"[{", b"}]", b"}},",
+            b'{"v":', b'{"v":1}', b"(1)", b"((1))", b"1))", b")*(", b"))+(", b"[[1]]", b"[]]", b'":[{"')  # fmt: skip
+
+
+def crossing_vocab():
+    return st.Vocabulary(CROSSING, (0,))
+
+
 @pytest.fixture(scope="module")
 def compiled():
-    v = bpe_vocab(size=V)
-    return {k: (am.compile_expr(expr()), build(v)) for k, (expr, build) in SOURCES.items()}
+    out = {}
+    for vocab in (bpe_vocab(size=V), crossing_vocab()):
+        out.update({(k, vocab.size): (am.compile_expr(expr()), build(vocab)) for k, (expr, build) in SOURCES.items()})
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +101,9 @@ DEEP = {  # documents reaching each grammar's limit
 }
 
 
-def _greedy(data: bytes) -> list:
+def _greedy(data: bytes, vocab) -> list:
     """Longest-match tokenization (a path through multi-byte tokens that cross rule boundaries)."""
-    index = {b: i for i, b in enumerate(bpe_vocab(size=V).token_bytes) if b}
+    index = {b: i for i, b in enumerate(vocab.token_bytes) if b}
     out, i = [], 0
     while i < len(data):
         n = max(n for n in range(1, len(data) - i + 1) if data[i : i + n] in index)
@@ -100,17 +112,18 @@ def _greedy(data: bytes) -> list:
     return out
 
 
+@pytest.mark.parametrize("crossing", [False, True])
 @pytest.mark.parametrize("name", sorted(SOURCES))
-def test_token_tables_equal_the_byte_level_pushdown_automaton(compiled, name):
+def test_token_tables_equal_the_byte_level_pushdown_automaton(compiled, name, crossing):
     """Every token at every visited configuration is allowed exactly when its bytes run on the
     byte-level automaton within the limit with a completion left, and then leads to the same state
     and stack (tokens returning through rules, entering rules, at the depth limit). Configurations:
     a document that reaches the limit, then random tokens."""
-    pd, g = compiled[name]
-    v = bpe_vocab(size=V)
+    v = crossing_vocab() if crossing else bpe_vocab(size=V)
+    pd, g = compiled[name, v.size]
     m = st.Matcher(g)
     assert m.limit == pd.max_depth
-    script = _greedy(DEEP[name])
+    script = _greedy(DEEP[name], v)
     rng = np.random.default_rng(len(name))
     deepest = 0
     for step in range(len(script) + 15):
@@ -133,7 +146,7 @@ def test_token_tables_equal_the_byte_level_pushdown_automaton(compiled, name):
 
 def test_device_stepping_equals_the_host_matcher(compiled):
     """Recursive and regular grammars and a free row in one batch; two limits through one trace."""
-    grammars = [compiled[k][1] for k in ("arith", "json_gbnf", "json_mode", "tree")]
+    grammars = [compiled[k, V][1] for k in ("arith", "json_gbnf", "json_mode", "tree")]
     grammars.append(st.compile_regex(r"[a-z]{1,3}(,[0-9]+)*", bpe_vocab(size=V)))
     rows = np.array([0, 1, 2, 3, 4, -1])
     allowed_fn, advance_fn = CountingJit(st.allowed), CountingJit(st.advance)

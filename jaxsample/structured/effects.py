@@ -8,7 +8,8 @@ state, end in one of two ways:
 * **return**: the token finishes the current rule; the popped state reads the token's remaining
   bytes (the *rest*), which may return again (``}]`` closing two levels).
 
-Calls pushed and popped inside one token never reach the stack. Results are found with the
+Calls pushed and popped inside one token never reach the stack, but count for the depth limit
+(its *peak*: ``[1]`` nests one level deeper for a moment). Results are found with the
 vocabulary trie walk of :mod:`~jaxsample.structured.walk`: a call or a return stops a walker (a
 *marker*); walkers entering a rule continue below the same trie node with the return state on a
 local (hash-consed, persistent) stack, returns pop it, and a return with an empty local stack is
@@ -51,6 +52,7 @@ class _Stacks:
 
     def __init__(self):
         self.items = [(0, 0)]
+        self.depth = [0]
         self.ids: dict = {}
 
     def push(self, sid: int, q: int) -> int:
@@ -59,6 +61,7 @@ class _Stacks:
         if got is None:
             got = self.ids[key] = len(self.items)
             self.items.append(key)
+            self.depth.append(self.depth[sid] + 1)
         return got
 
     def pop(self, sid: int) -> tuple[int, int]:
@@ -73,7 +76,8 @@ class _Stacks:
 
 
 class _Effects:
-    """Results as ``next`` values: a stay without pushes is its state; others are ``base + index``."""
+    """Results as ``next`` values: a stay without pushes (nor a transient deeper call) is its state;
+    others are ``base + index``. ``peak``: the most frames above the start the token held at once."""
 
     def __init__(self, base: int):
         self.base = base
@@ -87,11 +91,11 @@ class _Effects:
             self.keys.append(key)
         return self.base + got
 
-    def stay(self, q: int, pushes: tuple) -> int:
-        return self.add(("stay", q, pushes)) if pushes else q
+    def stay(self, q: int, pushes: tuple, peak: int = 0) -> int:
+        return self.add(("stay", q, pushes, max(peak, len(pushes)))) if pushes or peak else q
 
-    def ret(self, rest: int) -> int:
-        return self.add(("ret", rest))
+    def ret(self, rest: int, peak: int = 0) -> int:
+        return self.add(("ret", rest, peak))
 
 
 def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
@@ -128,19 +132,19 @@ def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
     more, exits = _resolve_marks(pd, index, dw, w.marks, fx, stacks, ret_marker, calls_q, calls_b)
     fine += more
     lo, hi, depth = index.subtree
-    for o, node in exits:  # the token returns: its remaining bytes go to the popped state
+    for o, node, peak in exits:  # the token returns: its remaining bytes go to the popped state
         k = int(depth[node]) - 1
         strings = np.arange(lo[node], hi[node])
         if k == 0:
-            fine.append((np.full(strings.size, o), strings, np.full(strings.size, fx.ret(SELF))))
+            fine.append((np.full(strings.size, o), strings, np.full(strings.size, fx.ret(SELF, peak))))
         else:
-            vals = [fx.ret(rests.setdefault(index.strings[u][k:], len(rests))) for u in strings.tolist()]
+            vals = [fx.ret(rests.setdefault(index.strings[u][k:], len(rests)), peak) for u in strings.tolist()]
             fine.append((np.full(strings.size, o), strings, np.asarray(vals, np.int64)))
     rest_value, rest_class = _rest_results(pd, rests, fx, stacks)
     # canonical effects: returns name rest classes, not rest strings
     final = _Effects(q_count)
-    remap = np.array([final.add(("ret", SELF if k[1] == SELF else rest_class[k[1]])) if k[0] == "ret" else final.add(k)
-                      for k in fx.keys] or [0], np.int64)  # fmt: skip
+    remap = np.array([final.add(("ret", SELF if k[1] == SELF else rest_class[k[1]], k[2])) if k[0] == "ret"
+                      else final.add(k) for k in fx.keys] or [0], np.int64)  # fmt: skip
 
     def canon(v):
         v = np.asarray(v, np.int64)
@@ -180,11 +184,11 @@ def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls
     closed = pd.closed
     forest = walk.forest(dw, pd.byte_class, index)
     label = index.trie.label
-    pairs: dict[tuple[int, int], int] = {}
-    pair_list: list[tuple[int, int]] = []
+    pairs: dict[tuple[int, int, int], int] = {}
+    pair_list: list[tuple[int, int, int]] = []
 
-    def pair(o, sid):
-        key = (o, sid)
+    def pair(o, sid, peak):
+        key = (o, sid, max(peak, stacks.depth[sid]))
         got = pairs.get(key)
         if got is None:
             got = pairs[key] = len(pair_list)
@@ -193,10 +197,10 @@ def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls
 
     entries, exits = [], []
     o_arr, n_arr, m_arr = (np.asarray(x, np.int64) for x in marks)
-    owners = [(int(o), 0) for o in o_arr.tolist()]
+    owners = [(int(o), 0, 0) for o in o_arr.tolist()]
     while o_arr.size:
         states, nodes, who = [], [], []
-        for (o, sid), node, m in zip(owners, n_arr.tolist(), m_arr.tolist()):
+        for (o, sid, peak), node, m in zip(owners, n_arr.tolist(), m_arr.tolist()):
             c = int(pd.byte_class[label[node]])
             if m < ret_marker:  # enter a rule: push its return state(s)
                 i = m - q_count
@@ -205,11 +209,11 @@ def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls
                     sid = stacks.push(sid, r)
                 states.append(int(pd.enter[q, b]))
                 nodes.append(node)
-                who.append(pair(o, sid))
+                who.append(pair(o, sid, peak))
                 continue
             while True:  # return: the caller on the local stack reads the byte, or the token returns
                 if sid == 0:
-                    exits.append((o, node))
+                    exits.append((o, node, peak))
                     break
                 r, sid = stacks.pop(sid)
                 if pd.delta[r, c] or pd.enter[r, c]:
@@ -218,7 +222,7 @@ def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls
                             sid = stacks.push(sid, x)
                     states.append(int(pd.delta[r, c] or pd.enter[r, c]))
                     nodes.append(node)
-                    who.append(pair(o, sid))
+                    who.append(pair(o, sid, peak))
                     break
                 if not pd.accept[r]:
                     break
@@ -227,10 +231,10 @@ def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls
         (po, s, q), (o_arr, n_arr, m_arr) = walk.walk_from(forest, np.asarray(states), np.asarray(nodes), np.asarray(who), q_count)
         vals = []
         for p_, q_ in zip(po.tolist(), q.tolist()):
-            _, sid = pair_list[p_]
+            _, sid, peak = pair_list[p_]
             while closed[q_] and sid:
                 q_, sid = stacks.pop(sid)
-            vals.append(fx.ret(0) if closed[q_] else fx.stay(q_, stacks.frames(sid)))
+            vals.append(fx.ret(0, peak) if closed[q_] else fx.stay(q_, stacks.frames(sid), peak))
         entries.append((np.array([pair_list[p_][0] for p_ in po.tolist()], np.int64), s, np.asarray(vals, np.int64)))
         owners = [pair_list[p_] for p_ in o_arr.tolist()]
     return entries, exits
@@ -238,7 +242,7 @@ def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls
 
 def _run(pd: Pushdown, q: int, data: bytes, rests: dict, fx: _Effects):
     """The result of reading ``data`` from ``q`` with an empty stack (a rest read by a popped state)."""
-    closed, stack = pd.closed, []
+    closed, stack, peak = pd.closed, [], 0
     for i, byte in enumerate(data):
         c = pd.byte_class[byte]
         while True:
@@ -248,15 +252,16 @@ def _run(pd: Pushdown, q: int, data: bytes, rests: dict, fx: _Effects):
             if pd.enter[q, c]:
                 stack.extend(pd.pushes[pd.enter_push[q, c]])
                 q = int(pd.enter[q, c])
+                peak = max(peak, len(stack))
                 break
             if not pd.accept[q] or q == pd.bottom:
                 return 0
             if not stack:
-                return fx.ret(rests.setdefault(data[i:], len(rests)))
+                return fx.ret(rests.setdefault(data[i:], len(rests)), peak)
             q = stack.pop()
     while closed[q] and stack:
         q = stack.pop()
-    return fx.ret(0) if closed[q] else fx.stay(q, tuple(stack))
+    return fx.ret(0, peak) if closed[q] else fx.stay(q, tuple(stack), peak)
 
 
 def _rest_results(pd: Pushdown, rests: dict, fx: _Effects, stacks: _Stacks):
@@ -280,7 +285,7 @@ def _rest_results(pd: Pushdown, rests: dict, fx: _Effects, stacks: _Stacks):
         for v in value[rid].tolist():
             kind = fx.keys[v - fx.base] if v >= fx.base else None
             if kind is not None and kind[0] == "ret":
-                key.append(("ret", SELF if kind[1] == rid else cls[kind[1]]))
+                key.append(("ret", SELF if kind[1] == rid else cls[kind[1]], kind[2]))
             else:
                 key.append(kind or v)
         cls[rid] = keys.setdefault(tuple(key), len(keys) + 1)
@@ -288,17 +293,18 @@ def _rest_results(pd: Pushdown, rests: dict, fx: _Effects, stacks: _Stacks):
 
 
 def _effect_table(keys, rest_col, need) -> np.ndarray:
-    """``int32[E, 4 + P]``: target (-1: return), rest class column (-1: own), pushes, room needed, pushed states."""
+    """``int32[E, 4 + P]``: target (-1: return), rest class column (-1: own), pushes, room needed (for a
+    return: the peak before it), pushed states."""
     width = max([len(k[2]) for k in keys if k[0] == "stay"], default=0)
     out = np.zeros((max(len(keys), 1), 4 + width), np.int32)
     for i, k in enumerate(keys):
         if k[0] == "stay":
-            _, q, pushes = k
-            room = max([len(pushes) + int(need[q])] + [j + int(need[r]) for j, r in enumerate(pushes)])
+            _, q, pushes, peak = k
+            room = max([peak, len(pushes) + int(need[q])] + [j + int(need[r]) for j, r in enumerate(pushes)])
             out[i, :4] = (q, -1, len(pushes), room)
             out[i, 4 : 4 + len(pushes)] = pushes
         else:
-            out[i, :4] = (-1, -1 if k[1] == SELF else rest_col[k[1]], 0, 0)
+            out[i, :4] = (-1, -1 if k[1] == SELF else rest_col[k[1]], 0, k[2])
     return out
 
 
@@ -313,7 +319,7 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     empty_rest = np.zeros(c_count, bool)
     empty_rest[np.flatnonzero((nxt == np.arange(q_count)[:, None]).all(axis=0))] = True
     ret_empty = ret & (rest >= 0) & empty_rest[np.maximum(rest, 0)]
-    need = np.where(is_eff, np.where(ret, 0, room), pd.need[np.minimum(nxt, q_count - 1)])
+    need = np.where(is_eff, room, pd.need[np.minimum(nxt, q_count - 1)])  # a return: its peak
     resting = ~pd.closed | (np.arange(q_count) == pd.bottom)  # a row never rests where its rule must end
     base = (nxt != 0) & (~ret | ret_empty) & resting[:, None]
     need = np.where(base, need, big)
@@ -325,13 +331,15 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     patterns = allowed.reshape(-1, c_count)[first]
     depends = ret & ~ret_empty & resting[:, None]
     viable, pops = _chains(pd, nxt, effect, depends)
-    tokens = [np.flatnonzero(np.isin(class_of, np.flatnonzero(viable[q]))) for q in range(q_count)]
-    pop_start = np.concatenate([[0], np.cumsum([t.size for t in tokens])]).astype(np.int32)
-    pop_token = np.concatenate(tokens).astype(np.int32) if pop_start[-1] else np.zeros(0, np.int32)
+    first, which = unique_rows(viable)  # states with the same stack-dependent classes share one list
+    lists = [np.flatnonzero(viable[f][class_of]) for f in first.tolist()]
+    offset = np.concatenate([[0], np.cumsum([t.size for t in lists])]).astype(np.int32)
+    pop_start, pop_count = offset[:-1][which], np.diff(offset)[which]
+    pop_token = np.concatenate(lists).astype(np.int32) if offset[-1] else np.zeros(0, np.int32)
     forced = _forced(patterns, class_of)[room_mask_id[:, -1]]
-    forced = np.where((np.diff(pop_start) == 0) & (room_mask_id[:, 0] == room_mask_id[:, -1]), forced, -1)
+    forced = np.where((pop_count == 0) & (room_mask_id[:, 0] == room_mask_id[:, -1]), forced, -1)
     mask_id = room_mask_id[:, -1]
-    stack = PushdownTables(effect, pd.need, room_mask_id, pop_start, pop_token, pd.bottom, pd.max_depth, pops)
+    stack = PushdownTables(effect, pd.need, room_mask_id, pop_start, pop_count, pop_token, pd.bottom, pd.max_depth, pops)
     masks = _pack(patterns, class_of)
     return TokenGrammar(nxt.astype(np.int32), class_of, pd.accept, forced.astype(np.int32), pd.start, mask_id, masks, stack)
 
@@ -369,10 +377,10 @@ def _chains(pd: Pushdown, nxt, effect, depends):
 
     viable = np.zeros(nxt.shape, bool)
     most = int((nxt >= q_count).any() and (effect[np.maximum(nxt - q_count, 0), 0][nxt >= q_count] < 0).any())
-    for q, c in zip(*np.nonzero(depends)):
-        col = effect[nxt[q, c] - q_count, 1]
-        ok, pops = through(int(c) if col < 0 else int(col))
-        viable[q, c] = ok
-        if ok:
-            most = max(most, pops)
-    return viable, most
+    q, c = np.nonzero(depends)
+    rest = effect[nxt[q, c] - q_count, 1]
+    cols, inv = np.unique(np.where(rest < 0, c, rest), return_inverse=True)
+    found = [through(int(col)) for col in cols.tolist()]
+    ok = np.array([f[0] for f in found], bool)
+    viable[q, c] = ok[inv.reshape(-1)] if ok.size else False
+    return viable, max([most] + [f[1] for f in found if f[0]])

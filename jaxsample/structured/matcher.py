@@ -120,7 +120,8 @@ class Matcher:
 
     def _stack_dependent(self) -> list:
         pd = self.grammar.pushdown
-        return pd.pop_token[pd.pop_start[self.state] : pd.pop_start[self.state + 1]].tolist()
+        start = int(pd.pop_start[self.state])
+        return pd.pop_token[start : start + int(pd.pop_count[self.state])].tolist()
 
     def _allows(self, token: int) -> bool:
         if self.terminated:
@@ -169,9 +170,9 @@ class Matcher:
             if v < s:
                 return (v, tuple(stack)) if len(stack) + pd.need[v] <= self.limit else None
             target, rest, n, room = pd.effect[v - s, :4].tolist()
+            if len(stack) + room > self.limit:  # (a return: calls entered and left before it)
+                return None
             if target >= 0:
-                if len(stack) + room > self.limit:
-                    return None
                 return target, tuple(stack) + tuple(pd.effect[v - s, 4 : 4 + n].tolist())
             r = stack.pop() if stack else pd.bottom
             c = c if rest < 0 else rest

@@ -59,7 +59,7 @@ from jaxsample.structured.automaton import (
     repeat,
     seq,
 )
-from jaxsample.structured.minimise import partition
+from jaxsample.structured.minimise import _gather, partition, predecessors
 
 #: Default stack capacity (frames) of recursive grammars.
 DEFAULT_MAX_DEPTH = 32
@@ -144,14 +144,19 @@ class Pushdown(NamedTuple):
 
 
 # ----------------------------------------------------------------------------------- expressions
-def _calls(expr, out: set) -> set:
+def _calls(expr, out: set, seen: set | None = None) -> set:
+    """Rules called in ``expr`` (shared sub-expressions are visited once)."""
+    seen = set() if seen is None else seen
+    if id(expr) in seen:
+        return out
+    seen.add(id(expr))
     if isinstance(expr, Call):
         out.add(expr.rule)
     elif isinstance(expr, (Seq, Alt)):
         for x in expr.items:
-            _calls(x, out)
+            _calls(x, out, seen)
     elif isinstance(expr, Repeat):
-        _calls(expr.item, out)
+        _calls(expr.item, out, seen)
     return out
 
 
@@ -212,20 +217,29 @@ def _rules(g: Grammar) -> dict:
 
 
 # ------------------------------------------------------------------------------------- automaton
+def _coreach(table: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """``bool[S]``: states from which a seed is reachable along ``table``'s edges (0 is no edge)."""
+    out = seeds.copy()
+    out[0] = False
+    pstart, pedge = predecessors(table)
+    frontier = np.flatnonzero(out)
+    while frontier.size:
+        e, _ = _gather(pstart, pedge, frontier)
+        src = np.unique(e // table.shape[1])
+        frontier = src[~out[src]]
+        out[frontier] = True
+    out[0] = False
+    return out
+
+
 def _trim(table, accept, entries, call_cols):
     """Live states (reachable from the root, able to finish their rule); calls of empty rules removed."""
     n, _ = table.shape
     byte_cols = np.setdiff1d(np.arange(table.shape[1]), list(call_cols))
     nonempty = np.ones(len(entries), bool)
-    while True:
+    while True:  # co-reachability to acceptance through shifts and calls of non-empty rules
         cols = byte_cols.tolist() + [c for c, r in call_cols.items() if nonempty[r]]
-        co = accept.copy()
-        co[0] = False
-        while True:  # co-reachability to acceptance through shifts and calls of non-empty rules
-            grown = co | (co[table[:, cols]] & (table[:, cols] != 0)).any(axis=1)
-            if np.array_equal(grown, co):
-                break
-            co = grown
+        co = _coreach(np.ascontiguousarray(table[:, cols]), accept)
         now = co[np.asarray(entries)]
         if np.array_equal(now, nonempty):
             break
@@ -233,14 +247,15 @@ def _trim(table, accept, entries, call_cols):
     for c, r in call_cols.items():
         if not nonempty[r]:
             table[:, c] = 0
+    callee = {c: entries[r] for c, r in call_cols.items()}
     fwd = np.zeros(n, bool)
-    frontier = [entries[0]]
-    fwd[entries[0]] = True
-    while frontier:
-        rows = np.asarray(frontier)
-        nxt = set(table[rows].ravel().tolist())
-        nxt |= {entries[r] for c, r in call_cols.items() if (table[rows, c] != 0).any()}
-        frontier = [x for x in nxt if not fwd[x]]
+    frontier = np.array([entries[0]])
+    fwd[frontier] = True
+    while frontier.size:
+        rows = table[frontier]
+        nxt = [rows.ravel()] + [np.array([e]) for c, e in callee.items() if (rows[:, c] != 0).any()]
+        nxt = np.unique(np.concatenate(nxt))
+        frontier = nxt[~fwd[nxt]]
         fwd[frontier] = True
     live = fwd & co
     live[0] = False
@@ -449,19 +464,41 @@ def _check_returns(p: Pushdown, calls, rule_start, member, names):
 
 
 def _need(p: Pushdown, calls, rule_start) -> np.ndarray:
-    """Least stack room to finish the current rule from each state (a shortest-path fixpoint)."""
+    """Least stack room to finish the current rule from each state.
+
+    Level by level: the states that finish within room ``k`` are those reaching acceptance through
+    shifts and calls whose callee finishes within ``k - 1`` (``k`` for a tail call: it pushes nothing).
+    """
     big = np.iinfo(np.int32).max // 4
-    need = np.where(p.accept, 0, big).astype(np.int64)
-    need[0] = big
-    closed = p.closed
-    while True:
-        shifted = np.where(p.delta != 0, need[p.delta], big).min(axis=1)
-        new = np.minimum(need, shifted)
-        for q, r, ret in calls:
-            inner = need[rule_start[r]] if rule_start[r] else big
-            via = inner if closed[ret] else max(1 + inner, need[ret])
-            new[q] = min(new[q], via)
-        new[0] = big
-        if np.array_equal(new, need):
-            return np.minimum(need, big)
-        need = new
+    need = np.full(p.num_states, big, np.int64)
+    if not calls:
+        q_, r_, ret_ = np.zeros((3, 0), np.int64)
+    else:
+        q_, r_, ret_ = (np.array(x, np.int64) for x in zip(*calls))
+    start = np.asarray(rule_start, np.int64)[r_] if len(calls) else q_
+    tail = p.closed[ret_]
+    pstart, pedge = predecessors(p.delta)
+    k_cols = p.delta.shape[1]
+    done = np.zeros(p.num_states, bool)
+    for k in range(p.num_states + 1):
+        before = done.copy()
+        inside = done | p.accept
+        inside[0] = False
+        frontier = np.flatnonzero(inside & ~done)
+        while True:
+            usable = np.where(tail, inside[start], before[start]) & (start > 0) & inside[ret_] & ~inside[q_]
+            new = [q_[usable]]
+            if frontier.size:
+                e, _ = _gather(pstart, pedge, frontier)
+                new.append(e // k_cols)
+            new = np.unique(np.concatenate(new))
+            new = new[~inside[new] & (new != 0)]
+            if new.size == 0:
+                break
+            inside[new] = True
+            frontier = new
+        need[inside & ~done] = k
+        done = inside
+        if np.array_equal(done, before) and k:
+            break
+    return need

@@ -194,7 +194,7 @@ def stack(
     c = _size(num_classes, max(g.num_classes for g in grammars), MIN_CLASSES, "num_classes", sizes)
     u = _size(num_masks, max(g.masks.shape[0] for g in grammars), MIN_MASKS, "num_masks", sizes)
     d = _size(num_depth, max(max(limits), 1), MIN_DEPTH, "num_depth", sizes) if rec else int(num_depth or 0)
-    longest = max([int(np.diff(p.pop_start).max(initial=0)) for p in rec], default=0)
+    longest = max([int(p.pop_count.max(initial=0)) for p in rec], default=0)
     window = _size(num_returns, longest, MIN_RETURNS, "num_returns", sizes) if longest else int(num_returns or 0)
     n_pop = _size(num_pop_tokens, max([p.pop_token.size for p in rec], default=1), MIN_POP_TOKENS, "num_pop_tokens", sizes)
     small = {k: v for k, v in sizes.items() if v[0] < v[1]}
@@ -244,8 +244,8 @@ def stack(
         e = p.effect.copy()
         e[:, 1] = np.where(e[:, 1] >= 0, e[:, 1], -1)
         effect[i, : e.shape[0], : e.shape[1]] = e
-        pop_start[i, :k] = p.pop_start[:-1]
-        pop_count[i, :k] = np.diff(p.pop_start)
+        pop_start[i, :k] = p.pop_start
+        pop_count[i, :k] = p.pop_count
         pop_token[i, : p.pop_token.size] = p.pop_token
         bottom[i] = p.bottom
         limit[i] = limits[i]
@@ -301,9 +301,11 @@ def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, lanes: b
     if tables.max_pops == 0:
         return v != 0, v, depth, None
     n_eff = tables.effect.shape[1]
+    fits = jnp.ones(v.shape, bool)  # calls entered and left before each return fit under the limit
     for _ in range(tables.max_pops):
         e = tables.effect[gg, jnp.clip(v - s_size, 0, n_eff - 1)]
         ret = (v >= s_size) & (e[..., 0] < 0)
+        fits &= ~ret | (depth + e[..., 3] <= tables.limit[gg])
         at = jnp.clip(depth - 1, 0, max(tables.depth - 1, 0))
         top = jnp.take_along_axis(st.stack, at if lanes else at[:, None], axis=1)
         top = top if lanes else top[:, 0]
@@ -315,7 +317,7 @@ def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, lanes: b
     e = tables.effect[gg, jnp.clip(v - s_size, 0, n_eff - 1)]
     target = jnp.where(eff, e[..., 0], v)
     room = jnp.where(eff, e[..., 3], tables.need[gg, jnp.clip(v, 0, s_size - 1)])
-    valid = (v != 0) & (target > 0) & (depth + room <= tables.limit[gg])
+    valid = fits & (v != 0) & (target > 0) & (depth + room <= tables.limit[gg])
     return valid, target, depth, jnp.where(eff[..., None], e, 0)
 
 

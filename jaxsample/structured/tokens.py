@@ -51,8 +51,9 @@ class PushdownTables(NamedTuple):
       need: ``int32[S]`` stack room needed to finish the current rule from each state.
       room_mask_id: ``int32[S, R]`` bitmask of the tokens whose effect does not depend on the stack,
         per stack room ``min(limit - depth, R - 1)``.
-      pop_start: ``int32[S + 1]``, pop_token: ``int32[T]``: per state, the tokens that return and go
-        on in the caller (their validity depends on the stack; ``pop_token[pop_start[s]:pop_start[s + 1]]``).
+      pop_start, pop_count: ``int32[S]``, pop_token: ``int32[T]``: per state, the tokens that return
+        and go on in the caller (their validity depends on the stack):
+        ``pop_token[pop_start[s]:pop_start[s] + pop_count[s]]`` (states with equal lists share one).
       bottom: the state below every stack (only EOS).
       max_depth: default stack limit.
       max_pops: the most frames one token returns from.
@@ -62,6 +63,7 @@ class PushdownTables(NamedTuple):
     need: np.ndarray
     room_mask_id: np.ndarray
     pop_start: np.ndarray
+    pop_count: np.ndarray
     pop_token: np.ndarray
     bottom: int
     max_depth: int
