@@ -360,6 +360,7 @@ def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states:
         return got
 
     out_edges: dict[int, list] = {}  # NFA state -> [(class bitset, target closure)], merged per bitset
+    disjoint: dict[int, bool] = {}  # whether those bitsets are pairwise disjoint
 
     def edges_of(n: int) -> list:
         got = out_edges.get(n)
@@ -369,37 +370,46 @@ def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states:
                 c = cls_of_mask[m]
                 merged[c] = merged.get(c, frozenset()) | closure(t)
             got = out_edges[n] = list(merged.items())
+            union = 0
+            disjoint[n] = True
+            for c in merged:
+                disjoint[n] &= not union & c
+                union |= c
         return got
 
-    class_lists: dict[int, list[int]] = {}
+    class_index: dict[int, np.ndarray] = {}
     ids: dict[frozenset, int] = {frozenset(): 0}
     sets = [frozenset()]
-    rows = [[0] * k]
     entries = []
     for start in starts:
         first = closure(start)
         if first not in ids:
             ids[first] = len(sets)
             sets.append(first)
-            rows.append(None)
         entries.append(ids[first])
     everything = (1 << k) - 1
+    rows_of, cols_of, targets_of = [], [], []  # the table, one (state, class group, target) at a time
     i = 1
     while i < len(sets):
-        groups = [(everything, frozenset())]
-        for n in sets[i]:
-            for mask, targets in edges_of(n):
-                refined = []
-                for g, acc in groups:
-                    inside = g & mask
-                    if inside:
-                        refined.append((inside, acc | targets))
-                        if inside != g:
-                            refined.append((g & ~mask, acc))
-                    else:
-                        refined.append((g, acc))
-                groups = refined
-        row = [0] * k
+        members = sets[i]
+        groups = None
+        if len(members) == 1:  # one NFA state with disjoint edges: its edges are the groups
+            (n,) = members
+            groups = edges_of(n) if (edges_of(n) and disjoint[n]) else None
+        if groups is None:
+            groups = [(everything, frozenset())]
+            for n in members:
+                for mask, targets in edges_of(n):
+                    refined = []
+                    for g, acc in groups:
+                        inside = g & mask
+                        if inside:
+                            refined.append((inside, acc | targets))
+                            if inside != g:
+                                refined.append((g & ~mask, acc))
+                        else:
+                            refined.append((g, acc))
+                    groups = refined
         for g, key in groups:
             if not key:
                 continue
@@ -409,15 +419,17 @@ def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states:
                     raise GrammarError(f"constraint too large: more than {max_states} DFA states")
                 j = ids[key] = len(sets)
                 sets.append(key)
-                rows.append(None)
-            idx = class_lists.get(g)
+            idx = class_index.get(g)
             if idx is None:
-                idx = class_lists[g] = [c for c in range(k) if g >> c & 1]
-            for c in idx:
-                row[c] = j
-        rows[i] = row
+                idx = class_index[g] = np.array([c for c in range(k) if g >> c & 1], np.int64)
+            rows_of.append(i)
+            cols_of.append(idx)
+            targets_of.append(j)
         i += 1
-    delta = np.array(rows, np.int32)
+    delta = np.zeros((len(sets), k), np.int32)
+    if rows_of:
+        sizes = [c.size for c in cols_of]
+        delta[np.repeat(rows_of, sizes), np.concatenate(cols_of)] = np.repeat(targets_of, sizes)
     accept = np.array([not finals.isdisjoint(s) for s in sets], bool)
     return delta, symbol_class, accept, entries
 
@@ -440,7 +452,7 @@ def compile_expr(expr, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: 
     final = nfa.new()
     start = nfa.build(expr, final)
     delta, byte_class, accept, (start,) = _determinise(nfa, [start], final, max_dfa_states)
-    trimmed = trim(delta, accept, start)
+    trimmed = trim(delta, accept, start, reachable=True)
     if trimmed is None:
         raise EmptyLanguageError("the constraint matches no string at all")
     delta, accept, start = minimise(*trimmed)

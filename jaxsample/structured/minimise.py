@@ -108,15 +108,18 @@ def _gather(start: np.ndarray, edge: np.ndarray, targets: np.ndarray) -> tuple[n
     return edge[np.repeat(lo - offsets, count) + np.arange(total)], which
 
 
-def trim(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+def trim(
+    delta: np.ndarray, accept: np.ndarray, start: int, reachable: bool = False
+) -> tuple[np.ndarray, np.ndarray, int] | None:
     """Keeps states reachable from ``start`` that can reach acceptance; renumbers (0 = dead, 1 = start).
 
+    ``reachable``: every state is known to be reachable (a subset construction's output).
     Returns ``None`` when ``start`` cannot reach an accepting state (the language is empty).
     """
     s_count, k = delta.shape
-    fwd = np.zeros(s_count, bool)
+    fwd = np.full(s_count, reachable)
     fwd[start] = True
-    frontier = np.array([start])
+    frontier = np.array([] if reachable else [start], np.int64)
     while frontier.size:
         nxt = np.unique(delta[frontier])
         nxt = nxt[~fwd[nxt]]

@@ -200,6 +200,25 @@ class _Forest(NamedTuple):
     width: int
     compatible: np.ndarray  # bool[P + 1, S], row 0 all True
     exact_depth: np.ndarray  # int[P + 1]
+    # unary paths (trie.Chains), node ids global: a walker whose state loops on a path's labels jumps
+    chain_end: np.ndarray  # int64[N]
+    hit_lo: np.ndarray  # int64[N]: tokens ending on the path are hit_nodes[hit_lo:hit_hi]
+    hit_hi: np.ndarray
+    hit_nodes: np.ndarray
+    byte_mask: np.ndarray  # uint64[N_bytes, 4] bytes on each byte-trie path
+    block_mask: np.ndarray  # uint64[N - N_bytes] blocks on each quotient path
+    byte_loop: np.ndarray  # uint64[S, 4] bytes each state loops on
+    block_loop: np.ndarray  # uint64[P + 1, S] blocks of quotient p each state loops on
+
+
+def _loops(delta_cols: np.ndarray) -> np.ndarray:
+    """``uint64[S, W]`` bit ``j``: state ``s`` loops on column ``j`` of ``delta_cols [S, J]``."""
+    s_count, j = delta_cols.shape
+    loops = delta_cols == np.arange(s_count)[:, None]
+    loops[0] = False
+    padded = np.zeros((s_count, -(-j // 64) * 64), bool)
+    padded[:, :j] = loops
+    return np.packbits(padded, axis=1, bitorder="little").view("<u8").astype(np.uint64)
 
 
 def _forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan) -> _Forest:
@@ -229,11 +248,22 @@ def _forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Pla
     mstart.append(np.array([m_off]))
     compatible = np.stack([np.ones(delta.shape[0], bool)] + [m.compatible for m in p.modes])
     exact = np.array([0] + [m.quotient.exact_depth for m in p.modes])
+    ch = [index.chains] + [m.quotient.chains for m in p.modes]
+    hit_off = np.cumsum([0] + [c.term_node.size for c in ch])
+    block_loop = np.zeros((len(ch), delta.shape[0]), np.uint64)
+    for k, m in enumerate(p.modes, start=1):
+        block_loop[k] = _loops(np.take(delta, byte_class[m.quotient.representative], axis=1))[:, 0]
     return _Forest(
         np.concatenate(labels).astype(np.int64), np.concatenate(firsts), np.concatenate(counts),
         np.concatenate(terms), np.concatenate(modes), np.concatenate(mstart),
         np.concatenate(members) if members else np.zeros(0, np.int32), np.asarray(base),
         np.ascontiguousarray(np.concatenate(columns, axis=1)).ravel(), width, compatible, exact,
+        np.concatenate([c.end.astype(np.int64) + b for c, b in zip(ch, base)]),
+        np.concatenate([c.hit_lo + o for c, o in zip(ch, hit_off)]),
+        np.concatenate([c.hit_hi + o for c, o in zip(ch, hit_off)]),
+        np.concatenate([c.term_node.astype(np.int64) + b for c, b in zip(ch, base)]),
+        ch[0].mask, np.concatenate([c.mask[:, 0] for c in ch[1:]] or [np.zeros(0, np.uint64)]),
+        _loops(np.take(delta, byte_class, axis=1)), block_loop,
     )  # fmt: skip
 
 
@@ -367,10 +397,40 @@ def _walk(f: _Forest, p: Plan, origins: np.ndarray, marker_from=None, states=Non
             parent = np.concatenate([np.flatnonzero(ok), np.repeat(bad, length)])
             nodes_ = np.concatenate([n[ok], f.members[members]])
             q, n, ptr, origin = _regroup(parent, q[parent], nodes_, ptr, origin, n_fine)
+        n = _jump(f, q, n, ptr, origin, out, n_fine)
         depth += 1
     empty = np.zeros(0, np.int64)
     res = tuple(np.concatenate([h[i] for h in out]) if out else empty for i in range(3))
     return res, tuple(np.concatenate([m[i] for m in marks]) if marks else empty for i in range(3))
+
+
+def _jump(f: _Forest, q, n, ptr, origin, out: list, n_fine: int) -> np.ndarray:
+    """Moves walkers to the end of the unary path below their node when their state loops on all its
+    labels (recording the tokens ending on the way, in that state); returns the new nodes."""
+    cand = np.flatnonzero(f.chain_end[n] != n)
+    if cand.size == 0:
+        return n
+    nn, qq = n[cand], q[cand]
+    fine = nn < n_fine
+    ok = np.zeros(cand.size, bool)
+    if fine.any():
+        ok[fine] = ~(f.byte_mask[nn[fine]] & ~f.byte_loop[qq[fine]]).any(axis=1)
+    if not fine.all():
+        k = ~fine
+        ok[k] = (f.block_mask[nn[k] - n_fine] & ~f.block_loop[f.mode[nn[k]], qq[k]]) == 0
+    jump = cand[ok]
+    if jump.size == 0:
+        return n
+    lo, hi = f.hit_lo[n[jump]], f.hit_hi[n[jump]]
+    pos, length = _spans(ptr, jump)  # the origins of each jumping walker
+    w = np.repeat(np.arange(jump.size), length)
+    cnt = (hi - lo)[w]
+    offsets = np.cumsum(cnt) - cnt
+    nodes = f.hit_nodes[np.repeat(lo[w] - offsets, cnt) + np.arange(int(cnt.sum()))]
+    out.append((np.repeat(origin[pos], cnt), nodes, np.repeat(q[jump][w], cnt)))
+    n = n.copy()
+    n[jump] = f.chain_end[n[jump]]
+    return n
 
 
 def _marks(f: _Forest, ptr, origin, parent, child, marker, n_fine: int):
