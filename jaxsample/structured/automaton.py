@@ -20,7 +20,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from jaxsample.structured.minimise import minimise, trim
+from jaxsample.structured.minimise import minimise, trim, unique_rows
 
 MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = (0xD800, 0xDFFF)
@@ -324,14 +324,22 @@ class ByteDFA(NamedTuple):
 
 
 def _byte_classes(masks: list[int], width: int = 256) -> tuple[np.ndarray, dict[int, int]]:
-    """Coarsest partition of the ``width`` symbols respecting every mask; mask -> bitset of its class ids."""
+    """Coarsest partition of the ``width`` symbols respecting every mask; mask -> bitset of its class ids.
+
+    Classes are numbered by their first symbol.
+    """
     distinct = sorted(set(masks))
-    bits = np.zeros((len(distinct), width), bool)
-    for i, m in enumerate(distinct):
-        bits[i] = [(m >> b) & 1 for b in range(width)]
-    _, byte_class = np.unique(bits.T, axis=0, return_inverse=True) if distinct else (None, np.zeros(width, int))
-    byte_class = np.asarray(byte_class, np.int32).reshape(width)
-    classes = {m: sum(1 << int(c) for c in set(byte_class[bits[i]].tolist())) for i, m in enumerate(distinct)}
+    if not distinct:
+        return np.zeros(width, np.int32), {}
+    n_bytes = -(-width // 8)
+    raw = np.frombuffer(b"".join(m.to_bytes(n_bytes, "little") for m in distinct), np.uint8)
+    bits = np.unpackbits(raw.reshape(len(distinct), n_bytes), axis=1, bitorder="little")[:, :width].astype(bool)
+    _, byte_class = unique_rows(np.ascontiguousarray(bits.T))
+    byte_class = byte_class.astype(np.int32)
+    member = np.zeros((len(distinct), int(byte_class.max()) + 1), bool)
+    member[np.nonzero(bits)[0], byte_class[np.nonzero(bits)[1]]] = True
+    packed = np.packbits(member, axis=1, bitorder="little")
+    classes = {m: int.from_bytes(packed[i].tobytes(), "little") for i, m in enumerate(distinct)}
     return byte_class, classes
 
 
