@@ -131,15 +131,7 @@ def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
     rests: dict[bytes, int] = {b"": 0}
     more, exits = _resolve_marks(pd, index, dw, w.marks, fx, stacks, ret_marker, calls_q, calls_b)
     fine += more
-    lo, hi, depth = index.subtree
-    for o, node, peak in exits:  # the token returns: its remaining bytes go to the popped state
-        k = int(depth[node]) - 1
-        strings = np.arange(lo[node], hi[node])
-        if k == 0:
-            fine.append((np.full(strings.size, o), strings, np.full(strings.size, fx.ret(SELF, peak))))
-        else:
-            vals = [fx.ret(rests.setdefault(index.strings[u][k:], len(rests)), peak) for u in strings.tolist()]
-            fine.append((np.full(strings.size, o), strings, np.asarray(vals, np.int64)))
+    fine.append(_returns(index, exits, rests, fx))
     rest_value, rest_class = _rest_results(pd, rests, fx, stacks)
     # canonical effects: returns name rest classes, not rest strings
     final = _Effects(q_count)
@@ -172,6 +164,25 @@ def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
     rest_col = col_class[2 + cols.shape[1] + np.arange(n_rest)]
     effect = _effect_table(final.keys, rest_col, pd.need)
     return _tables(pd, nxt, class_of, effect)._replace(eos_ids=tuple(vocab.eos_ids))
+
+
+def _returns(index, exits: list, rests: dict, fx: _Effects):
+    """Entries ``(origin, string, value)`` of the tokens that return where a walker stopped: every token
+    below the node returns, and its bytes from the one that could not be read go to the popped state."""
+    if not exits:
+        return tuple(np.zeros(0, np.int64) for _ in range(3))
+    lo, hi, depth = index.subtree
+    o, node, peak = (np.asarray(x, np.int64) for x in zip(*exits))
+    size = hi[node] - lo[node]
+    offsets = np.cumsum(size) - size
+    strings = np.repeat(lo[node] - offsets, size) + np.arange(int(size.sum()))
+    k = np.repeat(depth[node] - 1, size)
+    peaks = np.repeat(peak, size)
+    vals = np.array([fx.ret(SELF, int(p)) for p in range(int(peak.max()) + 1)], np.int64)[peaks]
+    for i in np.flatnonzero(k > 0).tolist():  # a rest after some bytes: its own string
+        rest = index.strings[strings[i]][k[i] :]
+        vals[i] = fx.ret(rests.setdefault(rest, len(rests)), int(peaks[i]))
+    return np.repeat(o, size), strings, vals
 
 
 def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls_q, calls_b):

@@ -91,6 +91,7 @@ class Pushdown(NamedTuple):
       need: ``int32[Q]`` least stack room needed to finish the current rule.
       returns: ``int32[R]`` the states that can be on top of a stack (pushed states and ``bottom``).
       max_depth: default stack limit.
+      closed: ``bool[Q]`` states where the rule must end (accepting, nothing continues): they return at once.
     """
 
     delta: np.ndarray
@@ -104,15 +105,11 @@ class Pushdown(NamedTuple):
     need: np.ndarray
     returns: np.ndarray
     max_depth: int
+    closed: np.ndarray
 
     @property
     def num_states(self) -> int:
         return int(self.delta.shape[0])
-
-    @property
-    def closed(self) -> np.ndarray:
-        """``bool[Q]``: states where the rule must end (accepting, nothing continues): they return at once."""
-        return self.accept & ~(self.delta != 0).any(axis=1) & ~(self.enter != 0).any(axis=1)
 
     def step(self, q: int, byte: int, stack: list) -> int:
         """State after one byte (``stack`` updated in place; 0: the byte is not allowed)."""
@@ -360,6 +357,7 @@ def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth) ->
     p = Pushdown(
         delta, byte_class, accept, enter, enter_push, tuple(pushes), 1, bottom,
         np.zeros(q_count + 1, np.int32), np.zeros(0, np.int32), int(max_depth),
+        accept & ~(delta != 0).any(axis=1) & ~(enter != 0).any(axis=1),
     )  # fmt: skip
     member = _membership(p, calls, rule_start)
     _check_returns(p, calls, rule_start, member, names)

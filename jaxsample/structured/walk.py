@@ -221,15 +221,24 @@ def _loops(delta_cols: np.ndarray) -> np.ndarray:
     return np.packbits(padded, axis=1, bitorder="little").view("<u8").astype(np.uint64)
 
 
-def _forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan) -> _Forest:
+_STRUCTURE_FIELDS = ("label", "first", "count", "term", "mode", "members_start", "members", "base", "width",
+                     "exact_depth", "chain_end", "hit_lo", "hit_hi", "hit_nodes", "byte_mask", "block_mask")  # fmt: skip
+_STRUCTURES: dict = {}  # (vocabulary index, quotients) -> the node arrays of their forest (the 4 most recent)
+
+
+def _structure(index: VocabIndex, quotients: tuple) -> dict:
+    """The node arrays of the forest of the byte trie and ``quotients``: they depend on the vocabulary
+    and the partitions only, so they are built once and shared by every grammar using them."""
+    key = (id(index), tuple(id(q) for q in quotients))
+    hit = _STRUCTURES.get(key)
+    if hit is not None and hit[0] is index and all(a is b for a, b in zip(hit[1], quotients)):
+        return hit[2]
     t = index.trie
     labels, firsts, counts, terms, modes = [t.label], [t.first], [t.count], [t.term], [np.zeros(t.size, np.int32)]
     mstart, members, base = [np.zeros(t.size, np.int64)], [], [0, t.size]
-    columns = [np.take(delta, byte_class, axis=1)]
     width = 256
     m_off = 0
-    for k, m in enumerate(p.modes, start=1):
-        q = m.quotient
+    for k, q in enumerate(quotients, start=1):
         qt = q.trie
         b = base[-1]
         lab = qt.label.astype(np.int64)
@@ -242,28 +251,40 @@ def _forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Pla
         mstart.append(q.members_start[:-1] + m_off)
         members.append(q.members)
         m_off += q.members.size
-        columns.append(np.take(delta, byte_class[q.representative], axis=1))
         width += q.representative.size
         base.append(b + qt.size)
     mstart.append(np.array([m_off]))
-    compatible = np.stack([np.ones(delta.shape[0], bool)] + [m.compatible for m in p.modes])
-    exact = np.array([0] + [m.quotient.exact_depth for m in p.modes])
-    ch = [index.chains] + [m.quotient.chains for m in p.modes]
+    ch = [index.chains] + [q.chains for q in quotients]
     hit_off = np.cumsum([0] + [c.term_node.size for c in ch])
-    block_loop = np.zeros((len(ch), delta.shape[0]), np.uint64)
-    for k, m in enumerate(p.modes, start=1):
-        block_loop[k] = _loops(np.take(delta, byte_class[m.quotient.representative], axis=1))[:, 0]
+    out = dict(
+        label=np.concatenate(labels).astype(np.int64), first=np.concatenate(firsts), count=np.concatenate(counts),
+        term=np.concatenate(terms), mode=np.concatenate(modes), members_start=np.concatenate(mstart),
+        members=np.concatenate(members) if members else np.zeros(0, np.int32), base=np.asarray(base), width=width,
+        exact_depth=np.array([0] + [q.exact_depth for q in quotients]),
+        chain_end=np.concatenate([c.end.astype(np.int64) + b for c, b in zip(ch, base)]),
+        hit_lo=np.concatenate([c.hit_lo + o for c, o in zip(ch, hit_off)]),
+        hit_hi=np.concatenate([c.hit_hi + o for c, o in zip(ch, hit_off)]),
+        hit_nodes=np.concatenate([c.term_node.astype(np.int64) + b for c, b in zip(ch, base)]),
+        byte_mask=ch[0].mask, block_mask=np.concatenate([c.mask[:, 0] for c in ch[1:]] or [np.zeros(0, np.uint64)]),
+    )  # fmt: skip
+    if len(_STRUCTURES) >= 4:
+        _STRUCTURES.pop(next(iter(_STRUCTURES)))
+    _STRUCTURES[key] = (index, quotients, out)
+    return out
+
+
+def _forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan) -> _Forest:
+    quotients = tuple(m.quotient for m in p.modes)
+    st = _structure(index, quotients)
+    columns = [np.take(delta, byte_class, axis=1)] + [np.take(delta, byte_class[q.representative], axis=1) for q in quotients]
+    compatible = np.stack([np.ones(delta.shape[0], bool)] + [m.compatible for m in p.modes])
+    block_loop = np.zeros((len(quotients) + 1, delta.shape[0]), np.uint64)
+    for k, c in enumerate(columns[1:], start=1):
+        block_loop[k] = _loops(c)[:, 0]
     return _Forest(
-        np.concatenate(labels).astype(np.int64), np.concatenate(firsts), np.concatenate(counts),
-        np.concatenate(terms), np.concatenate(modes), np.concatenate(mstart),
-        np.concatenate(members) if members else np.zeros(0, np.int32), np.asarray(base),
-        np.ascontiguousarray(np.concatenate(columns, axis=1)).ravel(), width, compatible, exact,
-        np.concatenate([c.end.astype(np.int64) + b for c, b in zip(ch, base)]),
-        np.concatenate([c.hit_lo + o for c, o in zip(ch, hit_off)]),
-        np.concatenate([c.hit_hi + o for c, o in zip(ch, hit_off)]),
-        np.concatenate([c.term_node.astype(np.int64) + b for c, b in zip(ch, base)]),
-        ch[0].mask, np.concatenate([c.mask[:, 0] for c in ch[1:]] or [np.zeros(0, np.uint64)]),
-        _loops(np.take(delta, byte_class, axis=1)), block_loop,
+        **{k: st[k] for k in _STRUCTURE_FIELDS},
+        delta=np.ascontiguousarray(np.concatenate(columns, axis=1)).ravel(), compatible=compatible,
+        byte_loop=_loops(columns[0]), block_loop=block_loop,
     )  # fmt: skip
 
 
