@@ -128,11 +128,11 @@ def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
 
     fine = [(w.fine[0], w.fine[1], value(w.fine[2]))]
     coarse = tuple((o, t, value(q)) for o, t, q in w.coarse)
-    rests: dict[bytes, int] = {b"": 0}
+    rests = _Rests(index)
     more, exits = _resolve_marks(pd, index, dw, w.marks, fx, stacks, ret_marker, calls_q, calls_b)
     fine += more
     fine.append(_returns(index, exits, rests, fx))
-    rest_value, rest_class = _rest_results(pd, rests, fx, stacks)
+    rest_value, rest_class = _rest_results(pd, rests, fx)
     # canonical effects: returns name rest classes, not rest strings
     final = _Effects(q_count)
     remap = np.array([final.add(("ret", SELF if k[1] == SELF else rest_class[k[1]], k[2])) if k[0] == "ret"
@@ -150,9 +150,10 @@ def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
     n_rest = max(rest_class.values()) + 1
     rest_cols = np.zeros((q_count, n_rest), np.int64)
     rest_cols[:, 0] = np.arange(q_count)  # the empty rest: stay in the popped state
-    for rid, cls in rest_class.items():
-        if cls:
-            rest_cols[pd.returns, cls] = canon(rest_value[rid])
+    firsts = {cls: rid for rid, cls in rest_class.items() if cls}  # the rests of a class have equal results
+    if firsts:
+        cls = np.fromiter(firsts, np.int64)
+        rest_cols[np.ix_(pd.returns, cls)] = canon(np.stack([rest_value[firsts[c]] for c in cls.tolist()], axis=1))
     eos_col = np.where(pd.accept, np.arange(q_count), 0)
     table = np.concatenate([np.zeros((q_count, 1), np.int64), eos_col[:, None], cols, rest_cols], axis=1)
     first, col_class = unique_rows(table.T)
@@ -166,7 +167,35 @@ def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
     return _tables(pd, nxt, class_of, effect)._replace(eos_ids=tuple(vocab.eos_ids))
 
 
-def _returns(index, exits: list, rests: dict, fx: _Effects):
+class _Rests:
+    """The remainders of returning tokens, by suffix id of the vocabulary (id 0: the empty rest)."""
+
+    def __init__(self, index: trie.VocabIndex):
+        self.flat, self.offset, self.suffix, self.first = index.suffixes
+        self.ends = self.offset + index.lengths
+        self.ids: dict[int, int] = {-1: 0}
+        self.positions, self.lengths = [-1], [0]
+
+    def at(self, position: int) -> int:
+        """Id of the suffix starting at a flat byte position."""
+        sid = int(self.suffix[position])
+        got = self.ids.get(sid)
+        if got is None:
+            got = self.ids[sid] = len(self.positions)
+            p = int(self.first[sid])
+            self.positions.append(p)
+            self.lengths.append(int(self.ends[np.searchsorted(self.offset, p, side="right") - 1] - p))
+        return got
+
+    def data(self, rid: int) -> list:
+        p = self.positions[rid]
+        return self.flat[p : p + self.lengths[rid]].tolist() if p >= 0 else []
+
+    def length(self, rid: int) -> int:
+        return self.lengths[rid]
+
+
+def _returns(index, exits: list, rests: _Rests, fx: _Effects):
     """Entries ``(origin, string, value)`` of the tokens that return where a walker stopped: every token
     below the node returns, and its bytes from the one that could not be read go to the popped state."""
     if not exits:
@@ -178,11 +207,16 @@ def _returns(index, exits: list, rests: dict, fx: _Effects):
     strings = np.repeat(lo[node] - offsets, size) + np.arange(int(size.sum()))
     k = np.repeat(depth[node] - 1, size)
     peaks = np.repeat(peak, size)
-    vals = np.array([fx.ret(SELF, int(p)) for p in range(int(peak.max()) + 1)], np.int64)[peaks]
-    for i in np.flatnonzero(k > 0).tolist():  # a rest after some bytes: its own string
-        rest = index.strings[strings[i]][k[i] :]
-        vals[i] = fx.ret(rests.setdefault(rest, len(rests)), int(peaks[i]))
-    return np.repeat(o, size), strings, vals
+    rest = np.where(k > 0, 0, -1)  # -1: the token itself (SELF)
+    later = np.flatnonzero(k > 0)  # a rest after some bytes: a suffix of the token
+    suffix = rests.suffix[rests.offset[strings[later]] + k[later]]
+    uniq, inv = np.unique(suffix, return_inverse=True)
+    local = np.array([rests.at(int(rests.first[sid])) for sid in uniq.tolist()], np.int64)
+    rest[later] = local[inv.reshape(-1)]
+    span = int(peaks.max()) + 1
+    pairs, which = np.unique((rest + 1) * span + peaks, return_inverse=True)
+    vals = np.array([fx.ret(SELF if r < 0 else int(r), int(p)) for r, p in zip(pairs // span - 1, pairs % span)], np.int64)
+    return np.repeat(o, size), strings, vals[which.reshape(-1)]
 
 
 def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls_q, calls_b):
@@ -240,21 +274,25 @@ def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls
         if not states:
             break
         (po, s, q), (o_arr, n_arr, m_arr) = walk.walk_from(forest, np.asarray(states), np.asarray(nodes), np.asarray(who), q_count)
-        vals = []
-        for p_, q_ in zip(po.tolist(), q.tolist()):
-            _, sid, peak = pair_list[p_]
+        combos, which = np.unique(po * q_count + q, return_inverse=True)  # one result per (walker, state)
+        vals, origin = [], []
+        for p_, q_ in zip((combos // q_count).tolist(), (combos % q_count).tolist()):
+            o, sid, peak = pair_list[p_]
             while closed[q_] and sid:
                 q_, sid = stacks.pop(sid)
             vals.append(fx.ret(0, peak) if closed[q_] else fx.stay(q_, stacks.frames(sid), peak))
-        entries.append((np.array([pair_list[p_][0] for p_ in po.tolist()], np.int64), s, np.asarray(vals, np.int64)))
+            origin.append(o)
+        which = which.reshape(-1)
+        entries.append((np.asarray(origin, np.int64)[which], s, np.asarray(vals, np.int64)[which]))
         owners = [pair_list[p_] for p_ in o_arr.tolist()]
     return entries, exits
 
 
-def _run(pd: Pushdown, q: int, data: bytes, rests: dict, fx: _Effects):
-    """The result of reading ``data`` from ``q`` with an empty stack (a rest read by a popped state)."""
+def _run(pd: Pushdown, q: int, rests: _Rests, rid: int, fx: _Effects):
+    """The result of reading rest ``rid`` from ``q`` with an empty stack (a rest read by a popped state)."""
     closed, stack, peak = pd.closed, [], 0
-    for i, byte in enumerate(data):
+    start = rests.positions[rid]
+    for i, byte in enumerate(rests.data(rid)):
         c = pd.byte_class[byte]
         while True:
             if pd.delta[q, c]:
@@ -268,30 +306,29 @@ def _run(pd: Pushdown, q: int, data: bytes, rests: dict, fx: _Effects):
             if not pd.accept[q] or q == pd.bottom:
                 return 0
             if not stack:
-                return fx.ret(rests.setdefault(data[i:], len(rests)), peak)
+                return fx.ret(rests.at(start + i), peak)
             q = stack.pop()
     while closed[q] and stack:
         q = stack.pop()
     return fx.ret(0, peak) if closed[q] else fx.stay(q, tuple(stack), peak)
 
 
-def _rest_results(pd: Pushdown, rests: dict, fx: _Effects, stacks: _Stacks):
+def _rest_results(pd: Pushdown, rests: _Rests, fx: _Effects):
     """Results of every rest from every state a stack can hold, and the rests' classes (0: empty).
 
     Shorter rests are classified first: a rest's results name the classes of the (shorter) rests
     it returns with, or itself (a return before reading a byte: :data:`SELF`).
     """
     value = {}
-    by_id = list(rests)
-    todo = list(range(1, len(rests)))
+    todo = list(range(1, len(rests.positions)))
     while todo:
         rid = todo.pop()
-        value[rid] = np.array([_run(pd, int(r), by_id[rid], rests, fx) for r in pd.returns], np.int64)
-        todo += list(range(len(by_id), len(rests)))
-        by_id = list(rests)
+        before = len(rests.positions)
+        value[rid] = np.array([_run(pd, int(r), rests, rid, fx) for r in pd.returns.tolist()], np.int64)
+        todo += list(range(before, len(rests.positions)))
     cls: dict[int, int] = {0: 0}
     keys: dict[tuple, int] = {}
-    for rid in sorted(value, key=lambda r: len(by_id[r])):
+    for rid in sorted(value, key=rests.length):
         key = []
         for v in value[rid].tolist():
             kind = fx.keys[v - fx.base] if v >= fx.base else None

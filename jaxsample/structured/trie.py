@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxsample.structured.minimise import unique_rows
+
 #: Quotient tries kept per vocabulary (each costs a few MiB at V=128k).
 MAX_QUOTIENTS = 32
 
@@ -200,6 +202,34 @@ class VocabIndex:
     def chains(self) -> Chains:
         """The byte trie's :class:`Chains` (built on first use)."""
         return chains(self.trie, 256)
+
+    @functools.cached_property
+    def suffixes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(flat, offset, suffix, first)``: the strings' bytes concatenated (``strings[u]`` starts at
+        ``offset[u]``); the suffix of ``strings[u]`` from byte ``k`` has id ``suffix[offset[u] + k]``
+        (equal suffixes share an id: hashed from the right, verified byte by byte); ``first[i]`` is
+        the position of suffix ``i``'s first occurrence. Built on first use (recursive grammars)."""
+        flat = np.frombuffer(b"".join(self.strings), np.uint8).astype(np.int64)
+        offset = np.cumsum(self.lengths) - self.lengths
+        owner = np.repeat(np.arange(len(self.strings)), self.lengths)
+        rem = (offset + self.lengths)[owner] - np.arange(flat.size)  # bytes from each position to its end
+        h1, h2 = np.zeros(flat.size + 1, np.uint64), np.zeros(flat.size + 1, np.uint64)
+        nxt = np.where(rem > 1, np.arange(flat.size) + 1, flat.size)  # the next position, or the zero at the end
+        order = np.argsort(rem, kind="stable")
+        bounds = np.searchsorted(rem[order], np.arange(1, int(rem.max(initial=0)) + 2))
+        for r in range(bounds.size - 1):  # shortest suffixes first
+            at = order[bounds[r] : bounds[r + 1]]
+            b = (flat[at] + 1).astype(np.uint64)
+            h1[at] = b + np.uint64(0x100000001B3) * h1[nxt[at]]
+            h2[at] = b ^ (np.uint64(0x9E3779B97F4A7C15) * h2[nxt[at]] + np.uint64(0x632BE59BD9B4E019))
+        key = np.stack([h1[:-1].view(np.int64), h2[:-1].view(np.int64), rem], axis=1)
+        first, suffix = unique_rows(key) if flat.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        rep = first[suffix]
+        for j in range(int(rem.max(initial=0))):  # verify: every suffix equals its first occurrence
+            live = rem > j
+            if not np.array_equal(flat[(np.arange(flat.size) + j)[live]], flat[(rep + j)[live]]):
+                raise RuntimeError("suffix hashing collided")  # pragma: no cover
+        return flat, offset, suffix, first
 
     @functools.cached_property
     def subtree(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
