@@ -278,3 +278,15 @@ def _depth(doc) -> int:
     if isinstance(doc, list):
         return 1 + max((_depth(x) for x in doc), default=0)
     return 0
+
+
+def test_one_of_with_a_recursive_branch():
+    """oneOf branches containing calls are proven disjoint on a regular superset (the callee's first
+    character, then anything); a branch the superset cannot separate raises instead of guessing."""
+    nullable = {"oneOf": [{"type": "null"}, {"$ref": "#/$defs/node"}],
+                "$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#"}}, "additionalProperties": False}}}  # fmt: skip
+    d = am.compile_expr(schema_expr(nullable, whitespace="compact"))
+    assert d.matches(b'{"next":{"next":null}}') and d.matches(b"null") and not d.matches(b'{"next":1}')
+    overlapping = {"oneOf": [{"type": "object"}, {"$ref": "#/$defs/node"}], "$defs": nullable["$defs"]}
+    with pytest.raises(am.GrammarError, match="overlap"):
+        schema_expr(overlapping)
