@@ -270,6 +270,13 @@ def test_new_recursive_grammar_in_the_same_buckets_does_not_recompile():
     assert f.traces == 1
     with pytest.raises(ValueError, match="num_returns"):
         st.stack([st.compile_json(v)], num_returns=1)
+    call = am.Call("r")
+    rules = {"root": am.seq(am.lit("<"), call, am.lit(">")), "r": am.alt(am.lit("x"), am.seq(am.lit("("), call, am.lit(")")))}
+    needs_one = st.compile_expression(st.Grammar(rules, "root"), v)  # every output enters "r": one frame
+    with pytest.raises(ValueError, match="shortest output"):
+        st.stack([needs_one], max_depth=0)
+    with pytest.raises(ValueError, match="shortest output"):
+        st.Matcher(needs_one, max_depth=0)
 
 
 def _depth(doc) -> int:

@@ -46,15 +46,15 @@ class Matcher:
       max_depth: stack limit of a recursive grammar (default: the grammar's).
 
     Raises:
-      ValueError: on a negative ``max_depth``.
+      ValueError: on a negative ``max_depth`` or one below what the grammar's shortest output needs.
     """
 
     def __init__(self, grammar: TokenGrammar, *, max_depth: int | None = None):
         self.grammar = grammar
         pd = grammar.pushdown
         self.limit = int(pd.max_depth if max_depth is None and pd is not None else max_depth or 0)
-        if self.limit < 0:
-            raise ValueError(f"max_depth must be >= 0, got {max_depth}")
+        if self.limit < 0 or (pd is not None and pd.need[grammar.start] > self.limit):
+            raise ValueError(f"max_depth={max_depth} is negative or below what the grammar's shortest output needs")
         self.eos_ids = np.asarray(grammar.eos_ids, np.int64)
         self.vocab_size = int(grammar.class_of.shape[0])
         self.reset()

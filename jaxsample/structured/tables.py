@@ -175,8 +175,8 @@ def stack(
         the bucket of the longest, at least ``MIN_POP_TOKENS``).
 
     Raises:
-      ValueError: on an empty list, mixed vocabulary sizes, a negative ``max_depth``, or fixed
-        sizes that are too small.
+      ValueError: on an empty list, mixed vocabulary sizes, a negative ``max_depth`` or one below
+        what a grammar's shortest output needs, or fixed sizes that are too small.
     """
     if not grammars:
         raise ValueError("stack needs at least one grammar")
@@ -188,6 +188,9 @@ def stack(
     pds = [g.pushdown for g in grammars]
     rec = [p for p in pds if p is not None]
     limits = [int(p.max_depth if max_depth is None else max_depth) if p is not None else 0 for p in pds]
+    for i, (g, p, lim) in enumerate(zip(grammars, pds, limits)):
+        if p is not None and p.need[g.start] > lim:
+            raise ValueError(f"max_depth={lim} is below the {int(p.need[g.start])} frames grammar {i}'s shortest output needs")
     sizes: dict = {}
     n = _size(num_grammars, len(grammars), MIN_GRAMMARS, "num_grammars", sizes)
     s = _size(num_states, max(g.num_states for g in grammars), MIN_STATES, "num_states", sizes)
