@@ -53,12 +53,12 @@ MIN_MASKS = 16
 # recursive grammars: stack capacity, stack-dependent tokens per row and in all, stack rooms, effects,
 # pushes per token, returns per token (generous minimums: most grammars share one bucket)
 MIN_DEPTH = 8
-MIN_RETURNS = 64
+MIN_RETURNS = 32
 MIN_POP_TOKENS = 1024
 MIN_ROOMS = 4
 MIN_EFFECTS = 256
 MIN_PUSHES = 4
-MIN_POPS = 4
+MIN_POPS = 2
 
 _STATIC = ("depth", "max_pops", "window")
 
@@ -338,22 +338,23 @@ def allowed(tables: Tables, grammar: ArrayLike, state) -> Array:
     rooms = tables.mask_id.shape[2]
     room = jnp.clip(tables.limit[g] - st.depth, 0, rooms - 1)
     words = tables.masks[g, tables.mask_id[g, st.state, room]]  # [B, W]
-    bits = (words[..., None] >> jnp.arange(32, dtype=jnp.uint32)) & 1  # [B, W, 32]
+    rows = jnp.arange(words.shape[0])[:, None]
     v = tables.class_of.shape[-1]
-    b = words.shape[0]
-    ok = bits.reshape(b, -1)[:, :v] != 0
-    rows = jnp.arange(b)[:, None]
-    if tables.window:  # tokens that return and go on in the caller: resolve them on the stack
+    if tables.window:  # tokens that return and go on in the caller: resolve them on the stack, set their bits
         k = jnp.arange(tables.window)
         idx = jnp.clip(tables.pop_start[g, st.state][:, None] + k, 0, tables.pop_token.shape[1] - 1)
         tok = tables.pop_token[g[:, None], idx]
-        live = k < tables.pop_count[g, st.state][:, None]
-        valid = _resolve(tables, g, st, tok, lanes=True)[0] & live
-        ok = ok.at[rows, tok].max(valid)
-    if tables.depth:  # EOS returns through every frame
+        valid = _resolve(tables, g, st, tok, lanes=True)[0] & (k < tables.pop_count[g, st.state][:, None])
+        bit = jnp.left_shift(jnp.uint32(1), (tok & 31).astype(jnp.uint32))
+        words = words.at[rows, tok >> 5].add(jnp.where(valid, bit, jnp.uint32(0)))  # (their bits are 0 here)
+    if tables.depth:  # EOS returns through every frame: cleared unless each may end
         eos = tables.eos[g]
-        keep = ok[rows, jnp.clip(eos, 0, v - 1)] & _frames_accept(tables, g, st)[:, None]
-        ok = ok.at[rows, jnp.where(eos >= 0, eos, v)].set(keep, mode="drop")
+        bit = jnp.left_shift(jnp.uint32(1), (eos & 31).astype(jnp.uint32))
+        word = jnp.clip(eos >> 5, 0, words.shape[1] - 1)
+        drop = (eos >= 0) & ~_frames_accept(tables, g, st)[:, None] & ((words[rows, word] & bit) != 0)
+        words = words.at[rows, word].add(-jnp.where(drop, bit, jnp.uint32(0)))
+    bits = (words[..., None] >> jnp.arange(32, dtype=jnp.uint32)) & 1  # [B, W, 32]
+    ok = bits.reshape(words.shape[0], -1)[:, :v] != 0
     return ok | (grammar < 0)[:, None]
 
 
