@@ -101,18 +101,19 @@ class Ours:
 
 
 class _OurMatcher:
+    """The host matcher over the compiled tables (regular and recursive grammars alike)."""
+
     def __init__(self, g):
-        self.g, self.s = g, g.start
+        self.m = st.Matcher(g)
 
     def allowed(self):
-        return self.g.allowed(self.s)
+        return self.m.allowed()
 
     def consume(self, t):
-        self.s = self.g.advance(self.s, t)
-        return self.s != 0
+        return self.m.accept_token(t)
 
     def accepts_all(self, ids):
-        return bool(self.g.accept[self.g.walk(ids)])
+        return self.m.accept_tokens(ids) == len(ids) and self.m.is_accepting()
 
 
 class LLGuidance:

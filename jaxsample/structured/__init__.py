@@ -21,8 +21,11 @@ from jaxsample.structured.compiler import (
     compile_json_schema,
     compile_regex,
 )
+from jaxsample.structured.matcher import Matcher
+from jaxsample.structured.pushdown import DEFAULT_MAX_DEPTH, Grammar
 from jaxsample.structured.stage import forced_tokens, grammar_params, grammar_stage, is_dead
 from jaxsample.structured.tables import (
+    GrammarState,
     Tables,
     advance,
     allowed,
@@ -39,6 +42,10 @@ from jaxsample.structured.vocab import Vocabulary
 
 __all__ = sorted([
     "ByteDFA",
+    "DEFAULT_MAX_DEPTH",
+    "Grammar",
+    "GrammarState",
+    "Matcher",
     "EmptyLanguageError",
     "GrammarError",
     "Tables",

@@ -14,7 +14,7 @@ import gc
 import sys
 from typing import Any, Sequence
 
-from jaxsample.structured import automaton, gbnf, json_schema, regex, tokens
+from jaxsample.structured import automaton, effects, gbnf, json_schema, pushdown, regex, tokens
 from jaxsample.structured.tokens import TokenGrammar
 from jaxsample.structured.vocab import Vocabulary
 
@@ -37,8 +37,11 @@ def _collector_paused():
 
 
 def compile_expression(expr, vocab: Vocabulary) -> TokenGrammar:
-    """Token grammar of an expression tree (see :mod:`~jaxsample.structured.automaton`)."""
+    """Token grammar of an expression tree (see :mod:`~jaxsample.structured.automaton`) or of a
+    recursive :class:`~jaxsample.structured.pushdown.Grammar` (a pushdown automaton)."""
     with _collector_paused():
+        if isinstance(expr, pushdown.Grammar):
+            return effects.build(pushdown.compile_grammar(expr), vocab)
         return tokens.build(automaton.compile_expr(expr), vocab)
 
 
@@ -70,9 +73,18 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
         return compile_expression(json_schema.schema_expr(schema, **options), vocab)
 
 
-def compile_json(vocab: Vocabulary, *, max_depth: int = 4, whitespace: str = "bounded") -> TokenGrammar:
-    """Any JSON value with containers nested at most ``max_depth`` deep (JSON mode)."""
-    return compile_json_schema(True, vocab, any_depth=max_depth, whitespace=whitespace)
+def compile_json(vocab: Vocabulary, *, max_depth: int = pushdown.DEFAULT_MAX_DEPTH, whitespace: str = "bounded") -> TokenGrammar:
+    """Any JSON value with containers nested at most ``max_depth`` deep (JSON mode).
+
+    Containers are a recursive rule on the device stack: the outermost is free, each one inside it
+    takes a frame (the tables' stack limit is ``max_depth - 1``).
+
+    Raises:
+      ValueError: if ``max_depth < 1``.
+    """
+    if max_depth < 1:
+        raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+    return compile_json_schema(True, vocab, max_depth=max_depth - 1, whitespace=whitespace)
 
 
 def compile_gbnf(text: str, vocab: Vocabulary, **options) -> TokenGrammar:

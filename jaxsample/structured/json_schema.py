@@ -29,10 +29,15 @@ Over-constraints (outputs remain valid; some valid documents cannot be produced)
 many property orders for ``max_order_states`` keep schema order; an absent
 ``additionalProperties`` means closed unless ``open_objects=True`` (as XGrammar and llama.cpp);
 a schema without ``type`` produces only the types its keywords imply; bounded numbers have no
-exponent; enum/const numbers are written as given (``1`` not ``1.0``); strings use canonical escapes; ``{}``/``true``
-values nest at most ``any_depth`` containers and recursive ``$ref`` is unrolled ``max_recursion``
-times; ``minProperties`` counts at most one additional property (their keys could repeat); format
+exponent; enum/const numbers are written as given (``1`` not ``1.0``); strings use canonical escapes; recursion
+(a ``$ref`` cycle, the containers of ``{}``/``true`` values) nests at most ``max_depth`` frames on
+the device stack (a runtime parameter, see below); ``minProperties`` counts at most one additional property (their keys could repeat); format
 subsets (:mod:`~jaxsample.structured.formats`).
+
+Recursion is not unrolled: a schema reached again through ``$ref`` while it is being expanded
+(a cycle), and the containers of generic values (``{}``/``true``, rule ``JSON_RULE``), are rules of a
+:class:`~jaxsample.structured.pushdown.Grammar`, entered on the row's stack (one frame per nested
+call; tail calls take none). :func:`schema_expr` then returns that grammar instead of an expression.
 
 Whitespace (the JSON grammar's own freedom) follows ``whitespace`` (see :func:`schema_expr`).
 
@@ -45,7 +50,7 @@ Whitespace (the JSON grammar's own freedom) follows ``whitespace`` (see :func:`s
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import functools
 import json
 import math
@@ -59,6 +64,7 @@ from jaxsample.structured.automaton import (
     EPSILON,
     Alt,
     ByteDFA,
+    Call,
     Chars,
     GrammarError,
     Repeat,
@@ -85,6 +91,7 @@ from jaxsample.structured.json_text import (
     search_expr,
 )
 from jaxsample.structured.numbers import integer_range, multiple_of, number_range, plain_decimals
+from jaxsample.structured.pushdown import DEFAULT_MAX_DEPTH, Grammar
 from jaxsample.structured.schema_disjoint import Disjoint
 from jaxsample.structured.schema_merge import error
 
@@ -92,7 +99,11 @@ WHITESPACE_MODES = ("free", "compact", "bounded")
 PROPERTY_ORDERS = ("any", "schema")
 #: Most values an item set may have for ``uniqueItems`` (the array tracks the subset used).
 MAX_UNIQUE_VALUES = 8
-_ANY_SIZES: dict = {}  # DFA states of generic values, per whitespace options and depth
+#: The recursive rule of generic JSON containers; other rules are named by their ``$ref`` (and siblings).
+JSON_RULE = "$json"
+ROOT_RULE = "$root"
+#: Most times one ``$ref`` may be open on a path before its schema repeats exactly (then it is a call).
+MAX_REF_NESTING = 16
 
 
 def _is_type(value, t: str) -> bool:
@@ -136,8 +147,11 @@ class _Compiler:
         self.draft4to7 = isinstance(root, dict) and any(
             f"draft-0{n}" in str(root.get("$schema", "")) for n in (3, 4, 5, 6, 7)
         )
-        self.depth: dict[str, int] = {}
-        self._any: dict[int, Any] = {}
+        self.active: set[str] = set()  # rules being expanded on this path
+        self.open_refs: collections.Counter = collections.Counter()
+        self.rules: dict[str, Any] = {}  # recursive rules (None while pending)
+        self.pending: dict[str, tuple[Any, str]] = {}  # rule -> (schema, path) still to compile
+        self._any = None
         self._sizes: dict[int, tuple[Any, int]] = {}
         self._anchors = None
         self.string = seq(lit('"'), STRING_BODY, lit('"'))
@@ -152,24 +166,17 @@ class _Compiler:
         inner = seq(body, self.ws)
         return seq(lit(open_), self.ws, alt(EPSILON, inner) if empty_ok else inner, lit(close))
 
-    def any_value(self, depth: int):
-        if depth not in self._any:
+    def any_value(self):
+        """Any JSON value: scalars inline, containers the recursive rule ``JSON_RULE`` (one frame each)."""
+        if self._any is None:
             scalars = alt(self.string, number_range(), lit("true"), lit("false"), lit("null"))
-            if depth <= 0:  # no room for containers
-                self._any[depth] = scalars
-            else:
-                inner = self.any_value(depth - 1)
-                member = seq(self.string, self.colon, inner)
-                objects = self.container("{", "}", seq(member, star(seq(self.comma, member))), True)
-                arrays = self.container("[", "]", seq(inner, star(seq(self.comma, inner))), True)
-                self._any[depth] = alt(scalars, objects, arrays)
-            expr = self._any[depth]  # its DFA is far smaller than its tree: record the real size
-            key = (self.opts["whitespace"], self.opts["whitespace_pattern"], self.opts["separators"],
-                   self.opts["max_whitespace"], depth)  # fmt: skip
-            if key not in _ANY_SIZES:
-                _ANY_SIZES[key] = compile_expr(expr).num_states
-            self._sizes[id(expr)] = (expr, _ANY_SIZES[key])
-        return self._any[depth]
+            value = alt(scalars, Call(JSON_RULE))
+            member = seq(self.string, self.colon, value)
+            objects = self.container("{", "}", seq(member, star(seq(self.comma, member))), True)
+            arrays = self.container("[", "]", seq(value, star(seq(self.comma, value))), True)
+            self.rules[JSON_RULE] = alt(objects, arrays)
+            self._any = value
+        return self._any
 
     def size(self, expr) -> int:
         """Estimated DFA states of ``expr``: its positions (character occurrences, repetitions unrolled).
@@ -180,7 +187,7 @@ class _Compiler:
         hit = self._sizes.get(id(expr))
         if hit is not None and hit[0] is expr:
             return hit[1]
-        if isinstance(expr, Chars):
+        if isinstance(expr, (Chars, Call)):  # a call's rule is compiled once, not here
             n = 1
         elif isinstance(expr, (Seq, Alt)):
             n = sum(1 if type(x) is Chars else self.size(x) for x in expr.items)
@@ -228,29 +235,44 @@ class _Compiler:
                     todo.extend(s)
         return self._anchors
 
-    @contextlib.contextmanager
-    def entered(self, refs):
-        """RECURSION: every ``$ref`` expansion happens inside this context (one level per reference).
-
-        Yields ``False`` when a reference is already open ``max_recursion`` times on this path: the
-        caller then cuts the branch (compiles nothing), so recursion is unrolled to that depth.
-        """
-        cut = any(self.depth.get(r, 0) > self.opts["max_recursion"] for r in refs)
-        for r in refs:
-            self.depth[r] = self.depth.get(r, 0) + 1
+    def enter(self, rule: str, schema, path: str, refs: list):
+        """RECURSION: ``schema``, reached through the references ``refs``, compiled inline; when the
+        same ``rule`` (the schema, named by its reference) is already being expanded on this path,
+        a :class:`Call` of it instead (the rule is compiled once, by :meth:`grammar`)."""
+        if rule in self.active:
+            if rule not in self.rules:
+                self.rules[rule] = None
+                self.pending[rule] = (schema, path)
+            return Call(rule)
+        if any(self.open_refs[r] >= MAX_REF_NESTING for r in refs):
+            raise error(path, "$ref", f"{refs[0]!r} nests more than {MAX_REF_NESTING} times without repeating a schema")
+        self.active.add(rule)
+        self.open_refs.update(refs)
         try:
-            yield not cut
+            return self.compile(schema, path)
         finally:
-            for r in refs:
-                self.depth[r] -= 1
+            self.active.discard(rule)
+            self.open_refs.subtract(refs)
+
+    def grammar(self, root):
+        """``root``, or a :class:`Grammar` of it and the recursive rules it calls (compiled here)."""
+        while self.pending:
+            rule, (schema, path) = self.pending.popitem()
+            self.active, self.open_refs = {rule}, collections.Counter()
+            self.rules[rule] = self.compile(schema, path)
+        if not self.rules:
+            return root
+        return Grammar({ROOT_RULE: root, **self.rules}, ROOT_RULE, int(self.opts["max_depth"]))
 
     def ref(self, schema, path):
-        target = self.resolve(schema["$ref"], path)
+        ref = schema["$ref"]
+        target = self.resolve(ref, path)
         siblings = {k: v for k, v in schema.items() if k != "$ref" and k not in sm.ANNOTATIONS}
+        rule = ref
         if siblings and not self.draft4to7:
             target = _with_siblings(target, siblings)
-        with self.entered([schema["$ref"]]) as ok:
-            return self.compile(target, _ref_path(schema["$ref"], path)) if ok else EMPTY
+            rule = f"{ref} & {_key(siblings)}"
+        return self.enter(rule, target, _ref_path(ref, path), [ref])
 
     def view(self, schema, path: str, refs: list, seen=()):
         """A schema's own keywords: normalised, top-level ``$ref`` and ``allOf`` resolved (refs noted)."""
@@ -312,7 +334,7 @@ class _Compiler:
 
     def compile(self, schema, path: str = ""):
         if schema is True or schema == {}:
-            return self.any_value(self.opts["any_depth"])
+            return self.any_value()
         if schema is False:
             return EMPTY
         if not isinstance(schema, dict):
@@ -323,8 +345,9 @@ class _Compiler:
         if "allOf" in schema:
             refs: list = []
             merged = self.view(schema, path, refs)
-            with self.entered(refs) as ok:
-                return self.compile(merged, path) if ok else EMPTY
+            if not refs:
+                return self.compile(merged, path)
+            return self.enter(f"allOf {_key(merged)}", merged, path, refs)
         s = sm.normalise(schema, path)
         if s.get("dependentSchemas"):
             return self.compile(self.dependent_schemas(s, path), path)
@@ -385,8 +408,8 @@ class _Compiler:
         values = list({canonical_json(v): v for v in values}.values())
         if rest and values:  # keep the values the sibling keywords accept (objects: open, any depth)
             checker = self.sub(whitespace="compact", whitespace_pattern=None, separators=None, open_objects=True,
-                               any_depth=max(map(_depth, values)))  # fmt: skip
-            check = compile_expr(checker.compile({**rest, "type": s["type"]} if "type" in s else rest, path))
+                               max_depth=max(self.opts["max_depth"], *map(_depth, values)))  # fmt: skip
+            check = compile_expr(checker.grammar(checker.compile({**rest, "type": s["type"]} if "type" in s else rest, path)))
             values = [v for v in values if check.matches(canonical_json(v).encode())]
         return alt(*(self.literal(v, path) for v in values))
 
@@ -691,6 +714,11 @@ def _depth(value) -> int:
     return 0
 
 
+def _key(schema) -> str:
+    """A schema's canonical text (names the rule of a schema reached again on a cycle)."""
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"), default=repr)
+
+
 def _ref_path(ref: str, path: str) -> str:
     return ref[1:] if ref.startswith("#/") else path
 
@@ -706,10 +734,10 @@ def schema_expr(
     max_order_states: int = 8192,
     open_objects: bool = False,
     unknown_formats: str = "ignore",
-    max_recursion: int = 3,
-    any_depth: int = 3,
+    max_depth: int = DEFAULT_MAX_DEPTH,
 ):
-    """Expression tree of the JSON documents a schema accepts (see the module docstring).
+    """Expression tree of the JSON documents a schema accepts, or a
+    :class:`~jaxsample.structured.pushdown.Grammar` when it recurses (see the module docstring).
 
     Args:
       schema: the schema (a dict, a bool, or its JSON text).
@@ -731,8 +759,10 @@ def schema_expr(
         XGrammar and llama.cpp; ``True`` open (the JSON Schema meaning).
       unknown_formats: ``"ignore"`` (default: a ``format`` outside JSON Schema's list is an
         annotation, as validators treat it) or ``"error"``.
-      max_recursion: how many times a recursive ``$ref`` is unrolled on one path.
-      any_depth: container nesting allowed inside values of unconstrained schemas (``{}``/``true``).
+      max_depth: stack frames of a recursive schema: each nested ``$ref`` on a cycle, and each
+        container inside a generic value (``{}``/``true``; an outermost container that ends the
+        document is a tail call and takes none), takes one. The default limit of the compiled
+        tables, changeable per row on the device.
 
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
@@ -742,6 +772,6 @@ def schema_expr(
         schema = json.loads(schema)
     opts = dict(whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
                 max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
-                open_objects=open_objects, unknown_formats=unknown_formats, max_recursion=max_recursion,
-                any_depth=any_depth)  # fmt: skip
-    return _Compiler(schema, opts).compile(schema)
+                open_objects=open_objects, unknown_formats=unknown_formats, max_depth=max_depth)  # fmt: skip
+    c = _Compiler(schema, opts)
+    return c.grammar(c.compile(schema))
