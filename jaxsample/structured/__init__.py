@@ -12,6 +12,7 @@ decode loop masking and state updates are gathers. See ``docs/structured.md``.
 [False, True, True, True, False]
 """
 
+from jaxsample.structured import grammar_cache
 from jaxsample.structured.automaton import ByteDFA, EmptyLanguageError, GrammarError
 from jaxsample.structured.compiler import (
     compile_choice,
@@ -21,6 +22,7 @@ from jaxsample.structured.compiler import (
     compile_json_schema,
     compile_regex,
 )
+from jaxsample.structured.grammar_cache import same_grammar
 from jaxsample.structured.stage import forced_tokens, grammar_params, grammar_stage, is_dead
 from jaxsample.structured.tables import (
     Tables,
@@ -55,6 +57,7 @@ __all__ = sorted([
     "compile_regex",
     "forced_token",
     "forced_tokens",
+    "grammar_cache",
     "grammar_params",
     "grammar_stage",
     "initial_state",
@@ -62,5 +65,6 @@ __all__ = sorted([
     "is_dead",
     "mask",
     "nbytes",
+    "same_grammar",
     "stack",
 ])

@@ -14,6 +14,7 @@ import gc
 from typing import Any, Sequence
 
 from jaxsample.structured import automaton, gbnf, json_schema, regex, tokens
+from jaxsample.structured.grammar_cache import cached_compile
 from jaxsample.structured.tokens import TokenGrammar
 from jaxsample.structured.vocab import Vocabulary
 
@@ -41,6 +42,7 @@ def compile_expression(expr, vocab: Vocabulary) -> TokenGrammar:
         return tokens.build(automaton.compile_expr(expr), vocab)
 
 
+@cached_compile("regex", "pattern")
 def compile_regex(pattern: str, vocab: Vocabulary) -> TokenGrammar:
     """Outputs that fully match ``pattern`` (see :mod:`~jaxsample.structured.regex` for the syntax).
 
@@ -51,6 +53,7 @@ def compile_regex(pattern: str, vocab: Vocabulary) -> TokenGrammar:
     return compile_expression(regex.parse_regex(pattern), vocab)
 
 
+@cached_compile("json_schema", "schema", source_is_json=True, options_of=json_schema.schema_expr)
 def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGrammar:
     """JSON documents valid under ``schema``; ``options`` as :func:`~jaxsample.structured.json_schema.schema_expr`."""
     with _collector_paused():
@@ -62,12 +65,14 @@ def compile_json(vocab: Vocabulary, *, max_depth: int = 4, whitespace: str = "bo
     return compile_json_schema(True, vocab, any_depth=max_depth, whitespace=whitespace)
 
 
+@cached_compile("gbnf", "text", options_of=gbnf.parse_gbnf)
 def compile_gbnf(text: str, vocab: Vocabulary, **options) -> TokenGrammar:
     """Strings of a GBNF grammar; ``options`` as :func:`~jaxsample.structured.gbnf.parse_gbnf`."""
     with _collector_paused():
         return compile_expression(gbnf.parse_gbnf(text, **options), vocab)
 
 
+@cached_compile("choice", "options")
 def compile_choice(options: Sequence[str], vocab: Vocabulary) -> TokenGrammar:
     """Exactly one of the given strings.
 

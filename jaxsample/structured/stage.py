@@ -35,6 +35,7 @@ from jaxsample import _validate
 from jaxsample._types import Array
 from jaxsample.chain import InitInfo, Param, Params, Sampler, SamplerState, Stage
 from jaxsample.structured import tables as _tables
+from jaxsample.structured.grammar_cache import same_grammar
 from jaxsample.structured.tokens import TokenGrammar
 
 
@@ -95,7 +96,8 @@ def grammar_params(
     """Sampler parameter values binding one grammar (or ``None``: unconstrained) to each row.
 
     Merge the result into ``sampler.params(...)`` keywords or ``generate(..., sampler_params=...)``.
-    Identical grammar objects are stacked (and uploaded) once; the stack is padded to buckets (see
+    Equal grammars (by content: :func:`~jaxsample.structured.grammar_cache.same_grammar`, not only
+    the same object) are stacked (and uploaded) once; the stack is padded to buckets (see
     :func:`~jaxsample.structured.tables.stack`), so grammars of similar size give the same shapes
     and never recompile the decode loop. Pin the buckets (``num_grammars=``, ``num_states=``, ...)
     to serve any mix of schemas with one compilation.
@@ -122,7 +124,7 @@ def grammar_params(
         if g is None:
             ids.append(-1)
             continue
-        j = next((i for i, u in enumerate(uniq) if u is g), None)
+        j = next((i for i, u in enumerate(uniq) if same_grammar(u, g)), None)
         if j is None:
             uniq.append(g)
             j = len(uniq) - 1
