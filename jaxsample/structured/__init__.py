@@ -37,6 +37,7 @@ from jaxsample.structured.tables import (
     stack,
 )
 from jaxsample.structured.tokens import TokenGrammar
+from jaxsample.structured.triggers import TriggerTables, lazy_grammar_stage, trigger_params
 from jaxsample.structured.vocab import Vocabulary
 
 __all__ = sorted([
@@ -45,6 +46,7 @@ __all__ = sorted([
     "GrammarError",
     "Tables",
     "TokenGrammar",
+    "TriggerTables",
     "Vocabulary",
     "advance",
     "allowed",
@@ -63,8 +65,10 @@ __all__ = sorted([
     "initial_state",
     "is_accepting",
     "is_dead",
+    "lazy_grammar_stage",
     "mask",
     "nbytes",
     "same_grammar",
     "stack",
+    "trigger_params",
 ])

@@ -144,7 +144,10 @@ def _stage_state(sampler: Sampler, state: SamplerState, params: Params, name: st
         raise ValueError(f"the sampler has no stage named {name!r} (stages: {names}); add stages.grammar()")
     tables_key, ids_key = param_names(name)
     s = state.stages[names.index(name)]
-    return params[tables_key], jnp.asarray(params[ids_key], jnp.int32), s
+    armed = getattr(s, "armed", None)  # a lazy grammar (structured.triggers) awaiting its trigger constrains nothing
+    if armed is not None:
+        s = s.grammar
+    return params[tables_key], jnp.asarray(params[ids_key], jnp.int32), s, armed
 
 
 def forced_tokens(sampler: Sampler, state: SamplerState, params: Params, *, name: str = "grammar") -> Array:
@@ -156,10 +159,11 @@ def forced_tokens(sampler: Sampler, state: SamplerState, params: Params, *, name
     Raises:
       ValueError: if the sampler has no stage ``name``.
     """
-    t, ids, s = _stage_state(sampler, state, params, name)
+    t, ids, s, armed = _stage_state(sampler, state, params, name)
     if t is None:
         return jnp.full(s.shape, -1, jnp.int32)
-    return _tables.forced_token(t, ids.reshape(-1), s.reshape(-1)).reshape(s.shape)
+    forced = _tables.forced_token(t, ids.reshape(-1), s.reshape(-1)).reshape(s.shape)
+    return forced if armed is None else jnp.where(armed, forced, -1)
 
 
 def is_dead(sampler: Sampler, state: SamplerState, params: Params, *, name: str = "grammar") -> Array:
@@ -168,7 +172,8 @@ def is_dead(sampler: Sampler, state: SamplerState, params: Params, *, name: str 
     Raises:
       ValueError: if the sampler has no stage ``name``.
     """
-    t, ids, s = _stage_state(sampler, state, params, name)
+    t, ids, s, armed = _stage_state(sampler, state, params, name)
     if t is None:
         return jnp.zeros(s.shape, bool)
-    return (ids.reshape(s.shape) >= 0) & (s == 0)
+    dead = (ids.reshape(s.shape) >= 0) & (s == 0)
+    return dead if armed is None else dead & armed
