@@ -190,7 +190,7 @@ def test_invalid_uses_and_the_llama_cpp_preset():
         st.trigger_params([tool, tool], [["<tool>"]], VOCAB)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         st.trigger_params([tool], [[99]], VOCAB)
-    with pytest.raises(ValueError, match="at least one trigger"):
+    with pytest.raises(ValueError, match="1 to 512 triggers"):
         st.trigger_params([tool], [[]], VOCAB)
     with pytest.raises(ValueError, match="max_trigger_bytes"):
         st.trigger_params([tool], [["x" * 40]], VOCAB)

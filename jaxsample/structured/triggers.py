@@ -71,7 +71,8 @@ _CATEGORIES = {"CATEGORY_SPACE": _ECMA_SPACE, "CATEGORY_DIGIT": "0123456789",
                "CATEGORY_WORD": "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_"}
 _ANY_PAIRS = ({"CATEGORY_SPACE", "CATEGORY_NOT_SPACE"}, {"CATEGORY_DIGIT", "CATEGORY_NOT_DIGIT"},
               {"CATEGORY_WORD", "CATEGORY_NOT_WORD"})
-_KEY_START = 1 << 12  # candidate starts lie in (-_KEY_START, _KEY_START)
+_KEY_START = 1 << 12  # candidate starts lie in (-_KEY_START, _KEY_START): tokens of under 4 KiB
+_MAX_PER_ROW = 512  # priority keys stay within int32
 
 
 class Trigger(NamedTuple):
@@ -327,8 +328,9 @@ def _slots(triggers_per_row, vocab) -> tuple[list, list]:
             ranks.append(None)
             continue
         parsed = [parse(t) for t in row]
-        if not parsed:
-            raise ValueError("a lazy row needs at least one trigger (None: the grammar applies from the start)")
+        if not 0 < len(parsed) <= _MAX_PER_ROW:
+            raise ValueError(f"a lazy row needs 1 to {_MAX_PER_ROW} triggers, got {len(parsed)} "
+                             "(None: the grammar applies from the start)")
         order = [t for t in parsed if t.kind == "token"] + [t for t in parsed if t.kind != "token"]  # tokens first
         rank: dict = {}
         for i, t in enumerate(order):
@@ -339,8 +341,6 @@ def _slots(triggers_per_row, vocab) -> tuple[list, list]:
             else:
                 entries = [(("string", s, o, e), j) for j, (s, o, e) in enumerate(expand(t))]
             for key, j in entries:
-                if len(key[1].encode("utf-8") if key[0] == "string" else b"x") >= _KEY_START:
-                    raise ValueError(f"trigger {key[1]!r} is too long")
                 slot = slots.setdefault(key, len(slots))
                 rank.setdefault(slot, i * MAX_EXPANSIONS + j)
         ranks.append(rank)
@@ -352,7 +352,7 @@ def _window_bytes(max_trigger_bytes: int) -> int:
     return stop_strings.WORD * (-(-(int(max_trigger_bytes) + 1) // stop_strings.WORD)) - 1
 
 
-def _tables_for(slots, vocab, grammars, num_slots, num_candidates, max_trigger_bytes) -> TriggerTables:
+def _tables_for(slots, vocab, grammars, num_slots, num_candidates, max_trigger_bytes, num_grammars=None) -> TriggerTables:
     token_bytes = vocab.token_bytes
     strings = [key[1] for key in slots if key[0] == "string"]
     longest = max((len(s.encode("utf-8")) for s in strings), default=1)
@@ -393,13 +393,18 @@ def _tables_for(slots, vocab, grammars, num_slots, num_candidates, max_trigger_b
     c = bucket(c_need, 64) if num_candidates is None else int(num_candidates)
     if c < c_need:
         raise ValueError(f"num_candidates={c} is smaller than the {c_need} trigger candidates of the batch")
+    if any(abs(start) >= _KEY_START for _, _, _, start, _ in cands):
+        raise ValueError(f"a token of {_KEY_START} bytes or more completes a trigger")
     spelled = []
     for v, j, m, _, tail in cands:
-        rest = (v,) if m == 0 and tail else () if m == 0 else _spell(tail, token_bytes)
+        if m == 0:  # a token trigger: the grammar walks the token itself (nothing for a special token)
+            rest = (v,) if tail else ()
+        else:
+            rest = _spell(tail, token_bytes)
         spelled.append(None if heads[j] is None or rest is None else (heads[j], rest))
-    t = bucket(max((len(h) + len(r) for h, r in filter(None, spelled)), default=1), 4)
+    t = bucket(max((len(h) + len(r) for h, r in filter(None, spelled)), default=1), 8)
     resume = np.full((c, t), -1, np.int32)
-    ok = np.zeros((max(len(grammars), 1), c), bool)
+    ok = np.zeros((max(len(grammars), num_grammars or 1), c), bool)
     starts: dict = {}
     for i, parts in enumerate(spelled):
         if parts is None:
@@ -470,7 +475,8 @@ def trigger_params(
     slots, ranks = _slots(rows, vocab)
     tables = None
     if slots:
-        tables = _cached_tables(tuple(slots), vocab, tuple(distinct), num_slots, num_candidates, max_trigger_bytes)
+        g = int(out[_stage.param_names(name)[0]].start.shape[0])  # the grammar tables' bucket
+        tables = _cached_tables(tuple(slots), vocab, tuple(distinct), num_slots, num_candidates, max_trigger_bytes, g)
     width = 0 if tables is None else int(tables.match.target.shape[0])
     rank = np.full((len(rows), max(width, 1)), -1, np.int32)
     for b, r in enumerate(ranks):
@@ -480,6 +486,9 @@ def trigger_params(
     out[f"{name}_triggers"] = tables
     out[f"{name}_trigger_rank"] = rank.reshape(shape + (rank.shape[-1],))
     return out
+
+
+_TABLES: dict = {}
 
 
 def _cached_tables(slots, vocab, grammars, *sizes):
@@ -494,8 +503,6 @@ def _cached_tables(slots, vocab, grammars, *sizes):
         _TABLES.pop(next(iter(_TABLES)))
     return tables
 
-
-_TABLES: dict = {}
 
 
 # ------------------------------------------------------------------------------------------ the stage
@@ -596,7 +603,8 @@ def lazy_grammar_stage(*, name: str = "grammar", max_triggers: int = 8, max_trig
         grammar = inner.accept(jnp.where(armed, tokens, -1), state.grammar, params, info)
         if t is None:
             return LazyState(grammar, state.armed)
-        live, _ = _winners(t, rank, ids, info)
+        live = lax.cond(jnp.any(~armed), lambda: _winners(t, rank, ids, info)[0],
+                        lambda: jnp.zeros((ids.shape[0], t.cand_token.shape[0]), bool))
         hit = live & ~armed[:, None] & (t.cand_token[None] == tokens[:, None])  # [B, C]: at most one per row
         fired = jnp.any(hit, axis=-1)
         which = jnp.argmax(hit, axis=-1)
