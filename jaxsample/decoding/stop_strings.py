@@ -26,6 +26,11 @@ Tables (:class:`StopStrings`), for ``S`` string slots of at most ``M = 32 * K - 
 * ``token_len[v]``: bytes of token ``v``;
 * ``target[b, s]``: byte length of slot ``s`` for row ``b``, ``0`` where the row does not use it.
 
+:func:`pending` gives the other half of the same computation, the prefixes of each string the text
+ends with (which next tokens would complete it): lazy grammars' triggers
+(:mod:`jaxsample.structured.triggers`) use it to know, before a token is chosen, where it would
+start the grammar.
+
 The shared tables are ``[V, S, K]`` bit words; only ``target`` is per row, so different rows
 stop on different strings, and new strings of the same static sizes never recompile. The window
 is ``W = M`` tokens: every non-empty token adds at least one byte, so an occurrence spans at most

@@ -46,7 +46,6 @@ is invalid, and in ``accept`` walks the winner's tokens through the grammar with
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any, NamedTuple, Sequence
 
@@ -268,29 +267,49 @@ class TriggerTables(NamedTuple):
     ok: Array  # bool[G, C]: grammar g accepts that text as the start of an output
 
 
-@functools.lru_cache(maxsize=4)
-def _token_index(token_bytes: tuple) -> tuple[dict, int]:
-    index: dict = {}
-    for i, b in enumerate(token_bytes):
-        if b:
-            index.setdefault(bytes(b), i)
-    return index, max((len(b) for b in index), default=1)
+class _Speller:
+    """Shortest token spellings of byte strings over a vocabulary (a dynamic programme that extends a
+    piece only while it is a prefix of some token)."""
+
+    def __init__(self, token_bytes: Sequence[bytes | None]):
+        self.index: dict = {}
+        for i, b in enumerate(token_bytes):
+            if b:
+                self.index.setdefault(bytes(b), i)
+        self.prefixes = {b[:k] for b in self.index for k in range(1, len(b) + 1)}
+        self.memo: dict = {}
+
+    def __call__(self, text: bytes) -> tuple[int, ...] | None:
+        """A shortest token sequence spelling ``text`` (None if the vocabulary cannot)."""
+        if text in self.memo:
+            return self.memo[text]
+        n = len(text)
+        best: list = [None] * (n + 1)
+        best[0] = ()
+        for i in range(n):
+            if best[i] is None:
+                continue
+            for j in range(i + 1, n + 1):
+                piece = text[i:j]
+                if piece not in self.prefixes:
+                    break
+                t = self.index.get(piece)
+                if t is not None and (best[j] is None or len(best[j]) > len(best[i]) + 1):
+                    best[j] = best[i] + (t,)
+        self.memo[text] = best[n]
+        return best[n]
 
 
-def _spell(text: bytes, token_bytes: tuple) -> tuple[int, ...] | None:
-    """A shortest token sequence spelling ``text`` (None if the vocabulary cannot)."""
-    index, longest = _token_index(token_bytes)
-    n = len(text)
-    best: list = [None] * (n + 1)
-    best[0] = ()
-    for i in range(n):
-        if best[i] is None:
-            continue
-        for j in range(min(n, i + longest), i, -1):
-            t = index.get(text[i:j])
-            if t is not None and (best[j] is None or len(best[j]) > len(best[i]) + 1):
-                best[j] = best[i] + (t,)
-    return best[n]
+_SPELLERS: dict = {}
+
+
+def _speller_for(vocab) -> _Speller:
+    """The (memoised, per vocabulary content) speller of a vocabulary."""
+    digest = grammar_cache.vocab_digest(vocab)
+    if digest not in _SPELLERS:
+        _SPELLERS.clear()  # one vocabulary at a time is the common case
+        _SPELLERS[digest] = _Speller(vocab.token_bytes)
+    return _SPELLERS[digest]
 
 
 def compile_triggers(
@@ -354,6 +373,7 @@ def _window_bytes(max_trigger_bytes: int) -> int:
 
 def _tables_for(slots, vocab, grammars, num_slots, num_candidates, max_trigger_bytes, num_grammars=None) -> TriggerTables:
     token_bytes = vocab.token_bytes
+    spell = _speller_for(vocab)
     strings = [key[1] for key in slots if key[0] == "string"]
     longest = max((len(s.encode("utf-8")) for s in strings), default=1)
     if longest > max_trigger_bytes:
@@ -365,7 +385,8 @@ def _tables_for(slots, vocab, grammars, num_slots, num_candidates, max_trigger_b
         raise ValueError(f"num_slots={s} is smaller than the {s_need} trigger slots of the batch")
     base = stop_strings.build(token_bytes, [strings], max_len=max_len)  # distinct strings, sorted
     order = {x: i for i, x in enumerate(sorted(set(strings)))}
-    k_words = np.asarray(base.fits).shape[-1]
+    base_fits, base_ends = np.asarray(base.fits), np.asarray(base.ends)
+    k_words = base_fits.shape[-1]
     fits = np.zeros((vocab.size, s, k_words), np.uint32)
     ends = np.zeros((vocab.size, s, k_words), np.uint32)
     target = np.zeros(s, np.int32)
@@ -376,11 +397,11 @@ def _tables_for(slots, vocab, grammars, num_slots, num_candidates, max_trigger_b
             heads.append(())
             cands.append((value, j, 0, 0, token_bytes[value] or b""))
             continue
-        fits[:, j] = np.asarray(base.fits[:, order[value]])
-        ends[:, j] = np.asarray(base.ends[:, order[value]])
+        fits[:, j] = base_fits[:, order[value]]
+        ends[:, j] = base_ends[:, order[value]]
         word = value.encode("utf-8")
         target[j] = len(word)
-        heads.append(_spell(word[len(value[:offset].encode("utf-8")):], token_bytes))
+        heads.append(spell(word[len(value[:offset].encode("utf-8")):]))
         bits = np.unpackbits(ends[:, j].view(np.uint8), axis=1, bitorder="little")
         for v, m in zip(*np.nonzero(bits[:, 1 : len(word) + 1])):
             v, m = int(v), int(m) + 1
@@ -400,7 +421,7 @@ def _tables_for(slots, vocab, grammars, num_slots, num_candidates, max_trigger_b
         if m == 0:  # a token trigger: the grammar walks the token itself (nothing for a special token)
             rest = (v,) if tail else ()
         else:
-            rest = _spell(tail, token_bytes)
+            rest = spell(tail)
         spelled.append(None if heads[j] is None or rest is None else (heads[j], rest))
     t = bucket(max((len(h) + len(r) for h, r in filter(None, spelled)), default=1), 8)
     resume = np.full((c, t), -1, np.int32)
