@@ -140,12 +140,10 @@ def _step(model, sampler, cfg: Config, widths, proposer, params, sparams, extra,
         count = jnp.minimum(count, jnp.asarray(widths)[width_index] - 1)
         logits, cache = lax.switch(width_index, calls)
 
-    def verify(carry):  # position j: plain decoding's draw, for rows still matching their drafts
+    def verify(carry):  # position j: plain decoding's step (its draw accepted), for rows still matching drafts
         j, live, n_ok, sst, chosen, final, o, context = carry
         raw = jnp.take(logits, j, axis=1)
-        x = _stopping.mask_eos(raw, stops, o.length)
-        proc, picked = sampler.process(x, sst, sparams)
-        tok, picked = sampler.select(proc, picked, sparams)
+        tok, proc, picked = sampler.sample(_stopping.mask_eos(raw, stops, o.length), sst, sparams, active)
         lp = None
         if cfg.top_logprobs is not None:
             lp = _stopping.step_logprobs(raw, proc, tok, cfg.top_logprobs, stops.logprob_ids)
@@ -154,14 +152,14 @@ def _step(model, sampler, cfg: Config, widths, proposer, params, sparams, extra,
         o = _stopping.push(o, stops, jnp.where(active, tok, cfg.pad_id), active & live, lp)
         col = jnp.where(live, state.context_length + j, context.shape[1])  # out of range -> dropped
         context = context.at[jnp.arange(b), col].set(tok, mode="drop")
-        chosen = where_rows(stop, picked, chosen)
-        sst = where_rows(keep, sampler.accept(tok, picked, sparams, active), sst)
+        chosen = where_rows(stop, picked, chosen)  # the state after the row's free token
+        sst = where_rows(keep, picked, sst)  # an accepted draft is the token drawn: the same state
         return j + 1, keep, n_ok + keep, sst, chosen, jnp.where(stop, tok, final), o, context
 
     zeros = jnp.zeros((b,), jnp.int32)
     init = (0, active, zeros, state.sampler, state.sampler, state.last, out, state.context)
     _, _, n_ok, _, chosen, final, new_out, context = lax.while_loop(lambda c: jnp.any(c[1]), verify, init)
-    new_sampler = where_rows(active, sampler.accept(final, chosen, sparams, active), state.sampler)
+    new_sampler = where_rows(active, chosen, state.sampler)
     return LookupState(
         jnp.where(active, final, state.last),
         cache,
