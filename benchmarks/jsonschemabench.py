@@ -91,6 +91,7 @@ class Ours:
         self.compile({"type": "string"})  # warm-up: the per-vocabulary trie, JAX's device transfer
 
     def compile(self, schema):
+        st.grammar_cache.clear()  # every repeat compiles (the content cache would return the first result)
         g = st.compile_json_schema(schema, self.vocab, **self.options)
         tables = st.stack([g])
         self.jax.block_until_ready(self.jax.device_put(tables))

@@ -505,3 +505,13 @@ def test_one_of_overlap_is_refused_even_when_the_compiled_branches_are_disjoint(
         schema_expr(disjoint, open_objects=True)
     d = am.compile_expr(schema_expr({"oneOf": [{"type": "number", "maximum": 0}, {"type": "integer", "minimum": 1}]}))
     assert d.matches(b"-0.5") and d.matches(b"3") and not d.matches(b"0.5")
+
+
+def test_any_of_with_an_unconstrained_branch_is_every_value():
+    """anyOf [object, {}] is every value (generic values are a recursive rule: the union is folded
+    instead of offering the automaton a shift and a call on the same '{')."""
+    d = am.compile_expr(schema_expr({"anyOf": [{"type": "object", "properties": {"a": {"type": "string"}}}, {}]},
+                                    whitespace="compact"))  # fmt: skip
+    assert d.matches(b'{"a":"x"}') and d.matches(b'[1,{"b":null}]') and d.matches(b"3")
+    sib = am.compile_expr(schema_expr({"type": "integer", "anyOf": [{"minimum": 5}, True]}))
+    assert sib.matches(b"3") and not sib.matches(b'"x"')

@@ -15,6 +15,7 @@ import sys
 from typing import Any, Sequence
 
 from jaxsample.structured import automaton, effects, gbnf, json_schema, pushdown, regex, tokens
+from jaxsample.structured.grammar_cache import cached_compile
 from jaxsample.structured.tokens import TokenGrammar
 from jaxsample.structured.vocab import Vocabulary
 
@@ -45,6 +46,7 @@ def compile_expression(expr, vocab: Vocabulary) -> TokenGrammar:
         return tokens.build(automaton.compile_expr(expr), vocab)
 
 
+@cached_compile("regex", "pattern")
 def compile_regex(pattern: str, vocab: Vocabulary) -> TokenGrammar:
     """Outputs that fully match ``pattern`` (see :mod:`~jaxsample.structured.regex` for the syntax).
 
@@ -67,6 +69,7 @@ def _deep_recursion(limit: int = 20_000):
         sys.setrecursionlimit(old)
 
 
+@cached_compile("json_schema", "schema", source_is_json=True, options_of=json_schema.schema_expr)
 def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGrammar:
     """JSON documents valid under ``schema``; ``options`` as :func:`~jaxsample.structured.json_schema.schema_expr`."""
     with _collector_paused(), _deep_recursion():
@@ -87,12 +90,14 @@ def compile_json(vocab: Vocabulary, *, max_depth: int = pushdown.DEFAULT_MAX_DEP
     return compile_json_schema(True, vocab, max_depth=max_depth - 1, whitespace=whitespace)
 
 
+@cached_compile("gbnf", "text", options_of=gbnf.parse_gbnf)
 def compile_gbnf(text: str, vocab: Vocabulary, **options) -> TokenGrammar:
     """Strings of a GBNF grammar; ``options`` as :func:`~jaxsample.structured.gbnf.parse_gbnf`."""
     with _collector_paused():
         return compile_expression(gbnf.parse_gbnf(text, **options), vocab)
 
 
+@cached_compile("choice", "options")
 def compile_choice(options: Sequence[str], vocab: Vocabulary) -> TokenGrammar:
     """Exactly one of the given strings.
 

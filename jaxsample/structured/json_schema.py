@@ -381,6 +381,8 @@ class _Compiler:
             raise error(path, key, "must be a non-empty list")
         rest = {k: v for k, v in s.items() if k != key}
         constrained = {k for k in rest if k not in sm.ANNOTATIONS and not k.startswith("x-")}
+        if key == "anyOf" and any(b is True or b == {} for b in branches):  # a branch accepts every value:
+            return self.compile(rest, path) if constrained else self.any_value()  # no choice left to make
         if constrained:
             views = [self.view(b, f"{path}/{key}/{i}", []) for i, b in enumerate(branches)]
             # presence-only branches become a predicate, unless their properties are evaluated names

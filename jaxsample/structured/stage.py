@@ -37,6 +37,7 @@ from jaxsample import _validate
 from jaxsample._types import Array
 from jaxsample.chain import InitInfo, Param, Params, Sampler, SamplerState, Stage
 from jaxsample.structured import tables as _tables
+from jaxsample.structured.grammar_cache import same_grammar
 from jaxsample.structured.tokens import TokenGrammar
 
 
@@ -110,7 +111,8 @@ def grammar_params(
     """Sampler parameter values binding one grammar (or ``None``: unconstrained) to each row.
 
     Merge the result into ``sampler.params(...)`` keywords or ``generate(..., sampler_params=...)``.
-    Identical grammar objects are stacked (and uploaded) once; the stack is padded to buckets (see
+    Equal grammars (by content: :func:`~jaxsample.structured.grammar_cache.same_grammar`, not only
+    the same object) are stacked (and uploaded) once; the stack is padded to buckets (see
     :func:`~jaxsample.structured.tables.stack`), so grammars of similar size give the same shapes
     and never recompile the decode loop. Pin the buckets (``num_grammars=``, ``num_states=``, ...)
     to serve any mix of schemas with one compilation. ``max_depth`` overrides the stack limit of
@@ -138,7 +140,7 @@ def grammar_params(
         if g is None:
             ids.append(-1)
             continue
-        j = next((i for i, u in enumerate(uniq) if u is g), None)
+        j = next((i for i, u in enumerate(uniq) if same_grammar(u, g)), None)
         if j is None:
             uniq.append(g)
             j = len(uniq) - 1
@@ -159,7 +161,10 @@ def _stage_state(sampler: Sampler, state: SamplerState, params: Params, name: st
         raise ValueError(f"the sampler has no stage named {name!r} (stages: {names}); add stages.grammar()")
     tables_key, ids_key = param_names(name)
     s = state.stages[names.index(name)]
-    return params[tables_key], jnp.asarray(params[ids_key], jnp.int32), s
+    armed = getattr(s, "armed", None)  # a lazy grammar (structured.triggers) awaiting its trigger constrains nothing
+    if armed is not None:
+        s = s.grammar
+    return params[tables_key], jnp.asarray(params[ids_key], jnp.int32), s, armed
 
 
 def forced_tokens(sampler: Sampler, state: SamplerState, params: Params, *, name: str = "grammar") -> Array:
@@ -171,10 +176,11 @@ def forced_tokens(sampler: Sampler, state: SamplerState, params: Params, *, name
     Raises:
       ValueError: if the sampler has no stage ``name``.
     """
-    t, ids, s = _stage_state(sampler, state, params, name)
+    t, ids, s, armed = _stage_state(sampler, state, params, name)
     if t is None:
         return jnp.full(s.state.shape, -1, jnp.int32)
-    return _tables.forced_token(t, ids.reshape(-1), _rows(s, (ids.size,))).reshape(s.state.shape)
+    forced = _tables.forced_token(t, ids.reshape(-1), _rows(s, (ids.size,))).reshape(s.state.shape)
+    return forced if armed is None else jnp.where(armed, forced, -1)
 
 
 def is_dead(sampler: Sampler, state: SamplerState, params: Params, *, name: str = "grammar") -> Array:
@@ -183,7 +189,8 @@ def is_dead(sampler: Sampler, state: SamplerState, params: Params, *, name: str 
     Raises:
       ValueError: if the sampler has no stage ``name``.
     """
-    t, ids, s = _stage_state(sampler, state, params, name)
+    t, ids, s, armed = _stage_state(sampler, state, params, name)
     if t is None:
         return jnp.zeros(s.state.shape, bool)
-    return (ids.reshape(s.state.shape) >= 0) & (s.state == 0)
+    dead = (ids.reshape(s.state.shape) >= 0) & (s.state == 0)
+    return dead if armed is None else dead & armed
