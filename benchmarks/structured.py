@@ -1,19 +1,25 @@
 """Structured generation benchmark: compile time, per-step overhead in a jitted loop, device memory.
 
-Run: ``python -m benchmarks.structured [--vocab 32000] [--batch 32] [--steps 6] [--schemas DIR]``
+Run: ``python -m benchmarks.structured [--vocab 32000] [--batch 32] [--steps 6] [--schemas DIR] [--whitespace W]``
 
-* **Compile time** (host: schema -> byte DFA -> token tables) over a set of realistic schemas,
-  p50/p90, side by side with llguidance when it is installed (``LLMatcher`` construction plus its
-  first mask: llguidance compiles lazily, so its first mask is part of its time-to-first-mask).
-  Best of 3 per schema, after one warm-up compile: the per-vocabulary preprocessing (token trie,
-  reported separately, like llguidance's ``LLTokenizer``) is built once per vocabulary.
-* ``--schemas DIR``: the same over every ``*.json`` schema below ``DIR`` (e.g. a sample of
-  JSONSchemaBench), with coverage: schemas our compiler rejects (unsupported keywords, budgets)
-  are counted, and timings compare the schemas both engines compile.
+* **Compile time** (host: schema/grammar -> automaton -> token tables -> device tables) over a set
+  of realistic schemas and GBNF grammars (recursive ones included: a ``$ref`` tree, JSON mode, the
+  arithmetic grammar, llama.cpp's ``json.gbnf``), p50/p90, side by side with llguidance and
+  XGrammar when they are importable (llguidance: ``LLMatcher`` construction plus its first mask,
+  since it compiles lazily; XGrammar: ``GrammarCompiler`` with its cache off, one thread). Best of
+  3 per grammar after one warm-up compile, wall time and process CPU time (the CPU time is less
+  disturbed by other load on a shared machine). The per-vocabulary preprocessing (token trie,
+  reported separately, like llguidance's ``LLTokenizer`` and XGrammar's ``TokenizerInfo``) is
+  built once per vocabulary.
+* ``--schemas DIR``: the same over every ``*.json`` schema below ``DIR`` (a schema file, or a
+  JSONSchemaBench / MaskBench record with a ``"schema"`` field), with coverage: schemas our
+  compiler rejects (unsupported keywords, budgets) are counted, and timings compare the schemas
+  each engine compiles.
 * **Per-step overhead** inside ``jax.jit`` + ``lax.scan`` at ``B x V``: the same chain with and
-  without the grammar stage, with greedy and with categorical selection, and the stage alone.
-* **Device memory** per compiled schema (bucketed tables of one grammar); a batch adds one
-  ``int32`` state per row (rows share their grammar's tables).
+  without the grammar stage, with greedy and with categorical selection, and the stage alone; for
+  a regular schema and for a recursive grammar (JSON mode: a stack per row).
+* **Device memory** per compiled grammar (bucketed tables of one grammar), next to XGrammar's
+  ``memory_size_bytes``; a batch adds one state (and a stack for recursive grammars) per row.
 
 Vocabulary: a byte-level BPE trained on the Python docs (``pydoc_data``) plus JSON snippets; when
 ``--vocab`` exceeds what the corpus supports, it is extended with concatenations of two trained
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -175,6 +182,23 @@ SCHEMAS = {
     },
     "json_mode": True,
 }
+GBNF = {
+    "arithmetic": '''
+root   ::= expr
+expr   ::= term (("+" | "-") term)*
+term   ::= factor (("*" | "/") factor)*
+factor ::= [0-9]+ | "(" expr ")"
+''',
+    "json.gbnf": r'''
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+''',
+}
 
 
 def make_vocab(size: int):
@@ -232,70 +256,128 @@ class _GreedyTokenizer:
         return out
 
 
-def _llguidance(vocab):
-    try:
-        import llguidance as llg
-        from llguidance import TokenizerWrapper
-    except ImportError:
-        return None, None
-    return llg, llg.LLTokenizer(TokenizerWrapper(_GreedyTokenizer(vocab)), n_vocab=vocab.size)
+class Engines:
+    """llguidance and XGrammar over the same vocabulary, when importable (else their columns are NaN)."""
+
+    def __init__(self, vocab: st.Vocabulary):
+        self.vocab = vocab
+        try:
+            import llguidance as llg
+            from llguidance import TokenizerWrapper
+
+            self.llg = llg
+            self.llg_tok = llg.LLTokenizer(TokenizerWrapper(_GreedyTokenizer(vocab)), n_vocab=vocab.size)
+        except ImportError:
+            self.llg = None
+        try:
+            import xgrammar as xgr
+
+            info = xgr.TokenizerInfo([b or b"" for b in vocab.token_bytes], vocab_type=xgr.VocabType.RAW,
+                                     vocab_size=vocab.size, stop_token_ids=list(vocab.eos_ids))  # fmt: skip
+            self.xgr = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        except ImportError:
+            self.xgr = None
+
+    def llguidance(self, kind: str, source, repeats: int) -> float:
+        """Seconds to a first mask (construction + first mask; NaN if absent or refused)."""
+        if self.llg is None:
+            return float("nan")
+        llg = self.llg
+        if kind == "gbnf":
+            text = llg.LLMatcher.grammar_from_lark(llg.gbnf_to_lark.gbnf_to_lark(source))
+        else:
+            text = llg.LLMatcher.grammar_from_json_schema(source if source is not True else {})
+
+        def run():
+            m = llg.LLMatcher(self.llg_tok, text, log_level=0)
+            m.compute_bitmask()
+            if m.is_error():
+                raise ValueError(m.get_error())
+
+        try:
+            return _best(run, repeats)[0][0]
+        except Exception:  # refused
+            return float("nan")
+
+    def xgrammar(self, kind: str, source, repeats: int) -> tuple[float, float]:
+        """``(seconds, bytes)`` of XGrammar's compile (NaN if absent or refused)."""
+        if self.xgr is None:
+            return float("nan"), float("nan")
+        if kind == "gbnf":
+            run = lambda: self.xgr.compile_grammar(source)  # noqa: E731
+        elif source is True:
+            run = self.xgr.compile_builtin_json_grammar
+        else:
+            run = lambda: self.xgr.compile_json_schema(json.dumps(source))  # noqa: E731
+        try:
+            (secs, _), compiled = _best(run, repeats)
+        except Exception:  # refused
+            return float("nan"), float("nan")
+        return secs, float(compiled.memory_size_bytes)
 
 
 def _best(fn, repeats: int):
-    times, out = [], None
+    """``((wall s, cpu s), result)``: the fastest of ``repeats`` runs (wall and CPU time minimised separately)."""
+    walls, cpus, out = [], [], None
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         out = fn()
-        times.append(time.perf_counter() - t)
-    return min(times), out
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    return (min(walls), min(cpus)), out
 
 
-def _llg_time(llg, lt, schema, repeats: int) -> float:
-    if llg is None:
-        return float("nan")
-    text = llg.LLMatcher.grammar_from_json_schema(schema if schema is not True else {})
-
-    def run():
-        m = llg.LLMatcher(lt, text, log_level=0)
-        m.compute_bitmask()
-        if m.is_error():
-            raise ValueError(m.get_error())
-
-    return _best(run, repeats)[0]
+def _ours(kind: str, source, vocab, whitespace: str):
+    if kind == "gbnf":
+        return lambda: st.compile_gbnf(source, vocab)
+    if source is True:
+        return lambda: st.compile_json(vocab, whitespace=whitespace)
+    # properties in schema order: the documented tables were measured so (before any order became the default)
+    return lambda: st.compile_json_schema(source, vocab, whitespace=whitespace, property_order="schema")
 
 
-def bench_compile(vocab, repeats: int = 3):
-    """``(rows, grammars)``: per schema ``(name, ours s, llguidance s, S, C, U, device bytes, (S, C) buckets,
-    U bucket)``, and each schema's compiled grammar by name."""
-    llg, lt = _llguidance(vocab)
+def _device(g) -> tuple[int, object]:
+    """Device bytes of one grammar's bucketed tables (compile time includes building them)."""
+    tables = st.stack([g])
+    jax.block_until_ready(tables.arrays())
+    return st.nbytes(tables), tables
+
+
+def bench_compile(vocab, repeats: int = 3, whitespace: str = "bounded"):
+    """``(rows, grammars)``: per grammar ``(name, (ours wall, cpu), llg s, (xgr s, xgr bytes), S, C, U,
+    device bytes, recursive)``, and each grammar compiled, by name."""
+    engines = Engines(vocab)
     rows, grammars = [], {}
-    for name, schema in SCHEMAS.items():
-        compile_ = (lambda: st.compile_json(vocab)) if schema is True else (lambda: st.compile_json_schema(schema, vocab))
-        ours, g = _best(compile_, repeats)
+    items = [("schema", k, v) for k, v in SCHEMAS.items()] + [("gbnf", k, v) for k, v in GBNF.items()]
+    for kind, name, source in items:
+        compile_ = _ours(kind, source, vocab, whitespace)
+        ours, (g, (nb, _)) = _best(lambda: (lambda g: (g, _device(g)))(compile_()), repeats)
         grammars[name] = g
-        tables = st.stack([g])
-        rows.append((name, ours, _llg_time(llg, lt, schema, repeats), g.num_states, g.num_classes,
-                     g.masks.shape[0], st.nbytes(tables), tables.next.shape[1:], tables.masks.shape[1]))  # fmt: skip
+        rows.append((name, ours, engines.llguidance(kind, source, repeats), engines.xgrammar(kind, source, repeats),
+                     g.num_states, g.num_classes, g.masks.shape[0], nb, g.pushdown is not None))  # fmt: skip
     return rows, grammars
 
 
-def bench_directory(vocab, root: str, repeats: int = 1):
-    """Compile every schema under ``root``: ``(rows, failures)``; a row is ``(file, ours s, llg s, S, bytes)``."""
-    llg, lt = _llguidance(vocab)
+def _load_schema(path: Path):
+    data = json.loads(path.read_text())
+    return data["schema"] if isinstance(data, dict) and "schema" in data and "tests" in data else data
+
+
+def bench_directory(vocab, root: str, repeats: int = 1, whitespace: str = "bounded"):
+    """Compile every schema under ``root``: ``(rows, failures)``; a row is ``(file, (ours wall, cpu) or None,
+    llg s, (xgr s, xgr bytes), device bytes or None)``."""
+    engines = Engines(vocab)
     rows, failures = [], {}
     for path in sorted(Path(root).rglob("*.json")):
-        schema = json.loads(path.read_text())
+        schema = _load_schema(path)
         try:
-            ours, g = _best(lambda: st.compile_json_schema(schema, vocab), repeats)
+            ours, (g, (nb, _)) = _best(lambda: (lambda g: (g, _device(g)))(_ours("schema", schema, vocab, whitespace)()), repeats)
         except (st.GrammarError, RecursionError) as e:
             kind = str(e).split(":")[-1].strip()[:60] if isinstance(e, st.GrammarError) else "recursion"
             failures[kind] = failures.get(kind, 0) + 1
-            continue
-        try:
-            theirs = _llg_time(llg, lt, schema, repeats)
-        except Exception:  # llguidance rejects some schemas we accept
-            theirs = float("nan")
-        rows.append((str(path.relative_to(root)), ours, theirs, g.num_states, st.nbytes(st.stack([g]))))
+            ours, nb = None, None
+        rows.append((str(path.relative_to(root)), ours, engines.llguidance("schema", schema, repeats),
+                     engines.xgrammar("schema", schema, repeats), nb))  # fmt: skip
     return rows, failures
 
 
@@ -340,10 +422,10 @@ def bench_step(vocab, grammar, batch: int, steps: int, repeats: int = 5):
     return {k: float(np.min(ts)) for k, ts in times.items()}  # min: least disturbed by other load
 
 
-def _percentiles(xs) -> str:
-    xs = np.asarray(xs, np.float64) * 1e3
+def _percentiles(xs, scale: float = 1e3, unit: str = "ms") -> str:
+    xs = np.asarray(xs, np.float64) * scale
     xs = xs[np.isfinite(xs)]
-    return f"{np.percentile(xs, 50):.1f}/{np.percentile(xs, 90):.1f} ms" if xs.size else "n/a"
+    return f"{np.percentile(xs, 50):.1f}/{np.percentile(xs, 90):.1f} {unit}" if xs.size else "n/a"
 
 
 def main():
@@ -351,40 +433,54 @@ def main():
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--whitespace", default="bounded", choices=["bounded", "compact", "free"])
     ap.add_argument("--schemas", help="directory of JSON schemas (e.g. a JSONSchemaBench sample)")
+    ap.add_argument("--no-step", action="store_true", help="skip the per-step measurement")
     args = ap.parse_args()
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; whitespace={args.whitespace}")
     t = time.perf_counter()
     _, vocab, trained = make_vocab(args.vocab)
     print(f"vocabulary: {vocab.size} tokens ({trained} trained BPE, rest synthetic); built in {time.perf_counter() - t:.1f}s")
     t = time.perf_counter()
     st.compile_regex("a", vocab)  # builds the per-vocabulary token trie (once per vocabulary)
     print(f"per-vocabulary preprocessing (token trie, cached): {1e3 * (time.perf_counter() - t):.0f} ms")
-    rows, grammars = bench_compile(vocab)
-    print(f"\n{'schema':16} {'ours ms':>9} {'llg ms':>8} {'S':>5} {'C':>5} {'U':>4} {'device MiB':>10}  buckets (S,C) U")
-    for name, ours, theirs, s, c, u, nb, sc, ub in rows:
-        print(f"{name:16} {ours * 1e3:9.1f} {theirs * 1e3:8.2f} {s:5d} {c:5d} {u:4d} {nb / 2**20:10.2f}  {sc} {ub}")
-    print(f"compile p50/p90: ours {_percentiles([r[1] for r in rows])}; llguidance {_percentiles([r[2] for r in rows])}")
+    rows, grammars = bench_compile(vocab, whitespace=args.whitespace)
+    print(f"\n{'grammar':14} {'ours ms':>8} {'cpu ms':>7} {'llg ms':>7} {'xgr ms':>7} {'S':>5} {'C':>4} {'U':>4} "
+          f"{'device KiB':>10} {'xgr KiB':>8}")  # fmt: skip
+    for name, (wall, cpu), llg, (xgr, xgr_b), s, c, u, nb, rec in rows:
+        print(f"{name + (' *' if rec else ''):14} {wall * 1e3:8.1f} {cpu * 1e3:7.1f} {llg * 1e3:7.2f} {xgr * 1e3:7.2f} "
+              f"{s:5d} {c:4d} {u:4d} {nb / 1024:10.0f} {xgr_b / 1024:8.0f}")  # fmt: skip
+    print("(* recursive: a stack per row)")
+    print(f"compile p50/p90: ours {_percentiles([r[1][0] for r in rows])} (CPU {_percentiles([r[1][1] for r in rows])}); "
+          f"llguidance {_percentiles([r[2] for r in rows])}; XGrammar {_percentiles([r[3][0] for r in rows])}")  # fmt: skip
     if args.schemas:
-        found, failures = bench_directory(vocab, args.schemas)
-        total = len(found) + sum(failures.values())
-        both = [r for r in found if np.isfinite(r[2])]
-        print(f"\n{args.schemas}: {len(found)}/{total} schemas compiled; rejected: {sorted(failures.items(), key=lambda x: -x[1])[:8]}")
-        print(f"  compiled: ours p50/p90 {_percentiles([r[1] for r in found])}; on the {len(both)} llguidance also compiles: "
-              f"ours {_percentiles([r[1] for r in both])}, llguidance {_percentiles([r[2] for r in both])}")  # fmt: skip
-        mib = np.array([r[4] for r in found]) / 2**20
-        print(f"  device MiB per grammar p50/p90/max {np.percentile(mib, 50):.1f}/{np.percentile(mib, 90):.1f}/{mib.max():.1f}")
-        for r in sorted(found, key=lambda r: -r[1])[:5]:
-            print(f"  slowest: {r[0]} {r[1] * 1e3:.0f} ms, S={r[3]}, {r[4] / 2**20:.1f} MiB")
-    g = grammars["order"]
-    res = bench_step(vocab, g, args.batch, args.steps)
-    print(f"\nper-step time, jitted lax.scan, B={args.batch}, V={vocab.size}, CPU ({jax.devices()[0].platform}):")
-    for sel in ("process", "greedy", "categorical"):
-        a, b = res[(sel, False)], res[(sel, True)]
-        label = "temperature stage only" if sel == "process" else f"temperature + {sel}"
-        print(f"  {label:28} unconstrained {a * 1e3:8.2f} ms  constrained {b * 1e3:8.2f} ms  overhead {100 * (b / a - 1):+6.1f}%")
-    one = st.nbytes(st.stack([g]))
-    print(f"device memory: one grammar {one / 2**20:.2f} MiB; a batch of {args.batch} rows on it "
-          f"{one / 2**20:.2f} MiB of tables + {4 * args.batch} B of row states (was {args.batch} table copies)")
+        found, failures = bench_directory(vocab, args.schemas, whitespace=args.whitespace)
+        ok = [r for r in found if r[1] is not None]
+        print(f"\n{args.schemas}: {len(ok)}/{len(found)} schemas compiled; rejected: "
+              f"{sorted(failures.items(), key=lambda x: -x[1])[:8]}")  # fmt: skip
+        print(f"  compile p50/p90 (each engine on the schemas it compiles): ours {_percentiles([r[1][0] for r in ok])} "
+              f"(CPU {_percentiles([r[1][1] for r in ok])}), llguidance {_percentiles([r[2] for r in found])} "
+              f"({int(np.isfinite([r[2] for r in found]).sum())}), XGrammar {_percentiles([r[3][0] for r in found])} "
+              f"({int(np.isfinite([r[3][0] for r in found]).sum())})")  # fmt: skip
+        both = [r for r in ok if np.isfinite(r[3][1])]
+        print(f"  memory p50/p90 on the {len(both)} both compile: ours (device tables) "
+              f"{_percentiles([r[4] for r in both], 1 / 2**20, 'MiB')}, XGrammar {_percentiles([r[3][1] for r in both], 1 / 2**20, 'MiB')}")  # fmt: skip
+        for r in sorted(ok, key=lambda r: -r[1][0])[:5]:
+            print(f"  slowest: {r[0]} {r[1][0] * 1e3:.0f} ms, {r[4] / 2**20:.1f} MiB")
+    if args.no_step:
+        return
+    for name in ("order", "json_mode"):
+        g = grammars[name]
+        res = bench_step(vocab, g, args.batch, args.steps)
+        print(f"\nper-step time ({name}{', recursive' if g.pushdown is not None else ''}), jitted lax.scan, "
+              f"B={args.batch}, V={vocab.size}, {jax.devices()[0].platform}:")  # fmt: skip
+        for sel in ("process", "greedy", "categorical"):
+            a, b = res[(sel, False)], res[(sel, True)]
+            label = "temperature stage only" if sel == "process" else f"temperature + {sel}"
+            print(f"  {label:28} unconstrained {a * 1e3:8.2f} ms  constrained {b * 1e3:8.2f} ms  overhead {100 * (b / a - 1):+6.1f}%")
+        one = st.nbytes(st.stack([g]))
+        print(f"  device memory: {one / 2**20:.2f} MiB of tables for the batch + per row a state"
+              f"{' and a stack' if g.pushdown is not None else ''}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -61,11 +61,41 @@ def test_json_grammar_accepts_and_rejects(json_dfa):
         assert not json_dfa.matches(bad)
 
 
-def test_recursion_depth_is_cut():
-    g = 'root ::= "(" root ")" | "x"'
-    d2, d6 = (am.compile_expr(parse_gbnf(g, max_depth=n)) for n in (2, 6))
-    assert d2.matches(b"((x))") and not d2.matches(b"(((x)))")
-    assert d6.matches(b"((((((x))))))") and not d6.matches(b"(((((((x)))))))")
+ARITHMETIC = r'''
+root   ::= expr
+expr   ::= term (("+" | "-") term)*
+term   ::= factor (("*" | "/") factor)*
+factor ::= [0-9]+ | "(" expr ")"
+'''
+
+
+def test_recursion_is_a_stack_not_a_cut():
+    """Regression: the arithmetic grammar refused ((1+2)) at defaults, and max_depth=15 refused 7 levels
+    (unrolling spent depth on every rule of the cycle). Now one frame per nested call."""
+    default = am.compile_expr(parse_gbnf(ARITHMETIC))
+    assert default.matches(b"((1+2))") and default.matches(b"(1+2)*3") and not default.matches(b"((1+2)")
+    assert default.matches(b"(" * 32 + b"7" + b")" * 32) and not default.matches(b"(" * 33 + b"7" + b")" * 33)
+    fifteen = am.compile_expr(parse_gbnf(ARITHMETIC, max_depth=15))
+    for n in (7, 15, 16):
+        assert fifteen.matches(b"(" * n + b"1+2" + b")" * n) == (n <= 15), n
+    g = 'root ::= "(" root ")" | "x"'  # the root rule's own parentheses take no frame
+    d2 = am.compile_expr(parse_gbnf(g, max_depth=2))
+    assert d2.matches(b"(((x)))") and not d2.matches(b"((((x))))")
+    right = am.compile_expr(parse_gbnf('root ::= "a" root | "b"', max_depth=0))  # tail calls push nothing
+    assert right.matches(b"a" * 500 + b"b")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('root ::= root "a" | "b"', "left-recursive"),
+        ('root ::= "[" x "]"\nx ::= "a" | "(" x ")" | "(a)"', "two ways"),
+        ('root ::= "(" y "a)"\ny ::= "b" "a"* | "(" y "a)"', "go on or end"),
+    ],
+)
+def test_grammars_a_deterministic_stack_cannot_follow_raise(text, message):
+    with pytest.raises(am.GrammarError, match=message):
+        am.compile_expr(parse_gbnf(text))
 
 
 def test_rules_classes_escapes_repetitions_comments():

@@ -1,5 +1,6 @@
 """JSON schema compiler: generated documents validate, bounds are exact, unsupported keywords raise."""
 
+import functools
 import json
 import re
 
@@ -9,6 +10,7 @@ import pytest
 from jaxsample.structured import automaton as am
 from jaxsample.structured.json_schema import schema_expr
 from jaxsample.structured.numbers import integer_range, number_range
+from tests._format_rules import RULES, loads, validator
 from tests.test_structured_regex import random_member
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -118,11 +120,11 @@ def _closed(schema):
 @pytest.mark.parametrize("whitespace", ["compact", "bounded", "free"])
 def test_every_generated_document_validates(name, whitespace):
     d = dfa(name, whitespace=whitespace)
-    validator = jsonschema.Draft202012Validator(_closed(SCHEMAS[name]), format_checker=jsonschema.FormatChecker())
+    check = validator(_closed(SCHEMAS[name]))
     rng = np.random.default_rng(len(name))
     for _ in range(25):
         doc = random_member(d, rng, stop=0.2, limit=400).decode("utf-8")
-        validator.validate(json.loads(doc))
+        check.validate(loads(doc))
         if whitespace == "compact":
             assert not re.search(r"[\n\t]", doc)
 
@@ -151,14 +153,14 @@ def test_canonical_valid_documents_are_accepted(name):
 def test_invalid_documents_are_rejected(name):
     """Random single-byte edits of generated documents: accepted ones must still validate."""
     d = dfa(name, whitespace="compact")
-    validator = jsonschema.Draft202012Validator(_closed(SCHEMAS[name]), format_checker=jsonschema.FormatChecker())
+    check = validator(_closed(SCHEMAS[name]))
     rng = np.random.default_rng(1)
     for _ in range(40):
         doc = bytearray(random_member(d, rng, stop=0.2, limit=300))
         i = int(rng.integers(len(doc)))
         doc[i : i + 1] = bytes([int(rng.choice(list(b'0123456789-.,:{}[]"aeE \\')))])
         if d.matches(bytes(doc)):
-            validator.validate(json.loads(bytes(doc).decode()))
+            check.validate(loads(bytes(doc).decode()))
 
 
 @pytest.mark.parametrize(
@@ -169,18 +171,19 @@ def test_integer_ranges_are_exact(lo, hi):
     for n in range(-1200, 1200):
         ok = (lo is None or n >= lo) and (hi is None or n <= hi)
         assert d.matches(str(n).encode()) == ok, n
-    assert not d.matches(b"-0") and not d.matches(b"007") and not d.matches(b"")
+    zero_ok = (lo is None or lo <= 0) and (hi is None or hi >= 0)
+    assert d.matches(b"-0") == zero_ok  # "-0" is valid JSON for the integer 0
+    assert not d.matches(b"007") and not d.matches(b"") and not d.matches(b"-00") and not d.matches(b"1.0")
 
 
 @pytest.mark.parametrize("lo, hi, lx, hx", [(0, 10, False, False), (-5, 3, True, True), (None, 0, False, True),
                                             (2, None, True, False), (-4, -1, False, False)])  # fmt: skip
 def test_number_ranges_are_exact(lo, hi, lx, hx):
     d = am.compile_expr(number_range(lo, hi, lx, hx))
-    for text in ["0", "0.0", "-0.5", "0.5", "10", "10.0", "10.01", "-5", "-5.0", "-4.99", "3", "3.000", "2",
+    for text in ["0", "0.0", "-0", "-0.00", "-0.5", "0.5", "10", "10.0", "10.01", "-5", "-5.0", "-4.99", "3", "3.000", "2",
                  "2.0001", "-1", "-1.5", "-4", "-4.0001", "7.25", "-0.0001", "1e3", "00.5", "1.", ".5"]:  # fmt: skip
         v = float(text) if re.fullmatch(r"-?(0|[1-9]\d*)(\.\d+)?", text) else None
         ok = v is not None and (lo is None or (v > lo if lx else v >= lo)) and (hi is None or (v < hi if hx else v <= hi))
-        ok = ok and not (text.startswith("-") and v == 0)  # "-0" forms are not produced
         assert d.matches(text.encode()) == ok, text
 
 
@@ -195,47 +198,50 @@ def test_whitespace_modes():
         schema_expr(s, whitespace="pretty")
 
 
-def test_recursion_is_unrolled_to_the_configured_depth():
+def test_recursion_is_a_stack_of_max_depth_frames():
+    """A $ref cycle is entered on the stack (not unrolled): each nested node takes one frame."""
+    d = am.compile_expr(schema_expr(SCHEMAS["recursive"], whitespace="compact", max_depth=5))
     deep = {"v": 0}
-    for i in range(6):
-        deep = {"v": i, "kids": [deep]}
-    text = json.dumps(deep, separators=(",", ":")).encode()
-    shallow = am.compile_expr(schema_expr(SCHEMAS["recursive"], whitespace="compact", max_recursion=2))
-    full = am.compile_expr(schema_expr(SCHEMAS["recursive"], whitespace="compact", max_recursion=6))
-    assert not shallow.matches(text) and full.matches(text)
+    for depth in range(1, 40):
+        deep = {"v": depth, "kids": [deep]}
+        text = json.dumps(deep, separators=(",", ":")).encode()
+        assert d.matches(text) == (depth <= 5) and d.matches(text, max_depth=depth) and not d.matches(text, max_depth=depth - 1)
 
 
 @pytest.mark.parametrize(
-    "schema, keyword",
+    "schema, pointer",
     [
-        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-        ({"not": {"type": "string"}}, "not"),
-        ({"if": {}, "then": {}}, "if"),
-        ({"type": "object", "patternProperties": {"a": {}}}, "patternProperties"),
-        ({"type": "object", "minProperties": 1}, "minProperties"),
-        ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
-        ({"type": "number", "minimum": 0.5}, "minimum"),
-        ({"type": "string", "format": "ipv6"}, "format"),
-        ({"type": "object", "properties": {"a": {}}, "additionalProperties": True}, "additionalProperties"),
-        ({"$ref": "http://example.com/s.json"}, "$ref"),
-        ({"$ref": "#/$defs/missing"}, "$ref"),
-        ({"type": "string", "pattern": "a(?=b)"}, "look-around"),
-        ({"type": "string", "pattern": "^a", "maxLength": 3}, "maxLength"),
-        ({"enum": ["a", "bbb"], "maxLength": 2}, "maxLength"),
-        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
-        ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "required"),
-        ({"anyOf": [{"type": "string"}], "minLength": 2}, "anyOf"),
-        ({"type": "tuple"}, "tuple"),
+        ({"type": "array", "uniqueItems": True}, "/uniqueItems"),
+        ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "/uniqueItems"),
+        ({"not": {"type": "number", "minimum": 3}}, "/not"),
+        ({"if": {}, "then": {}}, "/if"),
+        ({"type": "array", "contains": {}, "maxContains": 2}, "/maxContains"),
+        ({"type": "string", "format": "regex"}, "/format"),
+        ({"$ref": "http://example.com/s.json"}, "/$ref"),
+        ({"$ref": "#/$defs/missing"}, "/$ref"),
+        ({"type": "string", "pattern": "a(?=b)"}, "/pattern"),
+        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "/oneOf"),
+        ({"oneOf": [{"type": "object", "properties": {"a": {}}}, {"type": "object"}]}, "/oneOf"),
+        ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, "/properties/a/uniqueItems"),
+        ({"properties": {"a~b/c": {"not": {"minimum": 1}}}}, "/properties/a~0b~1c/not"),
+        ({"$defs": {"x": {"if": {}}}, "$ref": "#/$defs/x"}, "/$defs/x/if"),
+        ({"type": "number", "multipleOf": 0.000012345}, "/multipleOf"),
+        ({"allOf": [{"contains": {"type": "integer"}}, {"contains": {"type": "string"}}]}, "/contains"),
+        ({"type": "tuple"}, "/type"),
     ],
 )
-def test_unsupported_features_raise_naming_the_keyword(schema, keyword):
-    with pytest.raises(am.GrammarError, match=re.escape(keyword)):
+def test_unsupported_features_raise_naming_keyword_and_pointer(schema, pointer):
+    with pytest.raises(am.GrammarError) as e:
         schema_expr(schema)
+    assert e.value.pointer == pointer and f"at {pointer}:" in str(e.value), str(e.value)
+    assert e.value.keyword == pointer.rsplit("/", 1)[1]
 
 
-def test_error_names_the_location():
-    with pytest.raises(am.GrammarError, match="#/properties/a/properties/b"):
-        schema_expr({"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"not": {}}}}}})
+def test_unknown_formats_are_annotations_unless_asked():
+    d = am.compile_expr(schema_expr({"type": "string", "format": "byte"}))
+    assert d.matches(b'"anything"')
+    with pytest.raises(am.GrammarError, match="byte"):
+        schema_expr({"type": "string", "format": "byte"}, unknown_formats="error")
 
 
 def test_annotations_and_unknown_keywords_are_ignored_and_false_is_empty():
@@ -255,16 +261,257 @@ def test_pattern_is_a_search_unless_anchored_and_strings_are_json_encoded():
 
 
 def test_time_format_is_rfc3339():
-    import datetime
-
     d = am.compile_expr(schema_expr({"type": "string", "format": "time"}))
     rng = np.random.default_rng(0)
     for _ in range(50):
-        t = json.loads(random_member(d, rng, stop=0.5))
-        datetime.datetime.fromisoformat("2024-01-01T" + t)
+        assert RULES["time"](json.loads(random_member(d, rng, stop=0.5)))
     assert d.matches(b'"23:59:59Z"') and not d.matches(b'"23:59:60Z"') and d.matches(b'"08:30:00.25+05:30"') and not d.matches(b'"24:00:00Z"')
 
 
-def test_enum_objects_are_compact_in_every_mode():
-    d = am.compile_expr(schema_expr({"enum": [{"k": [1, None]}]}))
-    assert d.matches(b'{"k":[1,null]}') and not d.matches(b'{"k": [1, null]}')
+def test_enum_containers_take_whitespace_and_any_member_order():
+    d = am.compile_expr(schema_expr({"enum": [{"k": [1, None], "j": {}}]}))
+    assert d.matches(b'{"k":[1,null],"j":{}}') and d.matches(b'{ "j": { }, "k": [1, null] }')
+    assert not d.matches(b'{"k":[null,1],"j":{}}') and not d.matches(b'{"k":[1,null]}')
+    d = am.compile_expr(schema_expr({"const": {"k": 1}}, whitespace="compact"))
+    assert d.matches(b'{"k":1}') and not d.matches(b'{"k": 1}')
+
+
+# ---------------------------------------------------------------------------------- coverage
+# (schema, options, valid documents that must be accepted, documents that must be refused); every
+# case is also checked by sampling: random accepted documents must validate (exact multipleOf,
+# RFC formats, no duplicate keys).
+CASES = {
+    "any_order": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {}},
+                   "required": ["a", "b"]}, {},
+                  [{"b": "x", "a": 1}, {"c": [1], "b": "", "a": 0}, {"a": 1, "b": "y", "c": None}],
+                  ['{"a":1}', '{"a":1,"b":"x","a":2}', '{"a":1,"b":"x","d":0}']),
+    "open_schema": ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "boolean"},
+                     "required": ["a"]}, {},
+                    [{"a": 1}, {"x": True, "a": 2, "y": False}],
+                    ['{"a":1,"x":1}', '{"a":1,"a":2}', '{"x":true}']),
+    "open_true": ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True}, {},
+                  [{"a": 1, "b": {"c": [1, "x"]}}, {"z": None}], ['{"a":"s"}']),
+    "open_by_option": ({"type": "object", "properties": {"a": {"type": "integer"}}}, {"open_objects": True},
+                       [{"a": 1, "b": 2}, {"q": "r"}], ['{"a":1.5}']),
+    "pattern_properties": ({"type": "object", "properties": {"id": {"type": "string"}},
+                            "patternProperties": {"^x-": {"type": "integer"}, "_n$": {"type": "number", "minimum": 0}},
+                            "additionalProperties": False}, {},
+                           [{"id": "1", "x-a": 3}, {"x-b": 1, "a_n": 0.5, "x-c_n": 7}],
+                           ['{"x-a":"s"}', '{"y":1}', '{"x-c_n":-1}', '{"id":1}']),
+    "property_names": ({"type": "object", "propertyNames": {"pattern": "^[a-z]{1,3}$"},
+                        "additionalProperties": {"type": "integer"}}, {},
+                       [{}, {"ab": 1, "c": 2}], ['{"abcd":1}', '{"A":1}', '{"":1}']),
+    "min_max_properties": ({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "minProperties": 2,
+                            "maxProperties": 2}, {},
+                           [{"a": 1, "b": 2}, {"c": 1, "a": 2}], ['{"a":1}', '{"a":1,"b":2,"c":3}', '{}']),
+    "max_properties_map": ({"type": "object", "additionalProperties": {"type": "string"}, "maxProperties": 2,
+                            "minProperties": 1}, {},
+                           [{"k": "v"}, {"k": "v", "l": "w"}], ['{}', '{"a":"1","b":"2","c":"3"}']),
+    "dependent_required": ({"type": "object", "properties": {"card": {"type": "string"}, "addr": {"type": "string"},
+                                                             "name": {"type": "string"}},
+                            "dependencies": {"card": ["addr"]}}, {},
+                           [{"name": "x"}, {"card": "1", "addr": "a"}, {"addr": "a"}], ['{"card":"1"}']),
+    "dependent_schemas": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                           "dependentSchemas": {"a": {"properties": {"b": {"minimum": 10}}, "required": ["b"]}}}, {},
+                          [{}, {"b": 1}, {"a": 1, "b": 10}], ['{"a":1}', '{"a":1,"b":9}']),
+    "all_of_merge": ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}},
+                                 "required": ["a"]},
+                                {"properties": {"a": {"maximum": 5}, "b": {"type": "string"}}, "required": ["b"]}]}, {},
+                     [{"a": 3, "b": ""}, {"b": "x", "a": 5}], ['{"a":6,"b":""}', '{"a":1}', '{"a":-1,"b":"x"}']),
+    "combinators_with_siblings": ({"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "x": {"type": "integer"},
+                                                                    "y": {"type": "integer"}},
+                                   "oneOf": [{"required": ["x"]}, {"required": ["y"]}]}, {},
+                                  [{"x": 1}, {"kind": "a", "y": 2}], ['{"x":1,"y":2}', '{}', '{"kind":"a"}']),
+    "any_of_with_siblings": ({"type": "string", "maxLength": 4, "anyOf": [{"pattern": "^a"}, {"format": "date"}]}, {},
+                             ["ab", "a"], ['"abcde"', '"2024-01-01"', '"b"']),
+    "ref_with_siblings": ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "minimum": 3}, {},
+                          [3, 100], ["2", '"x"']),
+    "ref_siblings_draft7": ({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"n": {"type": "integer"}},
+                             "$ref": "#/definitions/n", "minimum": 3}, {},
+                            [2, 3], ['"x"']),
+    "enum_with_siblings": ({"enum": ["a", "bbb", 1, None], "type": "string", "maxLength": 2, "references": "x"}, {},
+                           ["a"], ['"bbb"', "1", "null"]),
+    "length_and_pattern": ({"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 3}, {},
+                           ["ab", "xyz"], ['"a"', '"abcd"', '"A1"']),
+    "length_and_format": ({"type": "string", "format": "ipv4", "maxLength": 8}, {},
+                          ["1.2.3.4", "10.0.0.1"], ['"100.2.3.4"', '"1.2.3"']),
+    "multiple_of_integer": ({"type": "integer", "multipleOf": 3, "minimum": -10, "maximum": 10}, {},
+                            [-9, 0, 9, 3], ["10", "-10", "4"]),
+    "multiple_of_decimal": ({"type": "number", "multipleOf": 0.25, "maximum": 2}, {},
+                            [0.25, 1.5, -3, 2], ["0.3", "2.25", "0.125"]),
+    "unique_items": ({"type": "array", "items": {"enum": ["x", "y", 1]}, "uniqueItems": True, "minItems": 1}, {},
+                     [["x"], ["y", 1, "x"]], ['["x","x"]', "[]", '["x","y",1,"x"]']),
+    "unique_booleans": ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, {},
+                        [[], [True, False]], ["[true,true]"]),
+    "contains": ({"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}, "minContains": 2}, {},
+                 [[5, 1, 6], [9, 9]], ["[5]", "[1,2,3]", "[]"]),
+    "not_forms": ({"type": "object", "properties": {"a": {"not": {}}, "b": {"type": "string", "not": {"pattern": "x"}},
+                                                    "c": {"not": {"type": "string"}}},
+                   "not": {"required": ["b", "c"]}}, {},
+                  [{"b": "y"}, {"c": 1}, {"c": [None]}], ['{"a":1}', '{"b":"x"}', '{"c":"s"}', '{"b":"y","c":1}']),
+    "one_of_discriminated": ({"oneOf": [{"type": "object", "properties": {"t": {"const": "a"}, "v": {"type": "integer"}},
+                                         "required": ["t"]},
+                                        {"type": "object", "properties": {"t": {"const": "b"}, "v": {"type": "string"}},
+                                         "required": ["t"]}]}, {},
+                             [{"t": "a", "v": 1}, {"v": "s", "t": "b"}], ['{"t":"a","v":"s"}', '{"t":"c"}']),
+    "one_of_by_required_names": ({"oneOf": [{"type": "object", "properties": {"x": {"type": "string"}, "y": {}},
+                                             "required": ["x"]},
+                                            {"type": "object", "properties": {"z": {"type": "integer"}},
+                                             "required": ["z"]}]}, {},
+                                 [{"x": "a"}, {"y": 1, "x": "b"}, {"z": 2}], ['{"x":"a","z":1}', "{}"]),
+    "decimal_bounds": ({"type": "number", "minimum": 0.5, "exclusiveMaximum": 2.25}, {},
+                       [0.5, 1, 2.2, 2.249], ["0.49", "2.25", "3"]),
+    "unevaluated_items": ({"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": False}, {},
+                          [[], [1]], ["[1,2]"]),
+    "required_undeclared": ({"type": "object", "required": ["k"]}, {}, [{"k": [1]}], ["{}"]),
+}
+
+
+@functools.cache
+def _case_dfa(name):
+    schema, options, _, _ = CASES[name]
+    return am.compile_expr(schema_expr(schema, whitespace="compact", **options))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_coverage_cases_are_exact_on_examples_and_sound_on_samples(name):
+    schema, options, valid, invalid = CASES[name]
+    d = _case_dfa(name)
+    for doc in valid:
+        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+        assert d.matches(text.encode()), text
+    for text in invalid:
+        assert not d.matches(text.encode()), text
+    check = validator(schema)  # the schema's own meaning (absent additionalProperties: open)
+    rng = np.random.default_rng(0)
+    for i in range(30):
+        doc = random_member(d, rng, stop=0.15 + 0.1 * (i % 4), limit=300).decode("utf-8")
+        check.validate(loads(doc))
+
+
+def test_properties_keep_schema_order_when_asked_or_past_the_budget():
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcdef"}, "required": ["a", "f"]}
+    ordered = am.compile_expr(schema_expr(schema, whitespace="compact", property_order="schema"))
+    small = am.compile_expr(schema_expr(schema, whitespace="compact", max_order_states=10))
+    free = am.compile_expr(schema_expr(schema, whitespace="compact"))
+    for d in (ordered, small, free):
+        assert d.matches(b'{"a":1,"c":3,"f":6}')
+        assert not d.matches(b'{"a":1}') and not d.matches(b'{"a":1,"a":1,"f":6}')
+    assert free.matches(b'{"f":6,"a":1}') and not ordered.matches(b'{"f":6,"a":1}') and not small.matches(b'{"f":6,"a":1}')
+    assert free.num_states > 4 * ordered.num_states  # the price of any order
+
+
+# ---------------------------------------------------------------------------------- defects
+@pytest.mark.parametrize(
+    "fmt, bad",
+    [
+        ("email", [".a@x.io", "a..b@x.io", "a.@x.io", "._a@x.io", "a@-x.io", "a@x-.io", "a@x.-io", "a@x..io",
+                   "a" * 65 + "@x.io"]),
+        ("uri", ["a:[", "a:]", "a:b#c#d", "a:%zz", "a:%4", "a://[::1", "a://[v1]", "1a:b", "a: b"]),
+        ("hostname", [".".join(["a" * 63] * 4), "-a", "a-", "a..b", "a" * 64, "a_b"]),
+    ],
+)
+def test_format_defects_are_fixed(fmt, bad):
+    d = am.compile_expr(schema_expr({"type": "string", "format": fmt}))
+    for text in bad:
+        assert not d.matches(json.dumps(text).encode()), text
+
+
+def test_unevaluated_properties_see_what_subschemas_evaluate():
+    base = {"$defs": {"b": {"properties": {"b": {"type": "integer"}}}}}
+    cases = [  # (schema, accepted, refused)
+        ({**base, "$ref": "#/$defs/b", "properties": {"a": {}}, "unevaluatedProperties": False},
+         ['{"a":1,"b":2}'], ['{"a":1,"c":3}']),
+        ({"allOf": [{"properties": {"b": {}}}], "properties": {"a": {}}, "unevaluatedProperties": False},
+         ['{"a":1,"b":2}'], ['{"c":3}']),
+        ({"allOf": [{"properties": {"a": {}}, "unevaluatedProperties": False}, {"properties": {"b": {}}}]},
+         ['{"a":1}'], ['{"b":1}']),  # the first branch does not see "b": it forbids it
+        ({"properties": {"a": {}}, "anyOf": [{"properties": {"b": {}}, "required": ["b"]}], "unevaluatedProperties": False},
+         ['{"a":1,"b":2}', '{"b":2}'], ['{"a":1}', '{"b":1,"c":2}']),
+    ]
+    for schema, good, bad in cases:
+        d = am.compile_expr(schema_expr(schema, whitespace="compact", open_objects=True))
+        check = validator(schema)
+        for text in good:
+            assert d.matches(text.encode()) and check.is_valid(json.loads(text)), (schema, text)
+        for text in bad:
+            assert not d.matches(text.encode()) and not check.is_valid(json.loads(text)), (schema, text)
+
+
+def test_unevaluated_properties_false_closes_the_object():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False}
+    for open_objects in (False, True):
+        d = am.compile_expr(schema_expr(schema, whitespace="compact", open_objects=open_objects))
+        assert d.matches(b'{"a":1}') and not d.matches(b'{"a":1,"b":2}')
+    d = am.compile_expr(schema_expr({"type": "object", "unevaluatedProperties": False}, whitespace="compact"))
+    assert d.matches(b"{}") and not d.matches(b'{"b":2}')
+    d = am.compile_expr(schema_expr({"type": "object", "unevaluatedProperties": {"type": "integer"}}, whitespace="compact"))
+    assert d.matches(b'{"b":2}') and not d.matches(b'{"b":"x"}')
+
+
+@pytest.mark.parametrize("whitespace", ["bounded", "free"])
+def test_empty_containers_have_one_whitespace_run(whitespace):
+    d = am.compile_expr(schema_expr({"type": "object", "properties": {"a": {"type": "array"}}}, whitespace=whitespace))
+    assert d.matches(b"{ }") and d.matches(b'{"a":[ ]}') and d.matches(b"{\n}")
+    if whitespace == "bounded":  # one run of at most one space (or a newline and indentation)
+        assert not d.matches(b"{  }") and not d.matches(b'{"a":[  ]}') and not d.matches(b"{ \n}")
+        from jaxsample import structured as st
+
+        pieces = ["<eos>", "{", "  ", " ", "}", '"a"', ":", "[", "]"]
+        v = st.Vocabulary.from_pieces(pieces, kind="raw", special_ids=[0], eos_ids=[0])
+        # integer items keep the grammar regular (generic items are a recursive rule, which needs a
+        # token for every byte, more than this vocabulary has)
+        s = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}
+        g = st.compile_json_schema(s, v, whitespace="bounded")
+        after_brace = g.allowed(g.walk([1]))
+        assert not after_brace[2] and after_brace[3] and after_brace[5]  # "  " would have forced "}"
+
+
+def test_whitespace_options_match_the_host_engines():
+    s = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}
+    free = am.compile_expr(schema_expr(s))  # default: any JSON whitespace, as vLLM
+    assert free.matches(b'{ "a" :\n\t[ 1 ,\r\n 2 ] }') and not free.matches(b' {"a":[]}')
+    seps = am.compile_expr(schema_expr(s, whitespace="compact", separators=(", ", ": ")))
+    assert seps.matches(b'{"a": [1, 2]}') and not seps.matches(b'{"a":[1,2]}') and not seps.matches(b'{ "a": [1, 2]}')
+    pat = am.compile_expr(schema_expr(s, whitespace_pattern=r"[ \n]{0,2}"))
+    assert pat.matches(b'{ "a" : [1,\n 2]  }') and not pat.matches(b'{"a":[1,   2]}') and not pat.matches(b'{"a":[1,\t2]}')
+    with pytest.raises(ValueError, match="whitespace_pattern"):
+        schema_expr(s, whitespace_pattern="[ x]*")
+    with pytest.raises(ValueError, match="separators"):
+        schema_expr(s, separators=(";", ":"))
+
+
+def test_negative_zero_is_an_integer():
+    d = am.compile_expr(schema_expr({"type": "integer", "minimum": 0}))
+    assert d.matches(b"-0") and d.matches(b"0") and not d.matches(b"-1")
+    d = am.compile_expr(schema_expr({"type": "integer", "exclusiveMinimum": 0}))
+    assert not d.matches(b"-0") and not d.matches(b"0")
+
+
+def test_one_of_overlap_is_refused_even_when_the_compiled_branches_are_disjoint():
+    # Closed by default, the compiled branches are disjoint ({"a":1} vs {"b":"x"}), but the value
+    # {"a": 1} is valid under both (the second branch is open in JSON Schema), so it is not valid
+    # under oneOf: a oneOf proof must reason on the schemas' values, not on the compiled bytes.
+    schema = {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                        {"type": "object", "properties": {"b": {"type": "string"}}}]}  # fmt: skip
+    assert not validator(schema).is_valid({"a": 1})
+    with pytest.raises(am.GrammarError) as e:
+        schema_expr(schema)
+    assert e.value.keyword == "oneOf" and e.value.pointer == "/oneOf"
+    # closed objects (the default) that require names the other branch never writes are disjoint
+    # outputs; open ones are not (a document may carry both names)
+    disjoint = CASES["one_of_by_required_names"][0]
+    with pytest.raises(am.GrammarError, match="oneOf"):
+        schema_expr(disjoint, open_objects=True)
+    d = am.compile_expr(schema_expr({"oneOf": [{"type": "number", "maximum": 0}, {"type": "integer", "minimum": 1}]}))
+    assert d.matches(b"-0.5") and d.matches(b"3") and not d.matches(b"0.5")
+
+
+def test_any_of_with_an_unconstrained_branch_is_every_value():
+    """anyOf [object, {}] is every value (generic values are a recursive rule: the union is folded
+    instead of offering the automaton a shift and a call on the same '{')."""
+    d = am.compile_expr(schema_expr({"anyOf": [{"type": "object", "properties": {"a": {"type": "string"}}}, {}]},
+                                    whitespace="compact"))  # fmt: skip
+    assert d.matches(b'{"a":"x"}') and d.matches(b'[1,{"b":null}]') and d.matches(b"3")
+    sib = am.compile_expr(schema_expr({"type": "integer", "anyOf": [{"minimum": 5}, True]}))
+    assert sib.matches(b"3") and not sib.matches(b'"x"')

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as hs
 
 from jaxsample.structured import automaton as am
+from jaxsample.structured.pushdown import Pushdown
 from jaxsample.structured.regex import parse_regex
 
 PATTERNS = [
@@ -50,6 +51,8 @@ def _distance_to_accept(dfa: am.ByteDFA) -> np.ndarray:
 
 def random_member(dfa: am.ByteDFA, rng, stop: float = 0.3, limit: int = 200) -> bytes:
     """A random accepted byte string: walk live transitions, stop in accepting states."""
+    if isinstance(dfa, Pushdown):
+        return _random_pushdown_member(dfa, rng, stop, limit)
     s, out = dfa.start, bytearray()
     dist = _distance_to_accept(dfa)
     for _ in range(limit):
@@ -65,6 +68,55 @@ def random_member(dfa: am.ByteDFA, rng, stop: float = 0.3, limit: int = 200) -> 
         b = int(np.argmin(dist[dfa.delta[s, dfa.byte_class]]))
         out.append(b)
         s = int(dfa.delta[s, dfa.byte_class[b]])
+    return bytes(out)
+
+
+def _pushdown_distance(pd: Pushdown) -> np.ndarray:
+    """Bytes needed to finish the current rule from each state (an entered rule costs its shortest string)."""
+    big = np.iinfo(np.int64).max // 4
+    dist = np.where(pd.accept, 0, big)
+    dist[0] = big
+    while True:
+        frames = np.array([min(big, sum(int(dist[r]) for r in p)) for p in pd.pushes])
+        shift = np.where(pd.delta != 0, dist[pd.delta], big).min(axis=1) + 1
+        enter = np.where(pd.enter != 0, dist[pd.enter] + frames[pd.enter_push], big).min(axis=1) + 1
+        new = np.minimum(dist, np.minimum(shift, enter))
+        new[0] = big
+        if np.array_equal(new, dist):
+            return dist
+        dist = new
+
+
+def _random_pushdown_member(pd: Pushdown, rng, stop: float, limit: int) -> bytes:
+    """A random string of a pushdown automaton (within its depth limit): random bytes, then the cheapest
+    completion (one byte per byte class is tried; the byte is drawn from the chosen class)."""
+    dist = _pushdown_distance(pd)
+    reps = [int(np.flatnonzero(pd.byte_class == c)[0]) for c in range(int(pd.byte_class.max()) + 1)]
+    q, stack, out = pd.start, [], bytearray()
+
+    def options():
+        got = []
+        for c, b in enumerate(reps):
+            st = list(stack)
+            q2 = pd.step(q, b, st)
+            if q2 and len(st) + pd.need[q2] <= pd.max_depth and all(i + pd.need[r] <= pd.max_depth for i, r in enumerate(st)):
+                got.append((c, q2, st, dist[q2] + sum(int(dist[r]) for r in st)))
+        return got
+
+    def done():
+        return pd.accept[q] and all(pd.accept[r] for r in stack)
+
+    for _ in range(limit):
+        if done() and rng.random() < stop:
+            return bytes(out)
+        opts = options()
+        if not opts:
+            break
+        c, q, stack, _ = opts[int(rng.integers(len(opts)))]
+        out.append(int(rng.choice(np.flatnonzero(pd.byte_class == c))))
+    while not done():  # finish along the cheapest completion
+        c, q, stack, _ = min(options(), key=lambda o: o[3])
+        out.append(int(rng.choice(np.flatnonzero(pd.byte_class == c))))
     return bytes(out)
 
 

@@ -32,7 +32,7 @@ REGEX_C = r"(yes|no|maybe)( because [a-z]{1,8})?\."
 def grammars():
     v = bpe_vocab(size=V)
     return {
-        "a": st.compile_json_schema(SCHEMA_A, v, whitespace="compact"),
+        "a": st.compile_json_schema(SCHEMA_A, v, whitespace="compact", property_order="schema"),  # small tables
         "b": st.compile_json_schema(SCHEMA_B, v, whitespace="bounded", max_whitespace=2),
         "c": st.compile_regex(REGEX_C, v),
         "d": st.compile_choice(["alpha", "beta", "gamma"], v),
@@ -45,24 +45,25 @@ def test_device_mask_and_advance_match_the_host_tables(grammars):
     assert tables.next.shape[1] == st.bucket(max(g.num_states for g in gs), 64)
     rng = np.random.default_rng(0)
     ids = np.array([0, 1, 2, -1])
-    state = np.asarray(st.initial_state(tables, ids))
+    state = st.initial_state(tables, ids)
     mask_fn, adv_fn = jax.jit(st.mask), jax.jit(st.advance)
     x = rng.normal(size=(4, V)).astype(np.float32)
     for _ in range(12):
         out = np.asarray(mask_fn(x, tables, ids, state))
         for r in range(3):
-            np.testing.assert_array_equal(np.isfinite(out[r]), gs[r].allowed(int(state[r])))
+            np.testing.assert_array_equal(np.isfinite(out[r]), gs[r].allowed(int(state.state[r])))
             np.testing.assert_array_equal(out[r][np.isfinite(out[r])], x[r][np.isfinite(out[r])])
         np.testing.assert_array_equal(out[3], x[3])  # unconstrained row untouched
         ok = np.isfinite(out)
         toks = np.array([rng.choice(np.flatnonzero(ok[r] & (np.arange(V) > 2) if (ok[r, 3:]).any() else ok[r]))
                          for r in range(4)])  # fmt: skip
-        new = np.asarray(adv_fn(tables, ids, state, toks))
+        new = adv_fn(tables, ids, state, toks)
         for r in range(3):
-            assert new[r] == gs[r].advance(int(state[r]), int(toks[r]))
-        assert new[3] == state[3]
+            assert int(new.state[r]) == gs[r].advance(int(state.state[r]), int(toks[r]))
+        assert int(new.state[3]) == int(state.state[3])
         state = new
-    assert np.asarray(st.advance(tables, ids, state, np.array([-1, -1, -1, -1]))).tolist() == state.tolist()
+    kept = st.advance(tables, ids, state, np.array([-1, -1, -1, -1]))
+    assert np.asarray(kept.state).tolist() == np.asarray(state.state).tolist()
 
 
 def test_forced_tokens_and_accepting(grammars):
@@ -193,24 +194,25 @@ def test_unconstrained_row_equals_a_plain_sampler(grammars):
 
 
 def test_tables_are_shared_parameters_and_the_state_is_one_int_per_row(grammars):
+    """(A regular grammar's state is one int per row; its stack has no capacity.)"""
     sampler = js.chain(stages.grammar(), select=stages.greedy())
     bound = st.grammar_params([grammars["d"], grammars["d"], None])
     assert bound["grammar_tables"].start.shape == (1,)  # one copy of a grammar shared by two rows
     assert bound["grammar_grammar"].tolist() == [0, 0, -1]
     params = sampler.params((3,), **bound)
     state = sampler.init(params, vocab_size=V)
-    (gstate,) = jax.tree.leaves(state.stages[0])
-    assert gstate.shape == (3,) and gstate.dtype == jnp.int32
+    gstate, gstack, gdepth = jax.tree.leaves(state.stages[0])
+    assert gstate.shape == (3,) and gstate.dtype == jnp.int32 and gstack.shape == (3, 0) and gdepth.shape == (3,)
     assert gstate.tolist() == [grammars["d"].start, grammars["d"].start, 0]
     x = jax.random.normal(jax.random.key(0), (3, V)).astype(jnp.bfloat16)
     # inactive rows keep their grammar state; forced tokens reported per row
     tok, out, new = sampler.sample(x, state, params, active=jnp.array([True, False, True]))
     np.testing.assert_array_equal(np.asarray(out[2]), np.asarray(x[2].astype(jnp.float32)))  # free row untouched
-    assert int(new.stages[0][1]) == int(state.stages[0][1])
-    assert int(new.stages[0][0]) == grammars["d"].advance(grammars["d"].start, int(tok[0]))
+    assert int(new.stages[0].state[1]) == int(state.stages[0].state[1])
+    assert int(new.stages[0].state[0]) == grammars["d"].advance(grammars["d"].start, int(tok[0]))
     forced = np.asarray(st.forced_tokens(sampler, new, params))
     assert forced.shape == (3,) and forced[2] == -1
-    assert forced[0] == grammars["d"].forced[int(new.stages[0][0])]
+    assert forced[0] == grammars["d"].forced[int(new.stages[0].state[0])]
     with pytest.raises(ValueError, match="no stage named"):
         st.forced_tokens(js.chain(select=stages.greedy()), state, params)
     with pytest.raises(ValueError, match="batch shape"):

@@ -123,5 +123,8 @@ def test_json_mode_depth():
     g = st.compile_json(bpe_vocab(), max_depth=2, whitespace="compact")
     v = bpe_vocab()
     ids = {b: i for i, b in enumerate(v.token_bytes) if b}
-    assert g.walk([ids[b"["], ids[b"["], ids[b"]"], ids[b"]"]]) != 0
-    assert g.walk([ids[b"["], ids[b"["], ids[b"["]]) == 0
+    m = st.Matcher(g)
+    assert m.accept_tokens([ids[b"["], ids[b"["], ids[b"]"], ids[b"]"]]) == 4 and m.is_accepting()
+    m.reset()
+    assert m.accept_tokens([ids[b"["], ids[b"["], ids[b"["]]) == 2  # a third level is masked
+    assert m.allowed()[ids[b"]"]] and m.allowed()[ids[b"1"]]  # closing or a scalar is still allowed

@@ -125,7 +125,7 @@ def test_incremental_minimisation_matches_plain_moore(seed, monkeypatch):
     trimmed = mn.trim(delta, accept, 1)
     assert trimmed is not None
     d2, a2, s2 = mn._moore(*trimmed)
-    monkeypatch.setattr(mn, "_moore", None)  # the incremental refinement must succeed on its own
+    monkeypatch.setattr(mn, "_moore_blocks", None)  # the incremental refinement must succeed on its own
     d1, a1, s1 = mn.minimise(*trimmed)
     assert d1.shape == d2.shape  # same number of states (the minimal DFA is unique)
     strings = [rng.integers(0, 3, size=rng.integers(0, 12)) for _ in range(400)]

@@ -20,7 +20,9 @@ Gemma-style calls, shared-index caches). Options live in one validated
 * :func:`speculative_generate` (draft model + vLLM's rejection sampler);
 * :class:`DecodeRequest` / :func:`run_request`: a whole vLLM ``SamplingParams`` or HF
   ``GenerationConfig`` request mapped to the right strategy call;
-* :func:`prompt_lookup_generate` (model-free n-gram drafts from the context, HF / vLLM ``ngram``).
+* :func:`prompt_lookup_generate` (model-free n-gram drafts from the context, HF / vLLM ``ngram``);
+* :func:`jump_forward_generate` (``generate(jump_forward=k)``: grammar-forced tokens fed several per
+  model call, outputs identical to plain constrained decoding).
 
 Every per-row value (sampling parameters, seeds, lengths, EOS ids, stop sequences, penalties) is a
 traced array: new values never recompile. :data:`BIGRAM` and :class:`TinyDecoder` are toy models
@@ -36,6 +38,7 @@ from jaxsample.decoding.contrastive import contrastive_search
 from jaxsample.decoding.dispatch import DecodeRequest, run_request
 from jaxsample.decoding.dola import dola_generate
 from jaxsample.decoding.generate import generate
+from jaxsample.decoding.jump_forward import jump_forward_generate
 from jaxsample.decoding.lookup import prompt_lookup_generate
 from jaxsample.decoding.loop import GenerateOutput
 from jaxsample.decoding.model import BIGRAM, DecodingModel, EarlyExit, Model, StepOutput
@@ -74,6 +77,7 @@ __all__ = sorted([
     "from_shared_index",
     "generate",
     "group_beam_search",
+    "jump_forward_generate",
     "prompt_lookup_generate",
     "run_request",
     "sample_and_rank",

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxsample._types import ArrayLike
-from jaxsample.decoding import beam, contrastive, loop, rank, speculative
+from jaxsample.decoding import beam, contrastive, jump_forward, loop, rank, speculative
 from jaxsample.decoding.loop import GenerateOutput
 from jaxsample.decoding.options import DecodingOptions
 from jaxsample.decoding.sharding import replicate
@@ -48,6 +48,9 @@ def options_from(options: DecodingOptions | None, kwargs: dict) -> DecodingOptio
 def generate_tokens(model, params, prompt, prompt_lengths, opts: DecodingOptions, *, cache=None,
                     attention_mask=None, mesh=None) -> GenerateOutput:
     """Greedy / sampled generation from validated options (the ``generate`` strategy)."""
+    if opts.jump_forward is not None:
+        return jump_forward.generate_tokens(model, params, prompt, prompt_lengths, opts, cache=cache,
+                                            attention_mask=attention_mask, mesh=mesh)
     req = loop.prepare(model, params, prompt, prompt_lengths, opts, cache=cache, attention_mask=attention_mask, mesh=mesh)
     out = loop.decode(req.model, req.sampler, req.cfg, 1, replicate(params, req.cfg.batch_sharding), req.prompt,
                       req.lengths, req.cache, req.sampler_params, req.stops)
@@ -93,7 +96,8 @@ def generate(
         ``num_beam_groups``, ``diversity_penalty``, ``length_penalty``, ``early_stopping``,
         ``num_return_sequences``, ``length_normalization``, ``top_k``, ``penalty_alpha``, ``n``,
         ``best_of``, ``rank_by``, ``num_draft_tokens``, ``repetition_detection`` (greedy / sampling),
-        ``logprob_token_ids``.
+        ``logprob_token_ids``, ``jump_forward`` / ``jump_forward_min`` (greedy / sampling with a
+        grammar stage: :mod:`~jaxsample.decoding.jump_forward`).
 
     Returns:
       :class:`GenerateOutput` (greedy, sampling, contrastive), :class:`~jaxsample.decoding.BeamOutput`
@@ -102,6 +106,8 @@ def generate(
     """
     opts = options_from(options, kwargs)
     strategy = opts.strategy(draft=draft_model is not None)
+    if opts.jump_forward is not None and strategy != "generate":
+        raise ValueError(f"jump_forward: supported by greedy / sampled generation only, not by {strategy}")
     if opts.repetition_detection is not None and strategy != "generate":
         raise ValueError(f"repetition_detection: supported by greedy / sampled generation only, not by {strategy}")
     where = dict(cache=cache, attention_mask=attention_mask, mesh=mesh)

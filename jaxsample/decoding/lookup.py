@@ -53,7 +53,7 @@ from jaxsample.decoding._stopping import Stops, Tracker
 from jaxsample.decoding.loop import Config, fill_pad, prepare
 from jaxsample.decoding.model import Model, prompt_positions, where_rows
 from jaxsample.decoding.options import DecodingOptions
-from jaxsample.decoding.speculative import SpeculativeOutput, _pick
+from jaxsample.decoding.speculative import SpeculativeOutput
 
 
 def propose(context: Array, length: Array, k: int, min_n: Array, max_n: int) -> tuple[Array, Array]:
@@ -100,49 +100,69 @@ class LookupState(NamedTuple):
     accepted: Array  # int32[B]
 
 
-def _step(model, sampler, cfg: Config, k, max_n, params, sparams, min_n, stops: Stops, state):
+class NGram(NamedTuple):
+    """The n-gram proposer (static): :func:`propose` on the context, ``extra`` = ``min_n int32[B]``."""
+
+    max_n: int
+
+    def __call__(self, state: LookupState, sampler, sparams, stops, extra, k: int):
+        return propose(state.context, state.context_length, k, extra, self.max_n)
+
+
+def _call(model, params, tokens, positions, cache, width: int):
+    """The target over the first ``width`` of ``tokens [B, K]``; logits zero-padded to ``[B, K, V]``."""
+    t = model.apply_step(params, tokens[:, :width], positions[:, :width], cache)
+    pad = tokens.shape[1] - width
+    logits = t.logits.astype(jnp.float32)
+    return (jnp.pad(logits, ((0, 0), (0, pad), (0, 0))) if pad else logits), t.cache
+
+
+def _step(model, sampler, cfg: Config, widths, proposer, params, sparams, extra, min_jump, stops: Stops, state):
+    """Drafts from ``proposer``; one target call over ``[last, d_1 .. d_j]`` of the smallest width in
+    ``widths`` holding ``1 + max(count)`` tokens (width 1, a plain step, when ``max(count) <
+    min_jump``); then verification position by position until every row has emitted its free token."""
     out = state.out
     b = state.last.shape[0]
+    k = widths[-1] - 1
     active = ~out.done
-    pos = state.prompt_lengths - 1 + out.length
-
-    drafts, count = propose(state.context, state.context_length, k, min_n, max_n)
+    drafts, count = proposer(state, sampler, sparams, stops, extra, k)
     count = jnp.where(active, count, 0)
+    pos = state.prompt_lengths - 1 + out.length
     tokens = jnp.concatenate([state.last[:, None], drafts], axis=1)
     positions = jnp.where(active[:, None], pos[:, None] + jnp.arange(k + 1), -1)
-    t = model.apply_step(params, tokens, positions, state.cache)
+    calls = [functools.partial(_call, model, params, tokens, positions, state.cache, w) for w in widths]
+    if len(widths) == 1:
+        logits, cache = calls[0]()
+    else:
+        most = jnp.max(count)
+        need = jnp.where(most >= min_jump, most + 1, 1)
+        width_index = jnp.searchsorted(jnp.asarray(widths), need)
+        count = jnp.minimum(count, jnp.asarray(widths)[width_index] - 1)
+        logits, cache = lax.switch(width_index, calls)
 
-    def verify_one(sst, xs):  # plain decoding's step at every position, the drafts fed as its tokens
-        logits, nxt, j = xs
-        x = _stopping.mask_eos(logits.astype(jnp.float32), stops, out.length + j)
-        proc, sst = sampler.process(x, sst, sparams)
-        tok, sst = sampler.select(proc, sst, sparams)
-        return sampler.accept(nxt, sst, sparams, active), (tok, sst)
+    def verify(carry):  # position j: plain decoding's step (its draw accepted), for rows still matching drafts
+        j, live, n_ok, sst, chosen, final, o, context = carry
+        raw = jnp.take(logits, j, axis=1)
+        tok, proc, picked = sampler.sample(_stopping.mask_eos(raw, stops, o.length), sst, sparams, active)
+        lp = None
+        if cfg.top_logprobs is not None:
+            lp = _stopping.step_logprobs(raw, proc, tok, cfg.top_logprobs, stops.logprob_ids)
+        keep = live & (j < count) & (tok == jnp.take(drafts, jnp.minimum(j, k - 1), axis=1))  # accepted draft
+        stop = live & ~keep  # this draw is the row's free token
+        o = _stopping.push(o, stops, jnp.where(active, tok, cfg.pad_id), active & live, lp)
+        col = jnp.where(live, state.context_length + j, context.shape[1])  # out of range -> dropped
+        context = context.at[jnp.arange(b), col].set(tok, mode="drop")
+        chosen = where_rows(stop, picked, chosen)  # the state after the row's free token
+        sst = where_rows(keep, picked, sst)  # an accepted draft is the token drawn: the same state
+        return j + 1, keep, n_ok + keep, sst, chosen, jnp.where(stop, tok, final), o, context
 
-    nexts = jnp.concatenate([drafts.T, jnp.zeros((1, b), jnp.int32)], axis=0)  # the last one is never used
-    xs = (jnp.swapaxes(t.logits, 0, 1), nexts, jnp.arange(k + 1))
-    _, (chosen, states) = lax.scan(verify_one, state.sampler, xs)  # chosen int32[k + 1, B]
-
-    ok = (jnp.arange(k)[:, None] < count[None]) & (chosen[:k] == drafts.T)  # [k, B]
-    n_ok = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=0), axis=0)  # [B] in 0..count
-    final = jnp.take_along_axis(chosen, n_ok[None], axis=0)[0]
-    selected = _pick(states, n_ok)
-    new_sampler = where_rows(active, sampler.accept(final, selected, sparams, active), state.sampler)
-
-    new_out = out
-    emitted = []
-    for j in range(k + 1):
-        tok = jnp.where(j < n_ok, drafts[:, min(j, k - 1)], final)
-        emitted.append(tok)
-        new_out = _stopping.push(new_out, stops, jnp.where(active, tok, cfg.pad_id), active & (j <= n_ok))
-    emitted = jnp.stack(emitted, axis=1)  # [B, k + 1]
-    c = state.context.shape[1]
-    col = state.context_length[:, None] + jnp.arange(k + 1)
-    col = jnp.where(active[:, None] & (jnp.arange(k + 1) <= n_ok[:, None]), col, c)  # out of range -> dropped
-    context = state.context.at[jnp.arange(b)[:, None], col].set(emitted, mode="drop")
+    zeros = jnp.zeros((b,), jnp.int32)
+    init = (0, active, zeros, state.sampler, state.sampler, state.last, out, state.context)
+    _, _, n_ok, _, chosen, final, new_out, context = lax.while_loop(lambda c: jnp.any(c[1]), verify, init)
+    new_sampler = where_rows(active, chosen, state.sampler)
     return LookupState(
         jnp.where(active, final, state.last),
-        t.cache,
+        cache,
         new_sampler,
         state.prompt_lengths,
         context,
@@ -153,8 +173,11 @@ def _step(model, sampler, cfg: Config, k, max_n, params, sparams, min_n, stops: 
     )
 
 
-def _decode(model, sampler, cfg, k, max_n, params, prompt, lengths, source, cache, sparams, min_n, stops):
+def _decode(model, sampler, cfg, widths, proposer, params, prompt, lengths, source, cache, sparams, extra, min_jump,
+            stops):
+    """The whole loop; returns ``(Tracker, drafted int32[B], accepted int32[B])``."""
     b, p = prompt.shape
+    k = widths[-1] - 1
     if cache is None:
         cache = model.init_cache(b, cfg.cache_len)
     tokens, positions = prompt_positions(prompt, lengths - 1)  # everything but the last prompt token
@@ -168,12 +191,11 @@ def _decode(model, sampler, cfg, k, max_n, params, prompt, lengths, source, cach
     room = jnp.full((b, cfg.max_tokens + k + 1), -1, jnp.int32)
     context = jnp.concatenate([source, jnp.full((b, 1), -1, jnp.int32), history, room], axis=1)
     zeros = jnp.zeros((b,), jnp.int32)
-    out = _stopping.tracker(stops, cfg.max_tokens, cfg.pad_id, None)
+    out = _stopping.tracker(stops, cfg.max_tokens, cfg.pad_id, cfg.top_logprobs)
     state = LookupState(last, cache, sst, lengths, context, s + 1 + lengths, out, zeros, zeros)
-    body = functools.partial(_step, model, sampler, cfg, k, max_n, params, sparams, min_n, stops)
+    body = functools.partial(_step, model, sampler, cfg, widths, proposer, params, sparams, extra, min_jump, stops)
     state = lax.while_loop(lambda st: ~jnp.all(st.out.done), body, state)
-    o = state.out
-    return SpeculativeOutput(o.tokens, o.length, o.reason, state.drafted, state.accepted)
+    return state.out, state.drafted, state.accepted
 
 
 _decode_jit = jax.jit(_decode, static_argnums=(0, 1, 2, 3, 4))
@@ -240,8 +262,8 @@ def prompt_lookup_generate(
         if src.ndim != 2:
             raise ValueError(f"source must have shape [B, S], got {src.shape}")
         src = jnp.where(src >= 0, src, -1).astype(jnp.int32)
-    out = _decode_jit(
-        req.model, req.sampler, req.cfg, k, max_n, params, req.prompt, req.lengths, src, req.cache,
-        req.sampler_params, min_n, req.stops,
+    o, drafted, accepted = _decode_jit(
+        req.model, req.sampler, req.cfg, (k + 1,), NGram(max_n), params, req.prompt, req.lengths, src, req.cache,
+        req.sampler_params, min_n, 1, req.stops,
     )
-    return fill_pad(out, req.pad_id)
+    return fill_pad(SpeculativeOutput(o.tokens, o.length, o.reason, drafted, accepted), req.pad_id)

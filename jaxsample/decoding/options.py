@@ -63,6 +63,10 @@ class DecodingOptions:
     Contrastive search (both given): top_k (static candidate count), penalty_alpha (traced, ``[0, 1]``).
     Sample-and-rank (``best_of > n`` or ``n > 1``): n, best_of, rank_by (``"raw"`` | ``"processed"``).
     Speculative decoding: num_draft_tokens (static, with a draft model given to ``generate``).
+    Jump-forward (greedy / sampled generation with a grammar stage): jump_forward (static ``k >= 1``:
+      most grammar-forced tokens fed to the model per call; outputs identical to plain decoding),
+      jump_forward_min (traced: a batch whose longest forced chain is shorter takes a one-token step);
+      see :mod:`jaxsample.decoding.jump_forward`.
     """
 
     max_new_tokens: Any = None
@@ -92,6 +96,8 @@ class DecodingOptions:
     num_draft_tokens: int | None = None
     repetition_detection: Any = None
     logprob_token_ids: Any = None
+    jump_forward: int | None = None
+    jump_forward_min: Any = 1
 
     def __post_init__(self):
         if self.max_new_tokens is None:
@@ -137,6 +143,9 @@ class DecodingOptions:
             raise ValueError(f"rank_by must be 'raw' or 'processed', got {self.rank_by!r}")
         if self.num_draft_tokens is not None:
             _validate.static_int(self.num_draft_tokens, "num_draft_tokens", lo=1)
+        if self.jump_forward is not None:
+            _validate.static_int(self.jump_forward, "jump_forward", lo=1)
+        _validate.check_range(self.jump_forward_min, "jump_forward_min", lo=1, integer=True)
         if k > 1 and (n > 1 or self.best_of is not None):
             raise ValueError("n / best_of (sample-and-rank) do not combine with num_beams > 1: use num_return_sequences")
         if k > 1 and self.penalty_alpha is not None:

@@ -26,6 +26,11 @@ Tables (:class:`StopStrings`), for ``S`` string slots of at most ``M = 32 * K - 
 * ``token_len[v]``: bytes of token ``v``;
 * ``target[b, s]``: byte length of slot ``s`` for row ``b``, ``0`` where the row does not use it.
 
+:func:`pending` gives the other half of the same computation, the prefixes of each string the text
+ends with (which next tokens would complete it): lazy grammars' triggers
+(:mod:`jaxsample.structured.triggers`) use it to know, before a token is chosen, where it would
+start the grammar.
+
 The shared tables are ``[V, S, K]`` bit words; only ``target`` is per row, so different rows
 stop on different strings, and new strings of the same static sizes never recompile. The window
 is ``W = M`` tokens: every non-empty token adds at least one byte, so an occurrence spans at most
@@ -203,6 +208,43 @@ def _bit(words: Array, index: Array) -> Array:
     return ((word >> (idx % WORD).astype(jnp.uint32)) & 1).astype(bool)
 
 
+def _newest_first(window: Array, table: StopStrings):
+    """``(tokens, byte counts, valid)`` of the last ``table.max_len`` tokens, newest first (padded with ``-1``)."""
+    w = table.max_len
+    if window.shape[-1] < w:
+        window = jnp.pad(window, [(0, 0)] * (window.ndim - 1) + [(w - window.shape[-1], 0)], constant_values=-1)
+    back = window[..., ::-1][..., :w]
+    v = table.token_len.shape[0]
+    valid = (back >= 0) & (back < v)
+    tok = jnp.clip(back, 0, v - 1)
+    return tok, jnp.where(valid, table.token_len[tok], 0), valid
+
+
+def _completed_before(tok: Array, n: Array, valid: Array, start: Array, table: StopStrings) -> Array:
+    """``bool[..., S, M]``: for each candidate ``m`` in ``start [..., S, M]`` (the string's last ``m``
+    bytes come next), whether the tokens ``tok [..., T]`` (newest first) end with the rest of it."""
+    m = jnp.arange(1, table.max_len + 1, dtype=jnp.int32)
+    target = table.target[..., None]  # [..., S, 1]
+    before = m + (jnp.cumsum(n, axis=-1) - n)[..., None]  # [..., T, M]: bytes matched after each token
+    fits = table.fits[tok]  # [..., T, S, K]
+    at = before[..., None, :]  # [..., T, 1, M]
+    ok = _bit(fits, jnp.broadcast_to(at, fits.shape[:-1] + (m.shape[0],))) & valid[..., None, None]
+    ok = ok & (at < target[..., None, :, :])
+    alive = start[..., None, :, :] & (jnp.cumsum(~ok, axis=-3) == 0)  # [..., T, S, M]
+    reach = (at + n[..., None, None]) >= target[..., None, :, :]
+    return jnp.any(alive & reach, axis=-3)
+
+
+def pending(window: Array, table: StopStrings) -> Array:
+    """``bool[..., S, M]``: entry ``[s, m - 1]`` says the text of ``window int32[..., W]`` (oldest
+    first, ``-1`` = none) ends with string ``s``'s first ``L - m`` bytes (``1 <= m < L``): a next
+    token whose first ``m`` bytes are the string's last ``m`` completes it (its ``ends`` bit ``m``)."""
+    tok, n, valid = _newest_first(window, table)
+    m = jnp.arange(1, table.max_len + 1, dtype=jnp.int32)
+    start = jnp.broadcast_to(m < table.target[..., None], table.target.shape + m.shape)
+    return _completed_before(tok[..., :-1], n[..., :-1], valid[..., :-1], start, table)
+
+
 def hits(window: Array, table: StopStrings) -> Array:
     """``bool[...]``: whether the newest token of ``window int32[..., W]`` completes a stop string.
 
@@ -210,29 +252,16 @@ def hits(window: Array, table: StopStrings) -> Array:
     the last ``table.max_len`` are read (shorter windows are padded). ``table.target [..., S]``
     broadcasts against ``window.shape[:-1]``.
     """
+    tok, n, valid = _newest_first(window, table)
     w = table.max_len
-    if window.shape[-1] < w:
-        window = jnp.pad(window, [(0, 0)] * (window.ndim - 1) + [(w - window.shape[-1], 0)], constant_values=-1)
-    back = window[..., ::-1][..., :w]  # newest first
-    v = table.token_len.shape[0]
-    valid = (back >= 0) & (back < v)
-    tok = jnp.clip(back, 0, v - 1)
-    n = jnp.where(valid, table.token_len[tok], 0)  # [..., W] bytes per token
     target = table.target[..., None]  # [..., S, 1]
     m = jnp.arange(1, w + 1, dtype=jnp.int32)  # [M]: bytes of the string inside the newest token
     ends = table.ends[tok[..., 0]]  # [..., S, K]
     start = _bit(ends, jnp.broadcast_to(m, ends.shape[:-1] + (w,))) & valid[..., :1, None] & (m <= target)
     done = jnp.any(start & (m == target), axis=-1)  # [..., S]: inside the newest token alone
     if w > 1:
-        # bytes matched before each older token j = 1..W-1 (newest first), per start offset m
-        before = m + (jnp.cumsum(n[..., 1:], axis=-1) - n[..., 1:])[..., None]  # [..., W-1, M]
-        fits = table.fits[tok[..., 1:]]  # [..., W-1, S, K]
-        at = before[..., None, :]  # [..., W-1, 1, M]
-        ok = _bit(fits, jnp.broadcast_to(at, fits.shape[:-1] + (w,))) & valid[..., 1:, None, None]
-        ok = ok & (at < target[..., None, :, :])
-        alive = start[..., None, :, :] & (jnp.cumsum(~ok, axis=-3) == 0)  # [..., W-1, S, M]
-        reach = (at + n[..., 1:, None, None]) >= target[..., None, :, :]
-        done = done | jnp.any(alive & reach, axis=(-3, -1))
+        done = done | jnp.any(_completed_before(tok[..., 1:], n[..., 1:], valid[..., 1:], start & (m < target), table),
+                              axis=-1)
     return jnp.any(done & (table.target > 0), axis=-1)
 
 

@@ -8,7 +8,10 @@ sequence names it: like llama.cpp, it always goes last); or ``logit_bias -> temp
 ``p`` top_p, ``m`` min_p, ``x`` xtc, ``t`` temperature, ``i`` infill, ``a`` adaptive_p.
 
 A grammar (``--grammar``, ``--grammar-file``, ``--json-schema``) is compiled with
-:mod:`jaxsample.structured` and masks the logits before the chain. llama.cpp instead samples with
+:mod:`jaxsample.structured` and masks the logits before the chain; with ``grammar_lazy`` and
+``grammar_triggers`` (``common_params_sampling`` fields, set by llama-server requests and chat
+templates for tool calls; the CLI has no flags for them) it starts masking only after a trigger
+(:mod:`jaxsample.structured.triggers`). llama.cpp instead samples with
 the chain first and re-samples with the grammar applied only when the token violates it, which can
 give a slightly different distribution over grammar-valid tokens; the output is grammar-valid in
 both. Defaults are upstream's ``common_params_sampling`` (``common/common.h``, checked at
@@ -127,6 +130,8 @@ def llama_cpp(
     n_vocab: int | None = None,
     grammar: str | None = None,
     json_schema: Any = None,
+    grammar_lazy: bool = False,
+    grammar_triggers: Sequence[Any] = (),
     tokenizer: Any = None,
     vocabulary: Any = None,
     infill_table: Any = None,
@@ -150,7 +155,10 @@ def llama_cpp(
       end-of-generation ids), or ``infill_table`` (:func:`jaxsample.infill.infill_table`);
     * ``grammar`` (GBNF) / ``json_schema`` (a schema dict or JSON string): compiled with
       :mod:`jaxsample.structured` over ``vocabulary`` (a :class:`jaxsample.structured.Vocabulary`)
-      or the tokenizer's; the grammar stage masks the logits first.
+      or the tokenizer's; the grammar stage masks the logits first. With ``grammar_lazy``, only
+      from the first of ``grammar_triggers`` (words, token ids, or llama.cpp trigger dicts
+      ``{"type": 0-3 or "token"/"word"/"pattern"/"pattern_full", "value": ..., "token": ...}``) on,
+      as llama.cpp's lazy grammars; without ``grammar_lazy`` the triggers are ignored, as in llama.cpp.
 
     >>> p = llama_cpp()
     >>> [s.name for s in p.sampler.stages], p.sampler.selector.name
@@ -172,9 +180,18 @@ def llama_cpp(
     for field, name in _FIELDS.items():
         values[name] = local[field]
     parts = []
+    if grammar_lazy and grammar is None and json_schema is None:
+        raise ValueError("grammar_lazy needs a grammar or json_schema")
     if grammar is not None or json_schema is not None:
-        parts.append(stages.grammar())
-        values.update(_grammar_values(grammar, json_schema, vocabulary, tokenizer, eos_ids))
+        grammar_values = _grammar_values(grammar, json_schema, vocabulary, tokenizer, eos_ids,
+                                         list(grammar_triggers) if grammar_lazy else None)
+        if grammar_lazy:
+            rank = grammar_values["grammar_trigger_rank"]
+            parts.append(stages.lazy_grammar(max_triggers=len(rank),
+                                             max_trigger_bytes=grammar_values.pop("max_trigger_bytes")))
+        else:
+            parts.append(stages.grammar())
+        values.update(grammar_values)
     if logit_bias:
         ids = [int(i) for i in logit_bias]
         parts.append(stages.logit_bias(capacity=_capacity(len(ids))))
@@ -251,8 +268,9 @@ def _infill_table(table, tokenizer, eos_ids):
     return infill_table_from_tokenizer(tokenizer, [int(i) for i in eos_ids])
 
 
-def _grammar_values(grammar, json_schema, vocabulary, tokenizer, eos_ids) -> dict:
-    """The grammar stage's values (tables and grammar id 0 for every row)."""
+def _grammar_values(grammar, json_schema, vocabulary, tokenizer, eos_ids, triggers=None) -> dict:
+    """The grammar stage's values (tables and grammar id 0 for every row; with ``triggers``, the
+    lazy stage's trigger tables and slot ranks, and the ``max_trigger_bytes`` the stage needs)."""
     from jaxsample import structured
 
     if vocabulary is None:
@@ -270,9 +288,21 @@ def _grammar_values(grammar, json_schema, vocabulary, tokenizer, eos_ids) -> dic
                 schema = json.loads(schema)
             except json.JSONDecodeError as err:
                 raise ValueError(f"json_schema is not valid JSON: {err}") from None
-        compiled = structured.compile_json_schema(schema, vocabulary)
-    params = structured.grammar_params([compiled], (1,))
-    return {key: (value if key.endswith("_tables") else 0) for key, value in params.items()}
+        # llama.cpp's json-schema-to-grammar: bounded whitespace, properties in a fixed order
+        compiled = structured.compile_json_schema(schema, vocabulary, whitespace="bounded", property_order="schema")
+    if triggers is None:
+        params = structured.grammar_params([compiled], (1,))
+        return {key: (value if key.endswith("_tables") else 0) for key, value in params.items()}
+    if not triggers:
+        raise ValueError("grammar_lazy needs grammar_triggers (llama.cpp: a lazy grammar waits for a trigger)")
+    from jaxsample.structured import triggers as _triggers
+
+    longest = _triggers.longest(triggers)
+    params = structured.trigger_params([compiled], [triggers], vocabulary, (1,), max_trigger_bytes=longest)
+    return {"grammar_tables": params["grammar_tables"], "grammar_grammar": 0,
+            "grammar_triggers": params["grammar_triggers"],
+            "grammar_trigger_rank": [int(r) for r in params["grammar_trigger_rank"][0]],
+            "max_trigger_bytes": longest}
 
 
 def _used(parts, select) -> set[str]:

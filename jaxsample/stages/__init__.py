@@ -17,7 +17,7 @@ from jaxsample.stages._history import (
     sequence_bias,
 )
 from jaxsample.stages._reasoning import reasoning_budget
-from jaxsample.stages._structured import grammar
+from jaxsample.stages._structured import grammar, lazy_grammar
 from jaxsample.stages._tokens import (
     allowed_tokens,
     exponential_decay_length_penalty,
@@ -66,6 +66,7 @@ __all__ = [
     "forced_bos",
     "forced_eos",
     "grammar",
+    "lazy_grammar",
     "greedy",
     "ignore_eos",
     "infill",

@@ -12,6 +12,7 @@ decode loop masking and state updates are gathers. See ``docs/structured.md``.
 [False, True, True, True, False]
 """
 
+from jaxsample.structured import grammar_cache
 from jaxsample.structured.automaton import ByteDFA, EmptyLanguageError, GrammarError
 from jaxsample.structured.compiler import (
     compile_choice,
@@ -21,8 +22,12 @@ from jaxsample.structured.compiler import (
     compile_json_schema,
     compile_regex,
 )
+from jaxsample.structured.matcher import Matcher
+from jaxsample.structured.pushdown import DEFAULT_MAX_DEPTH, Grammar
+from jaxsample.structured.grammar_cache import same_grammar
 from jaxsample.structured.stage import forced_tokens, grammar_params, grammar_stage, is_dead
 from jaxsample.structured.tables import (
+    GrammarState,
     Tables,
     advance,
     allowed,
@@ -35,14 +40,20 @@ from jaxsample.structured.tables import (
     stack,
 )
 from jaxsample.structured.tokens import TokenGrammar
+from jaxsample.structured.triggers import TriggerTables, lazy_grammar_stage, trigger_params
 from jaxsample.structured.vocab import Vocabulary
 
 __all__ = sorted([
     "ByteDFA",
+    "DEFAULT_MAX_DEPTH",
+    "Grammar",
+    "GrammarState",
+    "Matcher",
     "EmptyLanguageError",
     "GrammarError",
     "Tables",
     "TokenGrammar",
+    "TriggerTables",
     "Vocabulary",
     "advance",
     "allowed",
@@ -55,12 +66,16 @@ __all__ = sorted([
     "compile_regex",
     "forced_token",
     "forced_tokens",
+    "grammar_cache",
     "grammar_params",
     "grammar_stage",
     "initial_state",
     "is_accepting",
     "is_dead",
+    "lazy_grammar_stage",
     "mask",
     "nbytes",
+    "same_grammar",
     "stack",
+    "trigger_params",
 ])

@@ -20,7 +20,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from jaxsample.structured.minimise import minimise, trim
+from jaxsample.structured.minimise import minimise, trim, unique_rows
 
 MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = (0xD800, 0xDFFF)
@@ -67,6 +67,16 @@ class Repeat:
     item: object
     lo: int
     hi: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A reference to a rule of a recursive grammar (:class:`~jaxsample.structured.pushdown.Grammar`).
+
+    Compiled to a call of the rule's automaton: the return point goes on the row's stack.
+    """
+
+    rule: str
 
 
 EPSILON = Seq(())
@@ -215,12 +225,14 @@ def _byte_paths(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, ...], .
 
 # --------------------------------------------------------------------------------------------- NFA
 class _NFA:
-    def __init__(self, max_states: int):
+    """Thompson NFA; an edge is ``(symbol mask, target)``: bits 0-255 are bytes, bit ``256 + i`` calls rule ``i``."""
+
+    def __init__(self, max_states: int, rules: Sequence[str] = ()):
         self.eps: list[list[int]] = []
-        self.edges: list[list[tuple[int, int]]] = []  # (256-bit byte mask, target)
+        self.edges: list[list[tuple[int, int]]] = []
         self.max_states = max_states
+        self.rule_index = {name: i for i, name in enumerate(rules)}
         self._memo: dict = {}
-        self._seqs: dict = {}
 
     def new(self) -> int:
         if len(self.eps) >= self.max_states:
@@ -260,6 +272,10 @@ class _NFA:
             entry = self.new()
             self.eps[entry] = [self.build(x, cont) for x in node.items]
             return entry
+        if isinstance(node, Call):
+            entry = self.new()
+            self.edges[entry].append((1 << (256 + self.rule_index[node.rule]), cont))
+            return entry
         if isinstance(node, Repeat):
             if node.hi is None:
                 loop = self.new()
@@ -274,6 +290,8 @@ class _NFA:
             for _ in range(node.lo):
                 c = self.build(node.item, c)
             return c
+        if hasattr(node, "build_nfa"):  # a leaf that builds itself (dfa_ops.Automaton)
+            return node.build_nfa(self, cont)
         raise TypeError(f"not an expression node: {node!r}")
 
 
@@ -307,26 +325,36 @@ class ByteDFA(NamedTuple):
         return bool(self.accept[self.run(data)])
 
 
-def _byte_classes(masks: list[int]) -> tuple[np.ndarray, dict[int, int]]:
-    """Coarsest partition of the 256 bytes respecting every mask; mask -> bitset of its class ids."""
+def _byte_classes(masks: list[int], width: int = 256) -> tuple[np.ndarray, dict[int, int]]:
+    """Coarsest partition of the ``width`` symbols respecting every mask; mask -> bitset of its class ids.
+
+    Classes are numbered by their first symbol.
+    """
     distinct = sorted(set(masks))
-    bits = np.zeros((len(distinct), 256), bool)
-    for i, m in enumerate(distinct):
-        bits[i] = [(m >> b) & 1 for b in range(256)]
-    _, byte_class = np.unique(bits.T, axis=0, return_inverse=True) if distinct else (None, np.zeros(256, int))
-    byte_class = np.asarray(byte_class, np.int32).reshape(256)
-    classes = {m: sum(1 << int(c) for c in set(byte_class[bits[i]].tolist())) for i, m in enumerate(distinct)}
+    if not distinct:
+        return np.zeros(width, np.int32), {}
+    n_bytes = -(-width // 8)
+    raw = np.frombuffer(b"".join(m.to_bytes(n_bytes, "little") for m in distinct), np.uint8)
+    bits = np.unpackbits(raw.reshape(len(distinct), n_bytes), axis=1, bitorder="little")[:, :width].astype(bool)
+    _, byte_class = unique_rows(np.ascontiguousarray(bits.T))
+    byte_class = byte_class.astype(np.int32)
+    member = np.zeros((len(distinct), int(byte_class.max()) + 1), bool)
+    member[np.nonzero(bits)[0], byte_class[np.nonzero(bits)[1]]] = True
+    packed = np.packbits(member, axis=1, bitorder="little")
+    classes = {m: int.from_bytes(packed[i].tobytes(), "little") for i, m in enumerate(distinct)}
     return byte_class, classes
 
 
-def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
-    """Subset construction over byte classes.
+def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states: int):
+    """Subset construction over symbol classes from each of ``starts``: ``(delta, symbol_class, accept, entries)``.
 
     Per DFA state, the classes are split into groups reached by the same member edges (bitsets of
-    classes, refined edge by edge): one target set per group instead of one per class.
+    classes, refined edge by edge): one target set per group instead of one per class. A state is
+    accepting when it holds one of the ``final`` NFA states; ``entries`` are the starts' DFA states.
     """
-    byte_class, cls_of_mask = _byte_classes([m for es in nfa.edges for m, _ in es])
-    k = int(byte_class.max()) + 1
+    symbol_class, cls_of_mask = _byte_classes([m for es in nfa.edges for m, _ in es], 256 + len(nfa.rule_index))
+    finals = {final} if isinstance(final, int) else set(final)
+    k = int(symbol_class.max()) + 1
     closure_memo: dict[int, frozenset] = {}
 
     def closure(n: int) -> frozenset:
@@ -338,10 +366,11 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
                     if t not in seen:
                         seen.add(t)
                         todo.append(t)
-            got = closure_memo[n] = frozenset(x for x in seen if nfa.edges[x] or x == final)
+            got = closure_memo[n] = frozenset(x for x in seen if nfa.edges[x] or x in finals)
         return got
 
     out_edges: dict[int, list] = {}  # NFA state -> [(class bitset, target closure)], merged per bitset
+    disjoint: dict[int, bool] = {}  # whether those bitsets are pairwise disjoint
 
     def edges_of(n: int) -> list:
         got = out_edges.get(n)
@@ -351,33 +380,46 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
                 c = cls_of_mask[m]
                 merged[c] = merged.get(c, frozenset()) | closure(t)
             got = out_edges[n] = list(merged.items())
+            union = 0
+            disjoint[n] = True
+            for c in merged:
+                disjoint[n] &= not union & c
+                union |= c
         return got
 
-    class_lists: dict[int, list[int]] = {}
+    class_index: dict[int, np.ndarray] = {}
     ids: dict[frozenset, int] = {frozenset(): 0}
     sets = [frozenset()]
-    rows = [[0] * k]
-    first = closure(start)
-    ids[first] = 1
-    sets.append(first)
-    rows.append(None)
+    entries = []
+    for start in starts:
+        first = closure(start)
+        if first not in ids:
+            ids[first] = len(sets)
+            sets.append(first)
+        entries.append(ids[first])
     everything = (1 << k) - 1
+    rows_of, cols_of, targets_of = [], [], []  # the table, one (state, class group, target) at a time
     i = 1
     while i < len(sets):
-        groups = [(everything, frozenset())]
-        for n in sets[i]:
-            for mask, targets in edges_of(n):
-                refined = []
-                for g, acc in groups:
-                    inside = g & mask
-                    if inside:
-                        refined.append((inside, acc | targets))
-                        if inside != g:
-                            refined.append((g & ~mask, acc))
-                    else:
-                        refined.append((g, acc))
-                groups = refined
-        row = [0] * k
+        members = sets[i]
+        groups = None
+        if len(members) == 1:  # one NFA state with disjoint edges: its edges are the groups
+            (n,) = members
+            groups = edges_of(n) if (edges_of(n) and disjoint[n]) else None
+        if groups is None:
+            groups = [(everything, frozenset())]
+            for n in members:
+                for mask, targets in edges_of(n):
+                    refined = []
+                    for g, acc in groups:
+                        inside = g & mask
+                        if inside:
+                            refined.append((inside, acc | targets))
+                            if inside != g:
+                                refined.append((g & ~mask, acc))
+                        else:
+                            refined.append((g, acc))
+                    groups = refined
         for g, key in groups:
             if not key:
                 continue
@@ -387,35 +429,44 @@ def _determinise(nfa: _NFA, start: int, final: int, max_states: int) -> ByteDFA:
                     raise GrammarError(f"constraint too large: more than {max_states} DFA states")
                 j = ids[key] = len(sets)
                 sets.append(key)
-                rows.append(None)
-            idx = class_lists.get(g)
+            idx = class_index.get(g)
             if idx is None:
-                idx = class_lists[g] = [c for c in range(k) if g >> c & 1]
-            for c in idx:
-                row[c] = j
-        rows[i] = row
+                idx = class_index[g] = np.array([c for c in range(k) if g >> c & 1], np.int64)
+            rows_of.append(i)
+            cols_of.append(idx)
+            targets_of.append(j)
         i += 1
-    delta = np.array(rows, np.int32)
-    accept = np.array([final in s for s in sets], bool)
-    return ByteDFA(delta, byte_class, accept, 1)
+    delta = np.zeros((len(sets), k), np.int32)
+    if rows_of:
+        sizes = [c.size for c in cols_of]
+        delta[np.repeat(rows_of, sizes), np.concatenate(cols_of)] = np.repeat(targets_of, sizes)
+    accept = np.array([not finals.isdisjoint(s) for s in sets], bool)
+    return delta, symbol_class, accept, entries
 
 
 def compile_expr(expr, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: int = MAX_DFA_STATES) -> ByteDFA:
     """Minimal byte DFA accepting exactly the UTF-8 encodings of ``expr``'s strings.
 
+    A recursive :class:`~jaxsample.structured.pushdown.Grammar` gives its byte-level pushdown
+    automaton instead (:func:`~jaxsample.structured.pushdown.compile_grammar`; it also ``matches``).
+
     Raises:
       EmptyLanguageError: if ``expr`` matches nothing.
       GrammarError: if a state budget is exceeded.
     """
+    from jaxsample.structured import pushdown  # (it builds on this module)
+
+    if isinstance(expr, pushdown.Grammar):
+        return pushdown.compile_grammar(expr, max_nfa_states=max_nfa_states, max_dfa_states=max_dfa_states)
     nfa = _NFA(max_nfa_states)
     final = nfa.new()
     start = nfa.build(expr, final)
-    dfa = _determinise(nfa, start, final, max_dfa_states)
-    trimmed = trim(dfa.delta, dfa.accept, dfa.start)
+    delta, byte_class, accept, (start,) = _determinise(nfa, [start], final, max_dfa_states)
+    trimmed = trim(delta, accept, start, reachable=True)
     if trimmed is None:
         raise EmptyLanguageError("the constraint matches no string at all")
     delta, accept, start = minimise(*trimmed)
-    return ByteDFA(delta, dfa.byte_class, accept, start)
+    return ByteDFA(delta, byte_class, accept, start)
 
 
 def intersects(a: ByteDFA, b: ByteDFA) -> bool:

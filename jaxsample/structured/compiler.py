@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 from typing import Any, Sequence
 
-from jaxsample.structured import automaton, gbnf, json_schema, regex, tokens
+from jaxsample.structured import automaton, effects, gbnf, json_schema, pushdown, regex, tokens
+from jaxsample.structured.grammar_cache import cached_compile
 from jaxsample.structured.tokens import TokenGrammar
 from jaxsample.structured.vocab import Vocabulary
 
@@ -36,11 +38,15 @@ def _collector_paused():
 
 
 def compile_expression(expr, vocab: Vocabulary) -> TokenGrammar:
-    """Token grammar of an expression tree (see :mod:`~jaxsample.structured.automaton`)."""
+    """Token grammar of an expression tree (see :mod:`~jaxsample.structured.automaton`) or of a
+    recursive :class:`~jaxsample.structured.pushdown.Grammar` (a pushdown automaton)."""
     with _collector_paused():
+        if isinstance(expr, pushdown.Grammar):
+            return effects.build(pushdown.compile_grammar(expr), vocab)
         return tokens.build(automaton.compile_expr(expr), vocab)
 
 
+@cached_compile("regex", "pattern")
 def compile_regex(pattern: str, vocab: Vocabulary) -> TokenGrammar:
     """Outputs that fully match ``pattern`` (see :mod:`~jaxsample.structured.regex` for the syntax).
 
@@ -51,23 +57,47 @@ def compile_regex(pattern: str, vocab: Vocabulary) -> TokenGrammar:
     return compile_expression(regex.parse_regex(pattern), vocab)
 
 
+@contextlib.contextmanager
+def _deep_recursion(limit: int = 20_000):
+    """Raises Python's recursion limit during a compile: expression trees of large schemas nest deeply
+    (an object's properties are a chain of alternatives), and the NFA builder recurses along them."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, limit))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
+
+
+@cached_compile("json_schema", "schema", source_is_json=True, options_of=json_schema.schema_expr)
 def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGrammar:
     """JSON documents valid under ``schema``; ``options`` as :func:`~jaxsample.structured.json_schema.schema_expr`."""
-    with _collector_paused():
+    with _collector_paused(), _deep_recursion():
         return compile_expression(json_schema.schema_expr(schema, **options), vocab)
 
 
-def compile_json(vocab: Vocabulary, *, max_depth: int = 4, whitespace: str = "bounded") -> TokenGrammar:
-    """Any JSON value with containers nested at most ``max_depth`` deep (JSON mode)."""
-    return compile_json_schema(True, vocab, any_depth=max_depth, whitespace=whitespace)
+def compile_json(vocab: Vocabulary, *, max_depth: int = pushdown.DEFAULT_MAX_DEPTH, whitespace: str = "bounded") -> TokenGrammar:
+    """Any JSON value with containers nested at most ``max_depth`` deep (JSON mode).
+
+    Containers are a recursive rule on the device stack: the outermost is free, each one inside it
+    takes a frame (the tables' stack limit is ``max_depth - 1``).
+
+    Raises:
+      ValueError: if ``max_depth < 1``.
+    """
+    if max_depth < 1:
+        raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+    return compile_json_schema(True, vocab, max_depth=max_depth - 1, whitespace=whitespace)
 
 
+@cached_compile("gbnf", "text", options_of=gbnf.parse_gbnf)
 def compile_gbnf(text: str, vocab: Vocabulary, **options) -> TokenGrammar:
     """Strings of a GBNF grammar; ``options`` as :func:`~jaxsample.structured.gbnf.parse_gbnf`."""
     with _collector_paused():
         return compile_expression(gbnf.parse_gbnf(text, **options), vocab)
 
 
+@cached_compile("choice", "options")
 def compile_choice(options: Sequence[str], vocab: Vocabulary) -> TokenGrammar:
     """Exactly one of the given strings.
 

@@ -2,23 +2,28 @@
 
 Supported: rules ``name ::= ...`` (``root`` is the start), alternatives ``|``, sequences, string
 literals with escapes (``\\n \\r \\t \\\\ \\" \\xNN \\uNNNN \\UNNNNNNNN``), character classes
-``[a-z]``/``[^...]``, ``.``, groups, ``* + ? {m} {m,} {m,n}`` and ``#`` comments. Rules may be
-recursive: references to recursive rules nest at most ``max_depth`` deep (deeper branches are cut,
-so the language is a subset of the grammar's: outputs always parse). Token terminals
+``[a-z]``/``[^...]``, ``.``, groups, ``* + ? {m} {m,} {m,n}`` and ``#`` comments. Token terminals
 ``<[id]>``/``<token>`` raise :class:`~jaxsample.structured.automaton.GrammarError`.
 
->>> from jaxsample.structured.automaton import compile_expr
->>> g = 'root ::= "(" inner ")"\\ninner ::= [a-z]+ | root'
->>> d = compile_expr(parse_gbnf(g))
->>> d.matches(b"((ab))"), d.matches(b"(()")
-(True, False)
+Rules may be recursive. References are inlined, except a reference to a rule that is already
+being expanded on the current path: that one becomes a :class:`~jaxsample.structured.automaton.Call`,
+and the grammar a :class:`~jaxsample.structured.pushdown.Grammar`, compiled to a pushdown automaton
+whose stack holds ``max_depth`` frames (one per nested call; right recursion uses none). Grammars
+the deterministic automaton cannot follow (left recursion, a byte that could continue two ways)
+raise a ``GrammarError`` when compiled.
+
+>>> from jaxsample.structured.pushdown import compile_grammar
+>>> p = compile_grammar(parse_gbnf('root ::= "(" inner ")"\\ninner ::= [a-z]+ | root', max_depth=2))
+>>> p.matches(b"((ab))"), p.matches(b"(((ab)))"), p.matches(b"((((ab))))"), p.matches(b"(()")
+(True, True, False, False)
 """
 
 from __future__ import annotations
 
 import re
 
-from jaxsample.structured.automaton import EMPTY, EPSILON, MAX_CODE_POINT, Chars, GrammarError, alt, repeat, seq
+from jaxsample.structured.automaton import EMPTY, EPSILON, MAX_CODE_POINT, Call, Chars, GrammarError, alt, repeat, seq
+from jaxsample.structured.pushdown import DEFAULT_MAX_DEPTH, Grammar
 from jaxsample.structured.regex import _Parser as _RegexParser
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -161,42 +166,41 @@ class _Grammar:
         return code
 
 
-def _recursive_rules(rules: dict) -> set[str]:
-    """Rules that can reach themselves through references."""
+def _refs(node, out: set) -> set:
+    if node[0] == "ref":
+        out.add(node[1])
+    elif node[0] in ("alt", "seq"):
+        for x in node[1]:
+            _refs(x, out)
+    elif node[0] == "rep":
+        _refs(node[1], out)
+    return out
 
-    def refs(node, out):
-        if node[0] == "ref":
-            out.add(node[1])
-        elif node[0] in ("alt", "seq"):
-            for x in node[1]:
-                refs(x, out)
-        elif node[0] == "rep":
-            refs(node[1], out)
-        return out
 
-    graph = {name: refs(body, set()) for name, body in rules.items()}
-    cyclic = set()
+def _components(rules: dict) -> dict[str, frozenset]:
+    """The rules each rule reaches and that reach it back (its recursive component; empty if none)."""
+    graph = {name: _refs(body, set()) for name, body in rules.items()}
+    reach = {}
     for name in rules:
         seen, todo = set(), list(graph[name])
         while todo:
             r = todo.pop()
-            if r == name:
-                cyclic.add(name)
-                break
             if r not in seen and r in graph:
                 seen.add(r)
                 todo.extend(graph[r])
-    return cyclic
+        reach[name] = seen
+    return {name: frozenset(r for r in reach[name] if name in reach[r]) for name in rules}
 
 
-def parse_gbnf(text: str, *, root: str = "root", max_depth: int = 6):
-    """Expression tree of a GBNF grammar's start rule.
+def parse_gbnf(text: str, *, root: str = "root", max_depth: int = DEFAULT_MAX_DEPTH):
+    """Expression tree of a GBNF grammar's start rule, or a :class:`~jaxsample.structured.pushdown.Grammar`
+    when it recurses (see the module docstring).
 
     Args:
       text: the grammar.
       root: the start rule.
-      max_depth: how many references to recursive rules may nest on one path (each nesting level of
-        e.g. a JSON value costs one per recursive rule it passes through); deeper branches are cut.
+      max_depth: stack frames of a recursive grammar (nested calls; the default limit of the
+        compiled tables, changeable per batch on the device).
 
     Raises:
       GrammarError: on syntax errors, undefined rules, unsupported constructs.
@@ -204,33 +208,45 @@ def parse_gbnf(text: str, *, root: str = "root", max_depth: int = 6):
     rules = _Grammar(text).parse()
     if root not in rules:
         raise GrammarError(f"GBNF: no {root!r} rule")
-    cyclic = _recursive_rules(rules)
-    memo: dict[tuple[str, int], object] = {}
+    for name, body in rules.items():
+        for r in _refs(body, set()):
+            if r not in rules:
+                raise GrammarError(f"GBNF: rule {r!r} is referenced but not defined")
+    component = _components(rules)
+    memo: dict = {}
+    called: list[str] = []
 
-    def rule(name: str, budget: int):
-        if name not in rules:
-            raise GrammarError(f"GBNF: rule {name!r} is referenced but not defined")
-        if name in cyclic:
-            if budget == 0:
-                return EMPTY
-            budget -= 1
-        key = (name, budget)
+    def rule(name: str, path: tuple):
+        if name in path:  # recursion: enter the rule on the stack
+            if name not in called:
+                called.append(name)
+            return Call(name)
+        key = (name, frozenset(path) & component[name])
         if key not in memo:
-            memo[key] = lower(rules[name], budget)
+            memo[key] = lower(rules[name], path + (name,))
         return memo[key]
 
-    def lower(node, budget):
+    def lower(node, path):
         kind = node[0]
         if kind == "alt":
-            return alt(*(lower(x, budget) for x in node[1]))
+            return alt(*(lower(x, path) for x in node[1]))
         if kind == "seq":
-            return seq(*(lower(x, budget) for x in node[1])) if node[1] else EPSILON
+            return seq(*(lower(x, path) for x in node[1])) if node[1] else EPSILON
         if kind == "rep":
-            return repeat(lower(node[1], budget), node[2], node[3])
+            return repeat(lower(node[1], path), node[2], node[3])
         if kind == "lit":
             return seq(*(Chars(((c, c),)) for c in node[1])) if node[1] else EPSILON
         if kind == "chars":
             return Chars(node[1]) if node[1] else EMPTY
-        return rule(node[1], budget)
+        return rule(node[1], path)
 
-    return rule(root, int(max_depth) + (root in cyclic))
+    start = rule(root, ())
+    if not called:
+        return start
+    bodies = {root: start}
+    i = 0
+    while i < len(called):  # each called rule, expanded from itself (which may call more rules)
+        if called[i] != root:
+            bodies[called[i]] = lower(rules[called[i]], (called[i],))
+        i += 1
+    return Grammar(bodies, root, int(max_depth))

@@ -1,42 +1,70 @@
 """JSON Schema -> expression tree (then byte DFA and token tables), exactly or with a clear error.
 
-Supported: ``type`` (single or list), ``enum``/``const``, ``properties``/``required`` (emitted in
-schema order, optional ones omissible), ``additionalProperties`` (``false``; a schema or ``true``
-only for property-less "map" objects), ``items``/``prefixItems``/``minItems``/``maxItems``,
-``minLength``/``maxLength``, ``pattern`` (ECMAScript search semantics: unanchored unless ``^...$``),
-``format`` (date, time, date-time, uuid, email, ipv4, hostname, uri), integer bounds
-(``minimum``/``maximum``/``exclusive*``, any integers) and number bounds with integer values,
-``anyOf``, ``oneOf`` (branches are checked to be disjoint), ``allOf`` (merged), local ``$ref``
-(recursion unrolled ``max_recursion`` times), ``true``/``{}`` (any JSON value, containers nested
-at most ``any_depth`` levels).
+The language compiled is always a subset of the schema's valid documents (outputs validate); where
+it is smaller than the schema's, that is a documented *over-constraint*, never the opposite. What a
+schema cannot be compiled to raises :class:`~jaxsample.structured.automaton.GrammarError` naming
+the keyword and its JSON pointer (``err.keyword``, ``err.pointer``).
 
-Deliberate over-constraints (outputs stay valid, some valid documents cannot be produced):
-properties in schema order; an absent ``additionalProperties`` next to ``properties`` means closed
-(as in XGrammar and llama.cpp); bounded numbers have no exponent; enum objects are written compactly;
-whitespace follows the ``whitespace`` mode. Keywords that constrain values but are not supported
-(``not``, ``if``, ``uniqueItems``, ``patternProperties``, ``minProperties``, ``multipleOf``, ...)
-raise :class:`~jaxsample.structured.automaton.GrammarError` naming the keyword and its location —
-never a silent under-constraint. Unknown keywords are annotations and are ignored, as validators do.
+Supported (JSON Schema 2020-12, with drafts 4-2019 forms normalised by
+:func:`~jaxsample.structured.schema_merge.normalise`):
+
+* ``type``, ``enum``/``const`` (values also filtered by sibling keywords), ``true``/``false``/``{}``;
+* ``allOf`` (merged, :func:`~jaxsample.structured.schema_merge.merge`), ``anyOf``, ``oneOf`` (branches
+  proven disjoint on values, else an error), sibling keywords next to all three and next to
+  ``$ref`` (draft 2019+; ignored in drafts 4-7, as those drafts say), local ``$ref`` (JSON pointers,
+  ``$anchor``, ``$id``), ``not`` (of presence conditions, types, ``{}`` and string constraints);
+* objects: ``properties`` in **any order** (``property_order="any"``, the JSON Schema meaning; each
+  property at most once), ``required``, ``additionalProperties`` (``false``, ``true`` or a schema),
+  ``patternProperties``, ``propertyNames``, ``minProperties``/``maxProperties``,
+  ``dependentRequired``/``dependentSchemas``/``dependencies``, ``unevaluatedProperties``;
+* arrays: ``items``, ``prefixItems`` (and tuple ``items``/``additionalItems``), ``minItems``/
+  ``maxItems``, ``contains``/``minContains``, ``uniqueItems`` over finite item sets (enums,
+  booleans, small integer ranges), ``unevaluatedItems``;
+* strings: ``minLength``/``maxLength``, ``pattern`` (ECMAScript search semantics: unanchored unless
+  ``^...$``), ``format`` (:mod:`~jaxsample.structured.formats`), any combination of them;
+* numbers: ``minimum``/``maximum``/``exclusive*`` (exact decimals), ``multipleOf`` (exact decimal
+  arithmetic, :func:`~jaxsample.structured.numbers.multiple_of`).
+
+Over-constraints (outputs remain valid; some valid documents cannot be produced): objects with too
+many property orders for ``max_order_states`` keep schema order; an absent
+``additionalProperties`` means closed unless ``open_objects=True`` (as XGrammar and llama.cpp);
+a schema without ``type`` produces only the types its keywords imply; bounded numbers have no
+exponent; enum/const numbers are written as given (``1`` not ``1.0``); strings use canonical escapes; recursion
+(a ``$ref`` cycle, the containers of ``{}``/``true`` values) nests at most ``max_depth`` frames on
+the device stack (a runtime parameter, see below); ``minProperties`` counts at most one additional property (their keys could repeat); format
+subsets (:mod:`~jaxsample.structured.formats`).
+
+Recursion is not unrolled: a schema reached again through ``$ref`` while it is being expanded
+(a cycle), and the containers of generic values (``{}``/``true``, rule ``JSON_RULE``), are rules of a
+:class:`~jaxsample.structured.pushdown.Grammar`, entered on the row's stack (one frame per nested
+call; tail calls take none). :func:`schema_expr` then returns that grammar instead of an expression.
+
+Whitespace (the JSON grammar's own freedom) follows ``whitespace`` (see :func:`schema_expr`).
 
 >>> from jaxsample.structured.automaton import compile_expr
->>> d = compile_expr(schema_expr({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}},
-...                               "required": ["n"]}, whitespace="compact"))
->>> d.matches(b'{"n":12}'), d.matches(b'{"n":0}')
-(True, False)
+>>> d = compile_expr(schema_expr({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1},
+...                               "s": {"type": "string"}}, "required": ["n"]}, whitespace="compact"))
+>>> d.matches(b'{"n":12}'), d.matches(b'{"s":"x","n":1}'), d.matches(b'{"n":0}'), d.matches(b'{"n":1,"n":2}')
+(True, True, False, False)
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import json
 import math
 from typing import Any
 
+from jaxsample.structured import dfa_ops, formats
 from jaxsample.structured import regex as _regex
-from jaxsample.structured.numbers import integer_range, number_range
+from jaxsample.structured import schema_merge as sm
 from jaxsample.structured.automaton import (
     EMPTY,
     EPSILON,
     Alt,
+    ByteDFA,
+    Call,
     Chars,
     GrammarError,
     Repeat,
@@ -44,435 +72,708 @@ from jaxsample.structured.automaton import (
     alt,
     chars,
     compile_expr,
-    complement,
-    intersects,
     lit,
-    normalise_ranges,
     opt,
-    plus,
     repeat,
     seq,
     star,
 )
+from jaxsample.structured.json_objects import ObjectBuilder
+from jaxsample.structured.json_text import (
+    JSON_WS,
+    STRING_BODY,
+    STRING_CHAR,
+    canonical_json,
+    escape,
+    json_encoded,
+    names_dfa,
+    search_dfa,
+    search_expr,
+)
+from jaxsample.structured.numbers import integer_range, multiple_of, number_range, plain_decimals
+from jaxsample.structured.pushdown import DEFAULT_MAX_DEPTH, Grammar
+from jaxsample.structured.schema_disjoint import Disjoint
+from jaxsample.structured.schema_merge import error
 
-WHITESPACE_MODES = ("compact", "bounded", "free")
-_ANNOTATIONS = {
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-    "readOnly", "writeOnly", "$defs", "definitions", "contentEncoding", "contentMediaType", "$anchor",
-}  # fmt: skip
-_UNSUPPORTED = {
-    "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
-    "patternProperties", "propertyNames", "unevaluatedItems", "contains", "minContains", "maxContains",
-    "minProperties", "maxProperties", "$dynamicRef", "$recursiveRef",
-}  # fmt: skip
-_FAMILIES = {
-    "object": {"properties", "required", "additionalProperties"},
-    "array": {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"},
-    "string": {"minLength", "maxLength", "pattern", "format"},
-    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
-}
-_HEX = chars("0-9a-fA-F")
-# DEL is legal JSON but excluded unescaped (as llguidance and llama.cpp do): a harmless over-constraint.
-_UNESCAPED = complement(((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F)))
-_SHORT_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
-# Escapes are the canonical ones (as llguidance emits): short escapes except the redundant "\/", and
-# "\uXXXX" only for the characters that cannot appear raw (U+0000-U+001F, DEL). Every other
-# character is written as itself: an over-constraint that keeps outputs valid and canonical.
-_U_ESCAPE = seq(lit("u00"), alt(seq(chars("01"), _HEX), seq(lit("7"), chars("fF"))))
-_STRING_CHAR = alt(Chars(_UNESCAPED), seq(lit("\\"), alt(chars('"\\\\bfnrt'), _U_ESCAPE)))
-
-_DAY = "((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
-_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-_LABEL = "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-FORMATS = {
-    "date": f"[0-9]{{4}}-{_DAY}",
-    "time": _TIME,
-    "date-time": f"[0-9]{{4}}-{_DAY}T{_TIME}",
-    "uuid": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "email": r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){1,4}",
-    "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
-    "hostname": rf"{_LABEL}(\.{_LABEL}){{0,8}}",
-    "uri": r"[A-Za-z][A-Za-z0-9+.-]*:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+",
-}
+WHITESPACE_MODES = ("free", "compact", "bounded")
+PROPERTY_ORDERS = ("any", "schema")
+#: Most values an item set may have for ``uniqueItems`` (the array tracks the subset used).
+MAX_UNIQUE_VALUES = 8
+#: The recursive rule of generic JSON containers; other rules are named by their ``$ref`` (and siblings).
+JSON_RULE = "$json"
+ROOT_RULE = "$root"
+#: Most times one ``$ref`` may be open on a path before its schema repeats exactly (then it is a call).
+MAX_REF_NESTING = 16
 
 
-def _json_encoded(expr):
-    """Maps an expression over decoded string characters to one over their JSON encodings."""
-    if isinstance(expr, Chars):
-        plain = normalise_ranges(
-            (max(lo, a), min(hi, b)) for lo, hi in expr.ranges for a, b in _UNESCAPED if max(lo, a) <= min(hi, b)
-        )
-        escaped = []
-        for lo, hi in expr.ranges:
-            for cp in [*range(lo, min(hi, 0x5C) + 1), *([0x7F] if lo <= 0x7F <= hi else [])]:
-                if cp < 0x20 or cp in (0x22, 0x5C, 0x7F):
-                    escaped.append(lit(_SHORT_ESCAPES.get(cp, f"\\u{cp:04x}")))
-        return alt(*([Chars(plain)] if plain else []), *escaped)
-    if isinstance(expr, Seq):
-        return seq(*map(_json_encoded, expr.items))
-    if isinstance(expr, Alt):
-        return alt(*map(_json_encoded, expr.items))
-    if isinstance(expr, Repeat):
-        return repeat(_json_encoded(expr.item), expr.lo, expr.hi)
-    raise TypeError(expr)
+def _is_type(value, t: str) -> bool:
+    jt = sm.json_type(value)
+    return jt == t or (t == "number" and jt == "integer")
 
 
 # -------------------------------------------------------------------------------------- compiler
 class _Compiler:
-    def __init__(self, root, whitespace, max_whitespace, max_recursion, any_depth):
-        if whitespace not in WHITESPACE_MODES:
-            raise ValueError(f"whitespace must be one of {WHITESPACE_MODES}, got {whitespace!r}")
+    def __init__(self, root, opts: dict):
         self.root = root
-        if whitespace == "compact":
+        self.opts = opts
+        ws_pattern = opts["whitespace_pattern"]
+        mode = opts["whitespace"]
+        if mode not in WHITESPACE_MODES:
+            raise ValueError(f"whitespace must be one of {WHITESPACE_MODES}, got {mode!r}")
+        if opts["property_order"] not in PROPERTY_ORDERS:
+            raise ValueError(f"property_order must be one of {PROPERTY_ORDERS}, got {opts['property_order']!r}")
+        if opts["unknown_formats"] not in ("ignore", "error"):
+            raise ValueError(f"unknown_formats must be 'ignore' or 'error', got {opts['unknown_formats']!r}")
+        if ws_pattern is not None:
+            self.ws = _regex.parse_regex(ws_pattern)
+            if not dfa_ops.is_empty(dfa_ops.difference(compile_expr(self.ws), compile_expr(star(JSON_WS)))):
+                raise ValueError(f"whitespace_pattern {ws_pattern!r} matches more than JSON whitespace [ \\t\\n\\r]*")
+        elif mode == "compact":
             self.ws = EPSILON
-        elif whitespace == "bounded":
-            self.ws = opt(alt(lit(" "), seq(lit("\n"), repeat(chars(" \t"), 0, int(max_whitespace)))))
+        elif mode == "bounded":
+            self.ws = opt(alt(lit(" "), seq(lit("\n"), repeat(chars(" \t"), 0, int(opts["max_whitespace"])))))
         else:
-            self.ws = star(chars(" \t\n\r"))
-        self.comma = seq(self.ws, lit(","), self.ws)
-        self.colon = seq(self.ws, lit(":"), self.ws)
-        self.max_recursion = int(max_recursion)
-        self.any_depth = int(any_depth)
-        self.active: dict[str, int] = {}
-        self._any: dict[int, Any] = {}
-        self.string = seq(lit('"'), star(_STRING_CHAR), lit('"'))
+            self.ws = star(JSON_WS)
+        seps = opts["separators"]
+        if seps is not None:
+            if len(seps) != 2:
+                raise ValueError(f"separators must be (item, key) strings, got {seps!r}")
+            for sep, mark in zip(seps, ",:"):
+                if not isinstance(sep, str) or sep.strip(" \t\n\r") != mark:
+                    raise ValueError(f"separators: {sep!r} must be {mark!r} with JSON whitespace around it")
+            self.comma, self.colon = lit(seps[0]), lit(seps[1])
+        else:
+            self.comma, self.colon = seq(self.ws, lit(","), self.ws), seq(self.ws, lit(":"), self.ws)
+        self.draft4to7 = isinstance(root, dict) and any(
+            f"draft-0{n}" in str(root.get("$schema", "")) for n in (3, 4, 5, 6, 7)
+        )
+        self.active: set[str] = set()  # rules being expanded on this path
+        self.open_refs: collections.Counter = collections.Counter()
+        self.rules: dict[str, Any] = {}  # recursive rules (None while pending)
+        self.pending: dict[str, tuple[Any, str]] = {}  # rule -> (schema, path) still to compile
+        self._any = None
+        self._sizes: dict[int, tuple[Any, int]] = {}
+        self._anchors = None
+        self.string = seq(lit('"'), STRING_BODY, lit('"'))
+
+    def sub(self, **changes) -> "_Compiler":
+        """A compiler for the same document with other options (e.g. compact whitespace for checks)."""
+        return _Compiler(self.root, {**self.opts, **changes})
 
     # ------------------------------------------------------------------ helpers
-    @staticmethod
-    def error(path: str, msg: str) -> GrammarError:
-        return GrammarError(f"JSON schema at {path}: {msg}")
+    def container(self, open_, close, body, empty_ok: bool):
+        """``open ws (body ws)? close``: one whitespace run in an empty container."""
+        inner = seq(body, self.ws)
+        return seq(lit(open_), self.ws, alt(EPSILON, inner) if empty_ok else inner, lit(close))
 
-    def container(self, open_, close, first, rest_item, lo=0, hi=None):
-        """``open first (comma item){lo-1, hi-1} close`` with emptiness when ``lo == 0``."""
-        body = seq(first, repeat(seq(self.comma, rest_item), max(lo - 1, 0), None if hi is None else hi - 1))
-        if lo == 0:
-            body = opt(body)
-        if hi == 0:
-            body = EPSILON
-        return seq(lit(open_), self.ws, body, self.ws, lit(close))
+    def any_value(self):
+        """Any JSON value: scalars inline, containers the recursive rule ``JSON_RULE`` (one frame each)."""
+        if self._any is None:
+            scalars = alt(self.string, number_range(), lit("true"), lit("false"), lit("null"))
+            value = alt(scalars, Call(JSON_RULE))
+            member = seq(self.string, self.colon, value)
+            objects = self.container("{", "}", seq(member, star(seq(self.comma, member))), True)
+            arrays = self.container("[", "]", seq(value, star(seq(self.comma, value))), True)
+            self.rules[JSON_RULE] = alt(objects, arrays)
+            self._any = value
+        return self._any
 
-    def any_value(self, depth: int):
-        if depth not in self._any:
-            scalars = alt(self.string, number_range(None, None), lit("true"), lit("false"), lit("null"))
-            if depth <= 0:  # no room for containers
-                self._any[depth] = scalars
-            else:
-                inner = self.any_value(depth - 1)
-                member = seq(self.string, self.colon, inner)
-                objects = self.container("{", "}", member, member)
-                self._any[depth] = alt(scalars, objects, self.container("[", "]", inner, inner))
-        return self._any[depth]
+    def size(self, expr) -> int:
+        """Estimated DFA states of ``expr``: its positions (character occurrences, repetitions unrolled).
 
-    def literal(self, value):
-        return lit(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+        Generic values and objects record their own estimate when built; an embedded DFA counts
+        its states.
+        """
+        hit = self._sizes.get(id(expr))
+        if hit is not None and hit[0] is expr:
+            return hit[1]
+        if isinstance(expr, (Chars, Call)):  # a call's rule is compiled once, not here
+            n = 1
+        elif isinstance(expr, (Seq, Alt)):
+            n = sum(1 if type(x) is Chars else self.size(x) for x in expr.items)
+        elif isinstance(expr, Repeat):
+            n = self.size(expr.item) * max(expr.lo, expr.hi or 1, 1)
+        else:
+            n = expr.dfa.num_states
+        self._sizes[id(expr)] = (expr, n)
+        return n
 
-    # ------------------------------------------------------------------ schemas
-    def compile(self, schema, path: str = "#"):
-        if schema is True or schema == {}:
-            return self.any_value(self.any_depth)
-        if schema is False:
-            return EMPTY
-        if not isinstance(schema, dict):
-            raise self.error(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
-        for key in schema:
-            if key in _UNSUPPORTED:
-                raise self.error(path, f"keyword {key!r} is not supported")
-        if "$ref" in schema:
-            return self.ref(schema, path)
-        if "allOf" in schema:
-            return self.compile(self.merge_all_of(schema, path), path)
-        for key in ("anyOf", "oneOf"):
-            if key in schema:
-                return self.union(schema, key, path)
-        if "enum" in schema or "const" in schema:
-            return self.enum(schema, path)
-        types = schema.get("type")
-        if types is None:
-            implied = [t for t, keys in _FAMILIES.items() if keys & schema.keys()]
-            types = implied or ["object", "array", "string", "number", "boolean", "null"]
-        if isinstance(types, str):
-            types = [types]
-        if "integer" in types and "number" in types:
-            types = [t for t in types if t != "integer"]
-        return alt(*(self.typed(schema, t, path) for t in types))
+    # ------------------------------------------------------------------ references (recursion)
+    def resolve(self, ref, path: str):
+        """The subschema a local reference names (JSON pointer, ``$anchor``/``$id`` name, or the root)."""
+        if not isinstance(ref, str):
+            raise error(path, "$ref", f"must be a string, got {ref!r}")
+        if ref.startswith("#/") or ref == "#":
+            target = self.root
+            for part in [p for p in ref[1:].split("/") if p]:
+                part = part.replace("~1", "/").replace("~0", "~")
+                try:
+                    target = target[int(part) if isinstance(target, list) else part]
+                except (KeyError, IndexError, ValueError, TypeError):
+                    raise error(path, "$ref", f"{ref!r} does not resolve") from None
+            return target
+        anchors = self.anchors()
+        if ref in anchors:
+            return anchors[ref]
+        raise error(path, "$ref", f"only references within the schema are supported, got {ref!r}")
+
+    def anchors(self) -> dict:
+        """``#name`` for ``$anchor``/``$id: "#name"``, and every ``$id``/``id`` value, to its subschema."""
+        if self._anchors is None:
+            self._anchors, todo = {}, [self.root]
+            while todo:
+                s = todo.pop()
+                if isinstance(s, dict):
+                    if isinstance(s.get("$anchor"), str):
+                        self._anchors["#" + s["$anchor"]] = s
+                    for key in ("$id", "id"):
+                        if isinstance(s.get(key), str) and s is not self.root:
+                            self._anchors[s[key]] = s
+                            self._anchors.setdefault(s[key].rsplit("/", 1)[-1], s)
+                    todo.extend(v for k, v in s.items() if k not in ("enum", "const", "examples", "default"))
+                elif isinstance(s, list):
+                    todo.extend(s)
+        return self._anchors
+
+    def enter(self, rule: str, schema, path: str, refs: list):
+        """RECURSION: ``schema``, reached through the references ``refs``, compiled inline; when the
+        same ``rule`` (the schema, named by its reference) is already being expanded on this path,
+        a :class:`Call` of it instead (the rule is compiled once, by :meth:`grammar`)."""
+        if rule in self.active:
+            if rule not in self.rules:
+                self.rules[rule] = None
+                self.pending[rule] = (schema, path)
+            return Call(rule)
+        if any(self.open_refs[r] >= MAX_REF_NESTING for r in refs):
+            raise error(path, "$ref", f"{refs[0]!r} nests more than {MAX_REF_NESTING} times without repeating a schema")
+        self.active.add(rule)
+        self.open_refs.update(refs)
+        try:
+            return self.compile(schema, path)
+        finally:
+            self.active.discard(rule)
+            self.open_refs.subtract(refs)
+
+    def grammar(self, root):
+        """``root``, or a :class:`Grammar` of it and the recursive rules it calls (compiled here)."""
+        while self.pending:
+            rule, (schema, path) = self.pending.popitem()
+            self.active, self.open_refs = {rule}, collections.Counter()
+            self.rules[rule] = self.compile(schema, path)
+        if not self.rules:
+            return root
+        return Grammar({ROOT_RULE: root, **self.rules}, ROOT_RULE, int(self.opts["max_depth"]))
 
     def ref(self, schema, path):
         ref = schema["$ref"]
-        extra = set(schema) - {"$ref"} - _ANNOTATIONS
-        if extra:
-            raise self.error(path, f"'$ref' with sibling keyword(s) {sorted(extra)} is not supported")
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise self.error(path, f"only local '$ref' (starting with '#') is supported, got {ref!r}")
         target = self.resolve(ref, path)
-        depth = self.active.get(ref, 0)
-        if depth > self.max_recursion:
-            return EMPTY  # recursion unrolled max_recursion times: deeper branches are cut
-        self.active[ref] = depth + 1
-        try:
-            return self.compile(target, ref)
-        finally:
-            self.active[ref] = depth
+        siblings = {k: v for k, v in schema.items() if k != "$ref" and k not in sm.ANNOTATIONS}
+        rule = ref
+        if siblings and not self.draft4to7:
+            target = _with_siblings(target, siblings)
+            rule = f"{ref} & {_key(siblings)}"
+        return self.enter(rule, target, _ref_path(ref, path), [ref])
 
-    def merge_all_of(self, schema, path):
-        merged = {k: v for k, v in schema.items() if k != "allOf"}
-        for i, sub in enumerate(schema["allOf"]):
-            if isinstance(sub, dict) and "$ref" in sub and len(sub) == 1:
-                sub = self.resolve(sub["$ref"], f"{path}/allOf/{i}")
-            if not isinstance(sub, dict):
-                raise self.error(f"{path}/allOf/{i}", "allOf items must be objects")
-            for k, v in sub.items():
-                if k == "properties":
-                    props = dict(merged.get("properties", {}))
-                    for name, p in v.items():
-                        if name in props and props[name] != p:
-                            raise self.error(path, f"allOf: conflicting definitions of property {name!r}")
-                        props[name] = p
-                    merged["properties"] = props
-                elif k == "required":
-                    merged["required"] = list(dict.fromkeys(list(merged.get("required", [])) + list(v)))
-                elif k in merged and merged[k] != v and k not in _ANNOTATIONS:
-                    raise self.error(path, f"allOf: conflicting values for keyword {k!r} are not supported")
-                else:
-                    merged[k] = v
-        return merged
-
-    def resolve(self, ref, path):
-        """The subschema a local JSON pointer names."""
-        target = self.root
-        for part in [p for p in ref[1:].split("/") if p]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            try:
-                target = target[int(part) if isinstance(target, list) else part]
-            except (KeyError, IndexError, ValueError, TypeError):
-                raise self.error(path, f"'$ref' {ref!r} does not resolve") from None
-        return target
-
-    def union(self, schema, key, path):
-        extra = set(schema) - {key} - _ANNOTATIONS
-        if extra:
-            raise self.error(path, f"{key!r} with sibling keyword(s) {sorted(extra)} is not supported")
-        branches = [self.compile(s, f"{path}/{key}/{i}") for i, s in enumerate(schema[key])]
-        if key == "oneOf":
-            dfas = []
+    def view(self, schema, path: str, refs: list, seen=()):
+        """A schema's own keywords: normalised, top-level ``$ref`` and ``allOf`` resolved (refs noted)."""
+        if not isinstance(schema, dict):
+            if isinstance(schema, bool):
+                return schema
+            raise error(path, "", f"a schema must be an object or a boolean, got {type(schema).__name__}")
+        self.check(schema, path)
+        if "$ref" in schema:
+            ref = schema["$ref"]
+            if ref in seen:
+                raise error(path, "$ref", f"{ref!r} refers to itself without nesting (a cycle through allOf/$ref)")
+            refs.append(ref)
+            target = self.resolve(ref, path)
+            siblings = {k: v for k, v in schema.items() if k != "$ref" and k not in sm.ANNOTATIONS}
+            if siblings and not self.draft4to7:
+                return self.view(_with_siblings(target, siblings), path, refs, (*seen, ref))
+            return self.view(target, _ref_path(ref, path), refs, (*seen, ref))
+        s = sm.normalise(schema, path)
+        if "allOf" in s:
+            branches = s.pop("allOf")
+            if not isinstance(branches, list):
+                raise error(path, "allOf", "must be a list")
+            # unevaluated* of this schema see what the branches evaluate: applied after the merge;
+            # a branch's own unevaluated* see only that branch: they act as its additional*/items
+            lifted = {k: s.pop(k) for k in _UNEVALUATED if k in s}
             for i, b in enumerate(branches):
-                if b == EMPTY:
-                    continue
-                d = compile_expr(b)
-                for j, other in dfas:
-                    if intersects(d, other):
-                        raise self.error(path, f"'oneOf' branches {j} and {i} overlap (anyOf semantics would under-constrain)")
-                dfas.append((i, d))
-        return alt(*branches)
+                b = self.view(b, f"{path}/allOf/{i}", refs, seen)
+                if b is False:
+                    return False
+                if b is not True:
+                    s = self.merge(s, _close_unevaluated(b), path)
+            s.update(lifted)
+        return s
 
-    def enum(self, schema, path):
-        extra = set(schema) - {"enum", "const", "type"} - _ANNOTATIONS
-        if extra:
-            raise self.error(path, f"'enum'/'const' combined with {sorted(extra)} is not supported")
-        values = list(schema["enum"]) if "enum" in schema else []
-        if "const" in schema:
-            values = [v for v in values if v == schema["const"]] if "enum" in schema else [schema["const"]]
-        if "type" in schema:
-            types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+    def merge(self, a, b, path):
+        return sm.merge(a, b, path, self.name_schema)
+
+    def name_schema(self, obj: dict, name: str):
+        """The schema an object applies to an undeclared property ``name``."""
+        text = escape(name).encode()
+        matching = [v for p, v in obj.get("patternProperties", {}).items() if self.pattern_dfa(p, "").matches(text)]
+        if matching:
+            return matching[0] if len(matching) == 1 else {"allOf": matching}
+        return obj.get("additionalProperties", True)
+
+    def pattern_dfa(self, pattern, path: str) -> ByteDFA:
+        try:
+            return search_dfa(pattern)
+        except GrammarError as e:
+            raise error(path, "pattern", str(e)) from None
+
+    # ------------------------------------------------------------------ schemas
+    def check(self, schema: dict, path: str):
+        for key in sorted(sm.UNSUPPORTED & schema.keys(), key=lambda k: k != "if"):
+            if key in ("then", "else") and "if" not in schema:
+                continue  # without "if" they are ignored (JSON Schema 2020-12, 10.2.2)
+            raise error(path, key, f"keyword {key!r} is not supported")
+
+    def compile(self, schema, path: str = ""):
+        if schema is True or schema == {}:
+            return self.any_value()
+        if schema is False:
+            return EMPTY
+        if not isinstance(schema, dict):
+            raise error(path, "", f"a schema must be an object or a boolean, got {type(schema).__name__}")
+        self.check(schema, path)
+        if "$ref" in schema:
+            return self.ref(schema, path)
+        if "allOf" in schema:
+            refs: list = []
+            merged = self.view(schema, path, refs)
+            if not refs:
+                return self.compile(merged, path)
+            return self.enter(f"allOf {_key(merged)}", merged, path, refs)
+        s = sm.normalise(schema, path)
+        if s.get("dependentSchemas"):
+            return self.compile(self.dependent_schemas(s, path), path)
+        for key in ("oneOf", "anyOf"):
+            if key in s:
+                return self.union(s, key, path)
+        if "_not" in s:
+            s = self.apply_not(s, path)
+            if s is False:
+                return EMPTY
+        if "enum" in s:
+            return self.enum(s, path)
+        types = sm.types_of(s)
+        if types is None:
+            implied = [t for t, keys in sm.FAMILIES.items() if keys & s.keys()]
+            types = implied or list(sm.ALL_TYPES)
+        return alt(*(self.typed(s, t, path) for t in types))
+
+    def dependent_schemas(self, s, path):
+        """``dependentSchemas``: for each name, either it is absent or the object also meets its schema."""
+        deps = s.pop("dependentSchemas")
+        out = s
+        for name, sub in deps.items():
+            out = self.merge(out, {"anyOf": [{"properties": {name: False}}, {"required": [name], "allOf": [sub]}]},
+                             f"{path}/dependentSchemas")  # fmt: skip
+        return out
+
+    def union(self, s, key, path):
+        branches = s[key]
+        if not isinstance(branches, list) or not branches:
+            raise error(path, key, "must be a non-empty list")
+        rest = {k: v for k, v in s.items() if k != key}
+        constrained = {k for k in rest if k not in sm.ANNOTATIONS and not k.startswith("x-")}
+        if key == "anyOf" and any(b is True or b == {} for b in branches):  # a branch accepts every value:
+            return self.compile(rest, path) if constrained else self.any_value()  # no choice left to make
+        if constrained:
+            views = [self.view(b, f"{path}/{key}/{i}", []) for i, b in enumerate(branches)]
+            # presence-only branches become a predicate, unless their properties are evaluated names
+            # that unevaluatedProperties of the object would otherwise forbid
+            named = {n for v in views if isinstance(v, dict) for n in v.get("properties", {})}
+            foldable = "unevaluatedProperties" not in rest or named <= rest.get("properties", {}).keys()
+            presence = all(v is True or isinstance(v, dict) and sm.presence_only(v) for v in views)
+            if foldable and presence and _only_objects(rest):
+                preds = [("all", []) if v is True else sm.presence_predicate(v) for v in views]
+                rest["_presence"] = [*rest.get("_presence", []), ("any" if key == "anyOf" else "one", preds)]
+                return self.compile(rest, path)
+            branches = [_with_siblings(b, rest) for b in branches]
+        if key == "oneOf":
+            self.check_disjoint(branches, path)
+        return alt(*(self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)))
+
+    def enum(self, s, path):
+        values = s["enum"]
+        if not isinstance(values, list):
+            raise error(path, "enum", "must be a list")
+        types = sm.types_of(s)
+        if types is not None:
             values = [v for v in values if any(_is_type(v, t) for t in types)]
-        return alt(*(self.literal(v) for v in values)) if values else EMPTY
+        rest = {k: v for k, v in s.items() if k in sm.VALUE_KEYWORDS}
+        values = list({canonical_json(v): v for v in values}.values())
+        if rest and values:  # keep the values the sibling keywords accept (objects: open, any depth)
+            checker = self.sub(whitespace="compact", whitespace_pattern=None, separators=None, open_objects=True,
+                               max_depth=max(self.opts["max_depth"], *map(_depth, values)))  # fmt: skip
+            check = compile_expr(checker.grammar(checker.compile({**rest, "type": s["type"]} if "type" in s else rest, path)))
+            values = [v for v in values if check.matches(canonical_json(v).encode())]
+        return alt(*(self.literal(v, path) for v in values))
 
-    def typed(self, schema, t, path):
+    def literal(self, value, path):
+        """One JSON value: scalars as their canonical text, containers with whitespace and (objects)
+        members in any order, as their JSON Schema equality allows."""
+        if isinstance(value, dict):
+            props = {k: {"enum": [v]} for k, v in value.items()}
+            schema = {"type": "object", "properties": props, "required": list(value), "additionalProperties": False}
+        elif isinstance(value, list):
+            schema = {"type": "array", "prefixItems": [{"enum": [v]} for v in value], "items": False,
+                      "minItems": len(value)}  # fmt: skip
+        else:
+            return lit(canonical_json(value))
+        return self.compile(schema, path)
+
+    def apply_not(self, s, path):
+        """Folds ``not`` into the schema: ``{}``/``true``, types, presence conditions, string constraints."""
+        s = dict(s)
+        for sub in s.pop("_not"):
+            at = f"{path}/not"
+            v = self.view(sub, at, [])
+            if v is True or v == {}:
+                return False
+            if v is False:
+                continue
+            keys = {k for k in v if k not in sm.ANNOTATIONS and not k.startswith("x-")}
+            if keys == {"type"}:
+                banned = sm.types_of(v)
+                mine = sm.types_of(s) or set(sm.ALL_TYPES) | {"integer"}
+                if "number" in banned:
+                    banned = banned | {"integer"}
+                left = {t for t in mine if t not in banned}
+                if "number" in mine and "integer" in banned and "number" not in banned:
+                    raise error(path, "not", "'not' of 'integer' within numbers is not supported")
+                if not left:
+                    return False
+                s["type"] = sorted(left)
+            elif keys and sm.presence_only(v) and (sm.types_of(v) in (None, {"object"})):
+                s["_presence"] = [*s.get("_presence", []), ("not", sm.presence_predicate(v))]
+            elif (keys and keys <= sm.FAMILIES["string"] | {"enum", "type"} and sm.types_of(v) in (None, {"string"})
+                  and all(isinstance(x, str) for x in v.get("enum", []))):  # fmt: skip
+                s["_not_strings"] = [*s.get("_not_strings", []), v]
+            else:
+                raise error(path, "not", f"'not' of {sorted(keys)} is not supported (only of {{}}, types, "
+                            "presence of properties and string constraints)")  # fmt: skip
+        return s
+
+    def typed(self, s, t, path):
         if t == "null":
             return lit("null")
         if t == "boolean":
             return alt(lit("true"), lit("false"))
         if t in ("integer", "number"):
-            return self.number(schema, t, path)
+            return self.number(s, t, path)
         if t == "string":
-            return self.string_schema(schema, path)
+            body = self.string_body(s, path)
+            return EMPTY if body == EMPTY else seq(lit('"'), body, lit('"'))
         if t == "array":
-            return self.array(schema, path)
+            return self.array(s, path)
         if t == "object":
-            return self.object(schema, path)
-        raise self.error(path, f"unknown type {t!r}")
+            return self.object(s, path)
+        raise error(path, "type", f"unknown type {t!r}")
 
-    def number(self, schema, t, path):
-        lo, hi = schema.get("minimum"), schema.get("maximum")
-        lo_x, hi_x = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    # ------------------------------------------------------------------ numbers
+    def number(self, s, t, path):
+        lo, hi = s.get("minimum"), s.get("maximum")
+        lo_x, hi_x = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
+        for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
+            if k in s and (isinstance(s[k], bool) or not isinstance(s[k], (int, float))):
+                raise error(path, k, f"must be a number, got {s[k]!r}")
         lo_excl = hi_excl = False
-        if isinstance(lo_x, bool):  # draft 4
-            lo_excl, lo_x = lo_x, None
-        if isinstance(hi_x, bool):
-            hi_excl, hi_x = hi_x, None
         if lo_x is not None and (lo is None or lo_x >= lo):
             lo, lo_excl = lo_x, True
         if hi_x is not None and (hi is None or hi_x <= hi):
             hi, hi_excl = hi_x, True
-        mult = schema.get("multipleOf")
-        if mult is not None:
-            if mult != 1:
-                raise self.error(path, f"keyword 'multipleOf' ({mult}) is not supported (only 1)")
-            t = "integer"
         if t == "integer":
             ilo = None if lo is None else (math.floor(lo) + 1 if lo_excl and lo == math.floor(lo) else math.ceil(lo))
             ihi = None if hi is None else (math.ceil(hi) - 1 if hi_excl and hi == math.ceil(hi) else math.floor(hi))
             if ilo is not None and ihi is not None and ilo > ihi:
                 return EMPTY
-            return integer_range(ilo, ihi)
-        for name, v in (("minimum", lo), ("maximum", hi)):
-            if v is not None and v != math.floor(v):
-                raise self.error(path, f"keyword {name!r} with a non-integer bound ({v}) is not supported for numbers")
-        return number_range(None if lo is None else int(lo), None if hi is None else int(hi), lo_excl, hi_excl)
-
-    def string_schema(self, schema, path):
-        lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
-        pattern, fmt = schema.get("pattern"), schema.get("format")
-        if pattern is not None and fmt is not None:
-            raise self.error(path, "'pattern' together with 'format' is not supported")
-        if (pattern is not None or fmt is not None) and (lo > 0 or hi is not None):
-            raise self.error(path, "'minLength'/'maxLength' together with 'pattern'/'format' is not supported")
-        if fmt is not None:
-            if fmt not in FORMATS:
-                raise self.error(path, f"keyword 'format' value {fmt!r} is not supported (known: {sorted(FORMATS)})")
-            return seq(lit('"'), _json_encoded(_regex.parse_regex(FORMATS[fmt])), lit('"'))
-        if pattern is not None:
-            return seq(lit('"'), _json_encoded(self.pattern(pattern, path)), lit('"'))
-        return seq(lit('"'), repeat(_STRING_CHAR, lo, None if hi is None else int(hi)), lit('"'))
-
-    def pattern(self, pattern, path):
+            expr = integer_range(ilo, ihi)
+        else:
+            expr = number_range(lo, hi, lo_excl, hi_excl)
+        mult = s.get("multipleOf")
+        if mult is None:
+            return expr
+        if mult <= 0:
+            raise error(path, "multipleOf", f"must be > 0, got {mult}")
         try:
-            expr = _regex.parse_regex(pattern)
+            m = multiple_of(mult, integer=t == "integer")
         except GrammarError as e:
-            raise self.error(path, f"'pattern': {e}") from None
-        anchored_start = pattern.startswith("^")
-        anchored_end = pattern.endswith("$") and not pattern.endswith("\\$")
-        if isinstance(expr, Alt) and (anchored_start or anchored_end) and _top_level_bar(pattern):
-            raise self.error(path, f"'pattern' {pattern!r}: anchors inside a top-level alternation are not supported")
-        anything = star(Chars(complement(())))
-        return seq(EPSILON if anchored_start else anything, expr, EPSILON if anchored_end else anything)
+            raise error(path, "multipleOf", str(e)) from None
+        if lo is None and hi is None and t == "number":
+            expr = plain_decimals()  # no exponent: the product stays small
+        return dfa_ops.Automaton.of(dfa_ops.intersect(compile_expr(expr), m))
 
-    def array(self, schema, path):
-        if schema.get("uniqueItems") and schema.get("maxItems", 2) > 1:
-            raise self.error(path, "keyword 'uniqueItems' is not supported")
-        lo, hi = int(schema.get("minItems", 0)), schema.get("maxItems")
-        hi = None if hi is None else int(hi)
-        items = schema.get("items", True)
-        prefix = schema.get("prefixItems", [])
-        if isinstance(items, list):  # draft 4 tuple form
-            prefix, items = items, schema.get("additionalItems", True)
-        prefix = [self.compile(p, f"{path}/prefixItems/{i}") for i, p in enumerate(prefix)]
+    # ------------------------------------------------------------------ strings
+    def string_body(self, s, path):
+        """JSON-encoded string contents (between the quotes) meeting the string keywords of ``s``."""
+        lo, hi = s.get("minLength", 0), s.get("maxLength")
+        for k in ("minLength", "maxLength"):
+            if k in s and (isinstance(s[k], bool) or not isinstance(s[k], int) or s[k] < 0):
+                raise error(path, k, f"must be a non-negative integer, got {s[k]!r}")
+        parts, dfas = [], []
+        for p in s.get("_patterns", []):
+            if not isinstance(p, str):
+                raise error(path, "pattern", f"must be a string, got {p!r}")
+            parts.append(("pattern", p))
+        for f in s.get("_formats", []):
+            if f in formats.FORMATS:
+                parts.append(("format", f))
+            elif f in formats.UNSUPPORTED or self.opts["unknown_formats"] == "error":
+                raise error(path, "format", f"format {f!r} is not supported (known: {', '.join(formats.FORMATS)})")
+            # other names are annotations (JSON Schema 2020-12 format-annotation; validators ignore them)
+        length = repeat(STRING_CHAR, lo, hi)
+        nots = s.get("_not_strings", [])
+        if not parts and not nots:
+            return length
+        if len(parts) == 1 and not nots and lo == 0 and hi is None:
+            kind, x = parts[0]
+            if kind == "format":
+                return json_encoded(formats.format_expr(x))
+            try:
+                return json_encoded(search_expr(x))
+            except GrammarError as e:
+                raise error(path, "pattern", str(e)) from None
+        for kind, x in parts:
+            if kind == "pattern":
+                dfas.append(self.pattern_dfa(x, path))
+            else:
+                dfas.append(compile_expr(json_encoded(formats.format_expr(x))))
+        if lo or hi is not None or not dfas:
+            dfas.append(compile_expr(length))
+        d = functools.reduce(dfa_ops.intersect, dfas)
+        for v in nots:
+            d = dfa_ops.difference(d, self.string_upper(v, f"{path}/not"))
+        return dfa_ops.Automaton.of(d)
+
+    def string_upper(self, v: dict, path) -> ByteDFA:
+        """A superset DFA of a string-only schema's contents (exact but for format subsets)."""
+        if "enum" in v:
+            return names_dfa([x for x in v["enum"] if isinstance(x, str)])
+        exact = {**v, "_formats": [f for f in v.get("_formats", []) if f in formats.EXACT]}
+        body = self.string_body(exact, path)
+        return compile_expr(body)
+
+    # ------------------------------------------------------------------ arrays
+    def array(self, s, path):
+        lo, hi = s.get("minItems", 0), s.get("maxItems")
+        items = s["items"] if "items" in s else s.get("unevaluatedItems", True)
+        prefix = s.get("prefixItems", [])
+        if "contains" in s and s.get("minContains", 1) > 0:
+            return self.contains_array(s, path, lo, hi, prefix, items)
+        if s.get("uniqueItems") and (hi is None or hi > 1):
+            return self.unique_array(s, path, lo, hi, prefix, items)
+        if hi is not None and hi < lo:
+            return EMPTY
+        elems = [self.compile(p, f"{path}/prefixItems/{i}") for i, p in enumerate(prefix)]
         rest = self.compile(items, f"{path}/items")
-        elems = prefix + [rest]
+        k = len(elems)
+
+        def after(i):  # the elements after the first i (i >= 1)
+            if i >= k:
+                return repeat(seq(self.comma, rest), max(lo - i, 0), None if hi is None else hi - i)
+            if hi is not None and i >= hi:
+                return EPSILON
+            more = seq(self.comma, elems[i], after(i + 1))
+            return alt(EPSILON, more) if i >= lo else more
+
+        first = EMPTY if hi == 0 else seq(elems[0] if k else rest, after(1))
+        return self.container("[", "]", first, lo == 0)
+
+    def contains_array(self, s, path, lo, hi, prefix, items):
+        """Arrays with an element valid under ``contains`` (and ``items``); ``minContains`` of them."""
+        need = s.get("minContains", 1)
+        if "maxContains" in s:
+            raise error(path, "maxContains", "keyword 'maxContains' is not supported")
+        if s.get("uniqueItems") and (hi is None or hi > 1):
+            raise error(path, "uniqueItems", "'uniqueItems' together with 'contains' is not supported")
+        schemas = [*prefix, items]
+        plain = [self.compile(x, f"{path}/prefixItems/{i}") for i, x in enumerate(prefix)]
+        plain.append(self.compile(items, f"{path}/items"))
+        hit = [self.compile({"allOf": [x, s["contains"]]}, f"{path}/contains") for x in schemas]
         k = len(prefix)
 
-        def tail(i):  # the elements after position i-1 (i >= 1 elements already written)
-            if i >= k:
-                more = repeat(seq(self.comma, rest), max(lo - i, 0), None if hi is None else hi - i)
-                return more
-            nxt = seq(self.comma, elems[i], tail(i + 1)) if hi is None or i < hi else EMPTY
-            return alt(EPSILON, nxt) if i >= lo else nxt
+        settled = max(k, lo)  # from here on (unbounded arrays) only the matches count
 
-        body = seq(elems[0], tail(1)) if hi is None or hi >= 1 else EMPTY
-        if lo == 0:
-            body = alt(EPSILON, body)
-        return seq(lit("["), self.ws, body, self.ws, lit("]"))
+        @functools.cache
+        def after(i, found):
+            """The elements after the first i (i >= 1), ``found`` of which (capped) matched ``contains``."""
+            options = [EPSILON] if i >= lo and found >= need else []
+            if hi is not None and i >= hi:
+                return alt(*options)
+            if hi is None and i >= settled:
+                loop = star(seq(self.comma, plain[k]))
+                return loop if found >= need else seq(loop, self.comma, hit[k], after(i, found + 1))
+            j = min(i, k)
+            options.append(seq(self.comma, plain[j], after(i + 1, found)))
+            options.append(seq(self.comma, hit[j], after(i + 1, min(found + 1, need))))
+            return alt(*options)
 
-    def object(self, schema, path):
-        props = schema.get("properties", {})
-        required = list(schema.get("required", []))
-        additional = schema.get("additionalProperties")
-        missing = [r for r in required if r not in props]
-        if missing:
-            raise self.error(path, f"'required' names undeclared properties {missing}")
-        if not props:
-            if additional is None or additional is True:
-                return self.any_object()
-            value = self.compile(additional, f"{path}/additionalProperties")
-            member = seq(self.string, self.colon, value)
-            return self.container("{", "}", member, member)
-        if additional not in (None, False):
-            raise self.error(path, "'additionalProperties' other than false next to 'properties' is not supported")
-        members = [
-            (seq(self.literal(name), self.colon, self.compile(sub, f"{path}/properties/{name}")), name in required)
-            for name, sub in props.items()
-        ]
-        members = [(m, r) for m, r in members if m != EMPTY or r]
-        if any(m == EMPTY for m, _ in members):
-            return EMPTY
-        # rest[j]: properties j.. after at least one was written; first member may be any up to the first required.
-        rest = [EPSILON] * (len(members) + 1)
-        for j in range(len(members) - 1, -1, -1):
-            m, req = members[j]
-            step = seq(self.comma, m)
-            rest[j] = seq(step if req else opt(step), rest[j + 1])
-        firsts = []
-        for i, (m, req) in enumerate(members):
-            firsts.append(seq(m, rest[i + 1]))
-            if req:
-                break
-        body = alt(*firsts)
-        if not any(r for _, r in members):
-            body = opt(body)
-        return seq(lit("{"), self.ws, body, self.ws, lit("}"))
+        first = alt(seq(plain[0], after(1, 0)), seq(hit[0], after(1, min(1, need))))
+        return self.container("[", "]", first, False)
 
-    def any_object(self):
-        inner = self.any_value(self.any_depth - 1)
-        member = seq(self.string, self.colon, inner)
-        return self.container("{", "}", member, member)
+    def unique_array(self, s, path, lo, hi, prefix, items):
+        """``uniqueItems`` over a finite item set: the array tracks the subset of values used."""
+        if prefix:
+            raise error(path, "uniqueItems", "'uniqueItems' together with 'prefixItems' is not supported")
+        values = self.finite_values(items, f"{path}/items")
+        if values is None:
+            raise error(path, "uniqueItems", "'uniqueItems' is supported only for finite item sets (enum/const/"
+                        f"boolean/null/small integer ranges, at most {MAX_UNIQUE_VALUES} values)")  # fmt: skip
+        texts = list(dict.fromkeys(canonical_json(v) for v in values))
+
+        @functools.cache
+        def after(used: frozenset):
+            options = [EPSILON] if len(used) >= lo else []
+            if hi is None or len(used) < hi:
+                for i, t in enumerate(texts):
+                    if i not in used:
+                        options.append(seq(self.comma, lit(t), after(used | {i})))
+            return alt(*options)
+
+        first = alt(*(seq(lit(t), after(frozenset([i]))) for i, t in enumerate(texts)))
+        return self.container("[", "]", first, lo == 0)
+
+    def finite_values(self, schema, path):
+        """The values of a schema with finitely many (at most ``MAX_UNIQUE_VALUES``), or ``None``."""
+        v = self.view(schema, path, [])
+        if not isinstance(v, dict):
+            return None
+        if "enum" in v and not ({"anyOf", "oneOf"} & v.keys()):
+            texts = compile_expr(self.enum(v, path))
+            vals = []
+            for x in v["enum"]:
+                if texts.matches(canonical_json(x).encode()) and not any(sm.json_equal(x, y) for y in vals):
+                    vals.append(x)
+            return vals if len(vals) <= MAX_UNIQUE_VALUES else None
+        keys = {k for k in v if k not in sm.ANNOTATIONS}
+        types = sm.types_of(v)
+        if types and keys <= {"type"} and types <= {"boolean", "null"}:
+            return [x for t in sorted(types) for x in ({"boolean": [False, True], "null": [None]}[t])]
+        if types == {"integer"} and keys <= {"type", "minimum", "maximum"} and "minimum" in v and "maximum" in v:
+            r = range(math.ceil(v["minimum"]), math.floor(v["maximum"]) + 1)
+            return list(r) if len(r) <= MAX_UNIQUE_VALUES else None
+        return None
+
+    # ------------------------------------------------------------------ objects
+    def object(self, s, path):
+        return ObjectBuilder(self, s, path).build()
+
+    # ------------------------------------------------------------------ oneOf
+    def check_disjoint(self, branches, path):
+        views = []
+        for i, b in enumerate(branches):
+            try:
+                views.append(self.view(b, f"{path}/oneOf/{i}", []))
+            except GrammarError:
+                views.append(None)
+        for i in range(len(views)):
+            for j in range(i):
+                if views[i] is None or views[j] is None or not Disjoint(self).schemas(views[i], views[j], 0):
+                    raise error(path, "oneOf", f"branches {j} and {i} may overlap (a document valid under both "
+                                "would be invalid; anyOf semantics would under-constrain)")  # fmt: skip
 
 
-def _top_level_bar(pattern: str) -> bool:
-    depth, i, in_class = 0, 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            return True
-        i += 1
-    return False
+_UNEVALUATED = {"unevaluatedProperties": "additionalProperties", "unevaluatedItems": "items"}
 
 
-def _is_type(value, t: str) -> bool:
-    return {
-        "null": value is None,
-        "boolean": isinstance(value, bool),
-        "integer": isinstance(value, int) and not isinstance(value, bool)
-        or isinstance(value, float) and value.is_integer(),
-        "number": isinstance(value, (int, float)) and not isinstance(value, bool),
-        "string": isinstance(value, str),
-        "array": isinstance(value, list),
-        "object": isinstance(value, dict),
-    }.get(t, False)
+def _with_siblings(target, siblings: dict) -> dict:
+    """``target`` and ``siblings`` both apply; ``unevaluated*`` of the siblings see what ``target`` evaluates."""
+    lifted = {k: v for k, v in siblings.items() if k in _UNEVALUATED}
+    return {"allOf": [target, {k: v for k, v in siblings.items() if k not in _UNEVALUATED}], **lifted}
+
+
+def _close_unevaluated(s: dict) -> dict:
+    """A merged branch's ``unevaluated*`` as its ``additionalProperties``/``items`` (it has no subschemas left)."""
+    if not any(k in s for k in _UNEVALUATED):
+        return s
+    s = dict(s)
+    for k, plain in _UNEVALUATED.items():
+        if k in s:
+            value = s.pop(k)
+            s.setdefault(plain, value)
+    return s
+
+
+def _only_objects(s: dict) -> bool:
+    """Whether the compiled language of ``s`` has objects only (by ``type`` or implied by keywords)."""
+    types = sm.types_of(s)
+    if types is not None:
+        return types == {"object"}
+    return {t for t, keys in sm.FAMILIES.items() if keys & s.keys()} == {"object"}
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+def _key(schema) -> str:
+    """A schema's canonical text (names the rule of a schema reached again on a cycle)."""
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+def _ref_path(ref: str, path: str) -> str:
+    return ref[1:] if ref.startswith("#/") else path
 
 
 def schema_expr(
     schema: Any,
     *,
-    whitespace: str = "bounded",
+    whitespace: str = "free",
+    whitespace_pattern: str | None = None,
+    separators: tuple[str, str] | None = None,
     max_whitespace: int = 20,
-    max_recursion: int = 3,
-    any_depth: int = 3,
+    property_order: str = "any",
+    max_order_states: int = 8192,
+    open_objects: bool = False,
+    unknown_formats: str = "ignore",
+    max_depth: int = DEFAULT_MAX_DEPTH,
 ):
-    """Expression tree of the JSON documents a schema accepts (see the module docstring).
+    """Expression tree of the JSON documents a schema accepts, or a
+    :class:`~jaxsample.structured.pushdown.Grammar` when it recurses (see the module docstring).
 
     Args:
       schema: the schema (a dict, a bool, or its JSON text).
-      whitespace: ``"compact"`` (none), ``"bounded"`` (default: at each separator nothing, one
-        space, or a newline plus at most ``max_whitespace`` spaces/tabs, as llama.cpp) or ``"free"``
-        (any ``[ \\t\\n\\r]*``; beware run-on whitespace with small models).
+      whitespace: where JSON allows whitespace: ``"free"`` (default, any ``[ \\t\\n\\r]*``, vLLM's
+        default: every formatting of a valid document is accepted), ``"compact"`` (none: ``,``
+        and ``:`` separators) or ``"bounded"`` (nothing, one space, or a newline plus at most
+        ``max_whitespace`` spaces/tabs: llama.cpp's rule against run-on whitespace).
+      whitespace_pattern: a regex used at every whitespace position instead (matched once there,
+        so bounds hold, as llguidance's ``whitespace_pattern``); must match JSON whitespace only.
+      separators: ``(item, key)`` separator strings replacing whitespace around ``,`` and ``:``
+        (XGrammar's ``separators``, e.g. ``(", ", ": ")``).
       max_whitespace: indentation bound of the bounded mode.
-      max_recursion: how many times a recursive ``$ref`` is unrolled on one path.
-      any_depth: container nesting allowed inside values of unconstrained schemas (``{}``/``true``).
+      property_order: ``"any"`` (default: properties in any order, each at most once, the JSON
+        Schema meaning) or ``"schema"`` (the order of ``properties``, as llguidance/XGrammar).
+      max_order_states: estimated NFA states an object may take for any order (tracking which
+        declared properties were written costs up to ``2**(n-1)`` copies of the values); larger
+        objects keep schema order.
+      open_objects: what an absent ``additionalProperties`` means: ``False`` (default) closed, as
+        XGrammar and llama.cpp; ``True`` open (the JSON Schema meaning).
+      unknown_formats: ``"ignore"`` (default: a ``format`` outside JSON Schema's list is an
+        annotation, as validators treat it) or ``"error"``.
+      max_depth: stack frames of a recursive schema: each nested ``$ref`` on a cycle, and each
+        container inside a generic value (``{}``/``true``; an outermost container that ends the
+        document is a tail call and takes none), takes one. The default limit of the compiled
+        tables, changeable per row on the device.
 
     Raises:
-      GrammarError: unsupported keyword or invalid schema (the message names keyword and location).
+      GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
+      ValueError: an invalid option.
     """
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)
-    return _Compiler(schema, whitespace, max_whitespace, max_recursion, any_depth).compile(schema)
+    opts = dict(whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
+                max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
+                open_objects=open_objects, unknown_formats=unknown_formats, max_depth=max_depth)  # fmt: skip
+    c = _Compiler(schema, opts)
+    return c.grammar(c.compile(schema))

@@ -108,15 +108,18 @@ def _gather(start: np.ndarray, edge: np.ndarray, targets: np.ndarray) -> tuple[n
     return edge[np.repeat(lo - offsets, count) + np.arange(total)], which
 
 
-def trim(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+def trim(
+    delta: np.ndarray, accept: np.ndarray, start: int, reachable: bool = False
+) -> tuple[np.ndarray, np.ndarray, int] | None:
     """Keeps states reachable from ``start`` that can reach acceptance; renumbers (0 = dead, 1 = start).
 
+    ``reachable``: every state is known to be reachable (a subset construction's output).
     Returns ``None`` when ``start`` cannot reach an accepting state (the language is empty).
     """
     s_count, k = delta.shape
-    fwd = np.zeros(s_count, bool)
+    fwd = np.full(s_count, reachable)
     fwd[start] = True
-    frontier = np.array([start])
+    frontier = np.array([] if reachable else [start], np.int64)
     while frontier.size:
         nxt = np.unique(delta[frontier])
         nxt = nxt[~fwd[nxt]]
@@ -201,6 +204,11 @@ def minimise(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndar
       ``(delta, accept, start)`` of the minimal DFA, numbered 0 = dead, 1 = start, the other
       blocks in order of their first state.
     """
+    return _renumber(np.asarray(delta, np.int64), accept, start, partition(delta, accept))
+
+
+def partition(delta: np.ndarray, accept: np.ndarray) -> np.ndarray:
+    """``int64[S]``: the coarsest stable partition (Myhill-Nerode blocks) of a trimmed table's states."""
     s_count, k = delta.shape
     delta = np.asarray(delta, np.int64)
     mult = _weights(k)
@@ -228,8 +236,8 @@ def minimise(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndar
     rep = np.zeros(n_blocks, np.int64)
     rep[block] = np.arange(s_count)
     if not np.array_equal(block[delta], block[delta[rep[block]]]):  # pragma: no cover - hash collision
-        return _moore(delta, accept, start)
-    return _renumber(delta, accept, start, block)
+        return _moore_blocks(delta, accept)
+    return block
 
 
 def _renumber(delta, accept, start, block):
@@ -244,7 +252,12 @@ def _renumber(delta, accept, start, block):
     return renum[block[delta[first[order]]]].astype(np.int32), accept[first[order]], 1
 
 
-def _moore(delta, accept, start):  # pragma: no cover - only after a 64-bit hash collision
+def _moore(delta, accept, start):
+    """Plain Moore rounds (the reference the incremental refinement is tested against)."""
+    return _renumber(np.asarray(delta, np.int64), accept, start, _moore_blocks(delta, accept))
+
+
+def _moore_blocks(delta, accept):
     block = np.where(accept, 2, 1)
     block[0] = 0
     while True:
@@ -253,4 +266,4 @@ def _moore(delta, accept, start):  # pragma: no cover - only after a 64-bit hash
         if len(np.unique(nb)) == len(np.unique(block)):
             break
         block = nb
-    return _renumber(delta, accept, start, np.unique(block, return_inverse=True)[1].reshape(-1))
+    return np.unique(block, return_inverse=True)[1].reshape(-1)

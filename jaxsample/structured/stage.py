@@ -9,9 +9,10 @@ The stage ``stages.grammar(name="grammar")`` reads two sampler parameters:
 * ``f"{name}_grammar"``: ``int32[B]`` the grammar of each row (an index into the tables), ``-1``
   for an unconstrained row (its logits pass through untouched).
 
-Its state is only the automaton state of each row (``int32[B]``, chain convention: finished rows
-freeze, beams reorder), set to the row's start state by ``Sampler.init``. Build both parameters
-with :func:`grammar_params`::
+Its state is a :class:`~jaxsample.structured.tables.GrammarState` per row (the automaton state,
+and the stack and depth of recursive grammars; every leaf has the batch as leading axes, so the
+chain conventions hold: finished rows freeze, beams reorder), set to the row's start state by
+``Sampler.init``. Build both parameters with :func:`grammar_params`::
 
     sampler = chain(stages.grammar(), stages.temperature(0.7), select=stages.categorical())
     params = sampler.params((B,), seed=seeds, **structured.grammar_params([g_json, g_regex, None, g_json]))
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -35,12 +37,19 @@ from jaxsample import _validate
 from jaxsample._types import Array
 from jaxsample.chain import InitInfo, Param, Params, Sampler, SamplerState, Stage
 from jaxsample.structured import tables as _tables
+from jaxsample.structured.grammar_cache import same_grammar
 from jaxsample.structured.tokens import TokenGrammar
 
 
 def param_names(name: str = "grammar") -> tuple[str, str]:
     """``(tables, grammar ids)`` parameter names of the grammar stage ``name``."""
     return f"{name}_tables", f"{name}_grammar"
+
+
+def _rows(state: _tables.GrammarState, shape: tuple) -> _tables.GrammarState:
+    """Leaves reshaped from one batch shape to another (the stack keeps its trailing axis)."""
+    n = state.state.ndim
+    return jax.tree.map(lambda a: a.reshape(shape + a.shape[n:]), state)
 
 
 def grammar_stage(*, name: str = "grammar") -> Stage:
@@ -61,22 +70,25 @@ def grammar_stage(*, name: str = "grammar") -> Stage:
                     f"({n} grammars); build both with structured.grammar_params"
                 )
         if t is None:
-            return jnp.zeros(info.batch_shape, jnp.int32)
-        return _tables.initial_state(t, ids).reshape(info.batch_shape)
+            zero = jnp.zeros(info.batch_shape, jnp.int32)
+            return _tables.GrammarState(zero, jnp.zeros(info.batch_shape + (0,), jnp.int32), zero)
+        return _rows(_tables.initial_state(t, ids), info.batch_shape)
 
     def update(logits, state, params, info):
         t, ids = bound(params)
         if t is None:
             return logits, state
         x = logits.reshape((ids.shape[0], logits.shape[-1]))
-        out = lax.cond(jnp.any(ids >= 0), lambda: _tables.mask(x, t, ids, state.reshape(-1)), lambda: x)
+        flat = _rows(state, (ids.shape[0],))
+        out = lax.cond(jnp.any(ids >= 0), lambda: _tables.mask(x, t, ids, flat), lambda: x)
         return out.reshape(logits.shape), state
 
     def accept(tokens, state, params, info):
         t, ids = bound(params)
         if t is None:
             return state
-        return _tables.advance(t, ids, state.reshape(-1), tokens.reshape(-1)).reshape(state.shape)
+        new = _tables.advance(t, ids, _rows(state, (ids.shape[0],)), tokens.reshape(-1))
+        return _rows(new, state.state.shape)
 
     specs = (Param(tables_key, None, shared=True), Param(ids_key, -1, jnp.int32, lo=-1))
     return Stage(name=name, update=update, params=specs, init=init, accept=accept)
@@ -91,14 +103,20 @@ def grammar_params(
     num_states: int | None = None,
     num_classes: int | None = None,
     num_masks: int | None = None,
+    max_depth: int | None = None,
+    num_depth: int | None = None,
+    num_returns: int | None = None,
+    num_pop_tokens: int | None = None,
 ) -> dict:
     """Sampler parameter values binding one grammar (or ``None``: unconstrained) to each row.
 
     Merge the result into ``sampler.params(...)`` keywords or ``generate(..., sampler_params=...)``.
-    Identical grammar objects are stacked (and uploaded) once; the stack is padded to buckets (see
+    Equal grammars (by content: :func:`~jaxsample.structured.grammar_cache.same_grammar`, not only
+    the same object) are stacked (and uploaded) once; the stack is padded to buckets (see
     :func:`~jaxsample.structured.tables.stack`), so grammars of similar size give the same shapes
     and never recompile the decode loop. Pin the buckets (``num_grammars=``, ``num_states=``, ...)
-    to serve any mix of schemas with one compilation.
+    to serve any mix of schemas with one compilation. ``max_depth`` overrides the stack limit of
+    recursive grammars (traced); ``num_depth``, ``num_returns``, ``num_pop_tokens`` pin their buckets.
 
     Args:
       grammars: one entry per row, row-major over ``batch_shape``.
@@ -122,7 +140,7 @@ def grammar_params(
         if g is None:
             ids.append(-1)
             continue
-        j = next((i for i, u in enumerate(uniq) if u is g), None)
+        j = next((i for i, u in enumerate(uniq) if same_grammar(u, g)), None)
         if j is None:
             uniq.append(g)
             j = len(uniq) - 1
@@ -131,8 +149,9 @@ def grammar_params(
     tables = None
     if uniq:
         tables = _tables.stack(
-            uniq, num_grammars=num_grammars, num_states=num_states, num_classes=num_classes, num_masks=num_masks
-        )
+            uniq, num_grammars=num_grammars, num_states=num_states, num_classes=num_classes, num_masks=num_masks,
+            max_depth=max_depth, num_depth=num_depth, num_returns=num_returns, num_pop_tokens=num_pop_tokens,
+        )  # fmt: skip
     return {tables_key: tables, ids_key: np.asarray(ids, np.int32).reshape(batch_shape)}
 
 
@@ -142,7 +161,10 @@ def _stage_state(sampler: Sampler, state: SamplerState, params: Params, name: st
         raise ValueError(f"the sampler has no stage named {name!r} (stages: {names}); add stages.grammar()")
     tables_key, ids_key = param_names(name)
     s = state.stages[names.index(name)]
-    return params[tables_key], jnp.asarray(params[ids_key], jnp.int32), s
+    armed = getattr(s, "armed", None)  # a lazy grammar (structured.triggers) awaiting its trigger constrains nothing
+    if armed is not None:
+        s = s.grammar
+    return params[tables_key], jnp.asarray(params[ids_key], jnp.int32), s, armed
 
 
 def forced_tokens(sampler: Sampler, state: SamplerState, params: Params, *, name: str = "grammar") -> Array:
@@ -154,10 +176,11 @@ def forced_tokens(sampler: Sampler, state: SamplerState, params: Params, *, name
     Raises:
       ValueError: if the sampler has no stage ``name``.
     """
-    t, ids, s = _stage_state(sampler, state, params, name)
+    t, ids, s, armed = _stage_state(sampler, state, params, name)
     if t is None:
-        return jnp.full(s.shape, -1, jnp.int32)
-    return _tables.forced_token(t, ids.reshape(-1), s.reshape(-1)).reshape(s.shape)
+        return jnp.full(s.state.shape, -1, jnp.int32)
+    forced = _tables.forced_token(t, ids.reshape(-1), _rows(s, (ids.size,))).reshape(s.state.shape)
+    return forced if armed is None else jnp.where(armed, forced, -1)
 
 
 def is_dead(sampler: Sampler, state: SamplerState, params: Params, *, name: str = "grammar") -> Array:
@@ -166,7 +189,8 @@ def is_dead(sampler: Sampler, state: SamplerState, params: Params, *, name: str 
     Raises:
       ValueError: if the sampler has no stage ``name``.
     """
-    t, ids, s = _stage_state(sampler, state, params, name)
+    t, ids, s, armed = _stage_state(sampler, state, params, name)
     if t is None:
-        return jnp.zeros(s.shape, bool)
-    return (ids.reshape(s.shape) >= 0) & (s == 0)
+        return jnp.zeros(s.state.shape, bool)
+    dead = (ids.reshape(s.state.shape) >= 0) & (s.state == 0)
+    return dead if armed is None else dead & armed

@@ -37,6 +37,39 @@ from jaxsample.structured.minimise import mix64, minimise, trim, unique_rows
 from jaxsample.structured.vocab import Vocabulary
 
 
+class PushdownTables(NamedTuple):
+    """The stack part of a recursive grammar's tables (host numpy arrays; built by :mod:`~jaxsample.structured.effects`).
+
+    Values of ``TokenGrammar.next`` from ``num_states`` on are *effects* ``effect[v - num_states]``;
+    classes from the first rest class on are the remainders of tokens that return (no token has them).
+
+    Attributes:
+      effect: ``int32[E, 4 + P]`` per effect: target state (``-1``: the token returns from the
+        current rule), the class the token's remaining bytes continue with in the popped state
+        (``-1``: the token's own class), the number of pushed return states, the stack room the
+        result needs, then the pushed states (outermost first).
+      need: ``int32[S]`` stack room needed to finish the current rule from each state.
+      room_mask_id: ``int32[S, R]`` bitmask of the tokens whose effect does not depend on the stack,
+        per stack room ``min(limit - depth, R - 1)``.
+      pop_start, pop_count: ``int32[S]``, pop_token: ``int32[T]``: per state, the tokens that return
+        and go on in the caller (their validity depends on the stack):
+        ``pop_token[pop_start[s]:pop_start[s] + pop_count[s]]`` (states with equal lists share one).
+      bottom: the state below every stack (only EOS).
+      max_depth: default stack limit.
+      max_pops: the most frames one token returns from.
+    """
+
+    effect: np.ndarray
+    need: np.ndarray
+    room_mask_id: np.ndarray
+    pop_start: np.ndarray
+    pop_count: np.ndarray
+    pop_token: np.ndarray
+    bottom: int
+    max_depth: int
+    max_pops: int
+
+
 class TokenGrammar(NamedTuple):
     """A compiled constraint for one vocabulary (host numpy arrays).
 
@@ -49,6 +82,9 @@ class TokenGrammar(NamedTuple):
       mask_id: ``int32[S]`` index of the state's allowed-token bitmask in ``masks``.
       masks: ``uint32[U, ceil(V/32)]`` the distinct allowed-token bitmasks (bit ``j`` of word ``i``
         is token ``32*i+j``, the XGrammar/llguidance layout); ``U`` is usually far below ``S``.
+      pushdown: the stack part of a recursive grammar (``None`` for a regular one). Its rows need a
+        stack: step them with :class:`~jaxsample.structured.matcher.Matcher` or on the device.
+      eos_ids: the vocabulary's EOS ids (the class that loops in accepting states).
     """
 
     next: np.ndarray
@@ -58,6 +94,8 @@ class TokenGrammar(NamedTuple):
     start: int
     mask_id: np.ndarray
     masks: np.ndarray
+    pushdown: PushdownTables | None = None
+    eos_ids: tuple = ()
 
     @property
     def num_states(self) -> int:
@@ -67,16 +105,22 @@ class TokenGrammar(NamedTuple):
     def num_classes(self) -> int:
         return int(self.next.shape[1])
 
+    def _regular(self):
+        if self.pushdown is not None:
+            raise ValueError("a recursive grammar's state includes a stack: use structured.Matcher")
+
     def allowed(self, state: int) -> np.ndarray:
-        """``bool[V]``: tokens allowed in ``state`` (EOS ids only if accepting)."""
+        """``bool[V]``: tokens allowed in ``state`` (EOS ids only if accepting); regular grammars."""
+        self._regular()
         return self.next[state][self.class_of] != 0
 
     def advance(self, state: int, token: int) -> int:
-        """State after ``token`` (0 if the token was not allowed)."""
+        """State after ``token`` (0 if the token was not allowed); regular grammars."""
+        self._regular()
         return int(self.next[state, self.class_of[token]])
 
     def walk(self, tokens) -> int:
-        """State after a token sequence from the start (0 = left the language)."""
+        """State after a token sequence from the start (0 = left the language); regular grammars."""
         s = self.start
         for t in tokens:
             s = self.advance(s, int(t))
@@ -108,15 +152,14 @@ def _group_columns(s, u, t, n_columns: int, n_states: int):
     raise RuntimeError("token column hashing failed repeatedly")  # pragma: no cover
 
 
-def _classes(delta: np.ndarray, byte_class: np.ndarray, index: trie.VocabIndex, p: walk.Plan):
+def _classes(w: walk.Walk, n_states: int, index: trie.VocabIndex, p: walk.Plan):
     """Token-string classes and their columns: ``(class per string or -1 if dead everywhere, int32[S, C])``.
 
     A string's results come from its own entries and from its quotient terminal in each quotient
     walk; its class key is the tuple of the (exact) column classes of these parts, and a class
     column is the sum of the part columns (for every state at most one part is non-zero).
     """
-    n_states, n_strings = delta.shape[0], len(index.strings)
-    w = walk.walk(delta, byte_class, index, p)
+    n_strings = len(index.strings)
     parts = [(_group_columns(*w.fine, n_strings, n_states), None)]
     for m, entries in zip(p.modes, w.coarse):
         parts.append((_group_columns(*entries, m.quotient.num_terminals, n_states), m.quotient.string_terminal))
@@ -148,7 +191,7 @@ def build(dfa: ByteDFA, vocab: Vocabulary) -> TokenGrammar:
     index = trie.vocab_index(vocab)
     n_states = dfa.num_states
     plan = walk.plan(dfa.delta, dfa.byte_class, index)
-    string_class, cols = _classes(dfa.delta, dfa.byte_class, index, plan)
+    string_class, cols = _classes(walk.walk(dfa.delta, dfa.byte_class, index, plan), n_states, index, plan)
     eos_col = np.where(dfa.accept, np.arange(n_states), 0).astype(np.int32)
     table = np.concatenate([np.zeros((n_states, 1), np.int32), eos_col[:, None], cols], axis=1)
     accept, start = dfa.accept, dfa.start
@@ -167,7 +210,7 @@ def build(dfa: ByteDFA, vocab: Vocabulary) -> TokenGrammar:
     class_of[list(vocab.eos_ids)] = col_class[1]
     mask_id, patterns = _patterns(nxt)
     forced = _forced(patterns, class_of)[mask_id]
-    return TokenGrammar(nxt, class_of, accept, forced, start, mask_id, _pack(patterns, class_of))
+    return TokenGrammar(nxt, class_of, accept, forced, start, mask_id, _pack(patterns, class_of), None, tuple(vocab.eos_ids))
 
 
 def _patterns(nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

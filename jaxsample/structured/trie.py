@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxsample.structured.minimise import unique_rows
+
 #: Quotient tries kept per vocabulary (each costs a few MiB at V=128k).
 MAX_QUOTIENTS = 32
 
@@ -51,6 +53,67 @@ class Trie(NamedTuple):
         return int(self.label.shape[0])
 
 
+class Chains(NamedTuple):
+    """The unary paths of a trie: below a node with one child, down to the first node that branches or ends.
+
+    A walker whose state loops on every label of such a path (inside a string body, say, on a long
+    run of punctuation) can jump to its end at once, ending every token on the way in its state.
+
+    Attributes:
+      end: ``int32[N]`` last node of the path below each node (the node itself when it has no path).
+      mask: ``uint64[N, W]`` the labels on the path, one bit each.
+      hit_lo, hit_hi: ``int64[N]``: the tokens ending on the path are ``term_node[hit_lo:hit_hi]``.
+      term_node: ``int32[T]`` the terminal nodes in pre-order (a subtrie's terminals are contiguous).
+    """
+
+    end: np.ndarray
+    mask: np.ndarray
+    hit_lo: np.ndarray
+    hit_hi: np.ndarray
+    term_node: np.ndarray
+
+
+def chains(t: Trie, alphabet: int, from_depth: int = 0) -> Chains:
+    """:class:`Chains` of a trie over ``alphabet`` labels; paths start at depth ``from_depth`` or deeper."""
+    n = t.size
+    parent = np.full(n, -1, np.int64)
+    parent[1:] = np.repeat(np.arange(n), t.count)
+    ds = t.depth_start
+    size = np.ones(n, np.int64)
+    for d in range(ds.size - 2, 0, -1):  # subtrie sizes, deepest level first
+        a, b = int(ds[d]), int(ds[d + 1])
+        np.add.at(size, parent[a:b], size[a:b])
+    rank = np.zeros(n, np.int64)  # pre-order rank: first child after its parent, then siblings by size
+    for d in range(1, ds.size - 1):
+        a, b = int(ds[d]), int(ds[d + 1])
+        before = np.cumsum(size[a:b]) - size[a:b]  # sizes of the earlier nodes of the level
+        rank[a:b] = rank[parent[a:b]] + 1 + before - before[t.first[parent[a:b]] - a]
+    words = -(-alphabet // 64)
+    end = np.arange(n, dtype=np.int64)
+    mask = np.zeros((n, words), np.uint64)
+    unary = t.count == 1
+    for d in range(ds.size - 2, -1, -1):  # deepest level first: a path continues through its child's
+        a, b = int(ds[d]), int(ds[d + 1])
+        nodes = np.arange(a, b)[unary[a:b] & (d >= from_depth)]
+        if nodes.size == 0:
+            continue
+        child = t.first[nodes].astype(np.int64)
+        through = unary[child]
+        end[nodes] = np.where(through, end[child], child)
+        lab = t.label[child].astype(np.int64)
+        bit = np.zeros((nodes.size, words), np.uint64)
+        bit[np.arange(nodes.size), lab // 64] = np.uint64(1) << (lab % 64).astype(np.uint64)
+        mask[nodes] = bit | np.where(through[:, None], mask[child], np.uint64(0))
+    term_node = np.flatnonzero(t.term >= 0)
+    term_node = term_node[np.argsort(rank[term_node], kind="stable")]
+    t_rank = rank[term_node]
+    has = end != np.arange(n)
+    child = np.where(has, t.first, 0).astype(np.int64)
+    hit_lo = np.where(has, np.searchsorted(t_rank, rank[child]), 0)
+    hit_hi = np.where(has, np.searchsorted(t_rank, rank[end] + 1), 0)
+    return Chains(end.astype(np.int32), mask, hit_lo, hit_hi, term_node.astype(np.int32))
+
+
 class Quotient(NamedTuple):
     """The trie of a vocabulary under a byte partition (see the module docstring).
 
@@ -69,6 +132,7 @@ class Quotient(NamedTuple):
       members: ``int32[N_bytes]`` byte-trie nodes grouped by quotient node.
       terminal: ``int32[N]`` index of each terminal quotient node among the terminal ones, ``-1`` elsewhere.
       string_terminal: ``int32[U]`` terminal index of the quotient node where each string ends.
+      chains: the quotient trie's :class:`Chains` (below ``exact_depth``, over blocks).
     """
 
     trie: Trie
@@ -80,6 +144,7 @@ class Quotient(NamedTuple):
     members: np.ndarray
     terminal: np.ndarray
     string_terminal: np.ndarray
+    chains: Chains
 
     @property
     def num_terminals(self) -> int:
@@ -132,6 +197,55 @@ class VocabIndex:
         t = self.trie
         self._parent = np.full(t.size, -1, np.int32)
         self._parent[1:] = np.repeat(np.arange(t.size, dtype=np.int32), t.count)
+
+    @functools.cached_property
+    def chains(self) -> Chains:
+        """The byte trie's :class:`Chains` (built on first use)."""
+        return chains(self.trie, 256)
+
+    @functools.cached_property
+    def suffixes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(flat, offset, suffix, first)``: the strings' bytes concatenated (``strings[u]`` starts at
+        ``offset[u]``); the suffix of ``strings[u]`` from byte ``k`` has id ``suffix[offset[u] + k]``
+        (equal suffixes share an id: hashed from the right, verified byte by byte); ``first[i]`` is
+        the position of suffix ``i``'s first occurrence. Built on first use (recursive grammars)."""
+        flat = np.frombuffer(b"".join(self.strings), np.uint8).astype(np.int64)
+        offset = np.cumsum(self.lengths) - self.lengths
+        owner = np.repeat(np.arange(len(self.strings)), self.lengths)
+        rem = (offset + self.lengths)[owner] - np.arange(flat.size)  # bytes from each position to its end
+        h1, h2 = np.zeros(flat.size + 1, np.uint64), np.zeros(flat.size + 1, np.uint64)
+        nxt = np.where(rem > 1, np.arange(flat.size) + 1, flat.size)  # the next position, or the zero at the end
+        order = np.argsort(rem, kind="stable")
+        bounds = np.searchsorted(rem[order], np.arange(1, int(rem.max(initial=0)) + 2))
+        for r in range(bounds.size - 1):  # shortest suffixes first
+            at = order[bounds[r] : bounds[r + 1]]
+            b = (flat[at] + 1).astype(np.uint64)
+            h1[at] = b + np.uint64(0x100000001B3) * h1[nxt[at]]
+            h2[at] = b ^ (np.uint64(0x9E3779B97F4A7C15) * h2[nxt[at]] + np.uint64(0x632BE59BD9B4E019))
+        key = np.stack([h1[:-1].view(np.int64), h2[:-1].view(np.int64), rem], axis=1)
+        first, suffix = unique_rows(key) if flat.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        rep = first[suffix]
+        for j in range(int(rem.max(initial=0))):  # verify: every suffix equals its first occurrence
+            live = rem > j
+            if not np.array_equal(flat[(np.arange(flat.size) + j)[live]], flat[(rep + j)[live]]):
+                raise RuntimeError("suffix hashing collided")  # pragma: no cover
+        return flat, offset, suffix, first
+
+    @functools.cached_property
+    def subtree(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(lo, hi, depth)`` per byte-trie node: the strings below it are ``strings[lo:hi]`` (sorted
+        strings make them contiguous); ``depth`` is the node's length in bytes."""
+        t = self.trie
+        big = len(self.strings)
+        lo = np.where(t.term >= 0, t.term, big).astype(np.int64)
+        hi = np.where(t.term >= 0, t.term + 1, 0).astype(np.int64)
+        ds = t.depth_start
+        for d in range(ds.size - 2, 0, -1):  # deepest level first
+            a, b = int(ds[d]), int(ds[d + 1])
+            np.minimum.at(lo, self._parent[a:b], lo[a:b])
+            np.maximum.at(hi, self._parent[a:b], hi[a:b])
+        depth = np.repeat(np.arange(ds.size - 1), np.diff(ds))
+        return lo, hi, depth
 
     def quotient(self, blocks: np.ndarray, exact_depth: int = 0) -> Quotient:
         """The quotient trie under the byte partition ``blocks`` (``int[256]`` block ids), cached."""
@@ -218,8 +332,9 @@ def _quotient(index: VocabIndex, blocks: np.ndarray, exact_depth: int) -> Quotie
     members_start = np.searchsorted(of_byte[order], np.arange(label.size + 1))
     representative = np.zeros(nb, np.int32)
     representative[blocks[::-1]] = np.arange(255, -1, -1, dtype=np.int32)
+    qt = _make_trie(label, parent, terminal, depth_start, 256 if exact_depth else nb)
     return Quotient(
-        trie=_make_trie(label, parent, terminal, depth_start, 256 if exact_depth else nb),
+        trie=qt,
         exact_depth=exact_depth,
         blocks=blocks.astype(np.int32),
         representative=representative,
@@ -228,6 +343,7 @@ def _quotient(index: VocabIndex, blocks: np.ndarray, exact_depth: int) -> Quotie
         members=order,
         terminal=terminal,
         string_terminal=terminal[of_byte[index.end]],
+        chains=chains(qt, nb, exact_depth + 1),
     )
 
 

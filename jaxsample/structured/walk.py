@@ -73,11 +73,14 @@ class Walk(NamedTuple):
 
     A token of a quotient terminal ends in ``state`` from ``origin`` for every token string ending
     at the terminal; a string is either covered by a terminal entry or by its own entries, never
-    both, for a given origin.
+    both, for a given origin. ``marks = (origin, node, marker)``: walkers stopped by a marker
+    transition (see :func:`walk`) on the edge into byte-trie ``node``; the tokens below that node
+    have no other entry for that origin.
     """
 
     fine: tuple[np.ndarray, np.ndarray, np.ndarray]
     coarse: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
+    marks: tuple[np.ndarray, np.ndarray, np.ndarray] = (np.zeros(0, np.int64),) * 3
 
 
 def _blocks(sig: np.ndarray) -> np.ndarray:
@@ -116,7 +119,7 @@ def _survival(delta: np.ndarray, class_weight: np.ndarray) -> np.ndarray:
     return np.stack(out)
 
 
-def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> Plan:
+def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, marker_from: int | None = None) -> Plan:
     """Chooses the walk of every state.
 
     A state expected to keep a large part of the trie alive (string bodies, free-text patterns)
@@ -131,11 +134,13 @@ def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> Plan:
       delta: ``int32[S, K]`` transitions per byte class, state 0 dead.
       byte_class: ``int[256]`` class of each byte.
       index: the vocabulary's tries.
+      marker_from: values ``>= marker_from`` in ``delta`` are markers (they end a walk).
     """
     s_count, k = delta.shape
     mode = np.zeros(s_count, np.int32)
     class_weight = np.bincount(byte_class, weights=index.byte_weight, minlength=k)
-    surv = _survival(delta, class_weight)
+    plain = delta if marker_from is None else np.where(delta >= marker_from, 0, delta)
+    surv = _survival(plain, class_weight)
     t = index.trie
     per_depth = np.diff(t.depth_start)[1:].astype(np.float64)  # nodes at depth 1, 2, ...
     d = min(SURVIVAL_DEPTH, per_depth.size)
@@ -144,7 +149,7 @@ def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> Plan:
     seeds = seeds[seeds != 0]
     if seeds.size == 0:
         return Plan(mode, (), expected)
-    targets = delta[seeds]  # [R, K]
+    targets = plain[seeds]  # [R, K]
     share = class_weight * surv[-2][targets]
     heavy = (share >= EDGE_SHARE * surv[-1][seeds][:, None]) & (targets != 0)
     # per seed: the partition on which all its heavy targets are constant (random linear signature)
@@ -158,7 +163,7 @@ def plan(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> Plan:
     lonely = ~heavy.any(axis=1)
     sig[lonely] = delta[seeds[lonely]]
     blocks = _blocks(np.take(sig, byte_class, axis=1))
-    own = np.take(targets, byte_class, axis=1)
+    own = np.take(delta[seeds], byte_class, axis=1)
     exact = ~(own == np.take_along_axis(own, blocks, axis=1)).all(axis=1)  # the seed splits a block
     first, inv = unique_rows(np.concatenate([blocks, exact[:, None]], 1))
     modes: list[Mode] = []
@@ -195,17 +200,45 @@ class _Forest(NamedTuple):
     width: int
     compatible: np.ndarray  # bool[P + 1, S], row 0 all True
     exact_depth: np.ndarray  # int[P + 1]
+    # unary paths (trie.Chains), node ids global: a walker whose state loops on a path's labels jumps
+    chain_end: np.ndarray  # int64[N]
+    hit_lo: np.ndarray  # int64[N]: tokens ending on the path are hit_nodes[hit_lo:hit_hi]
+    hit_hi: np.ndarray
+    hit_nodes: np.ndarray
+    byte_mask: np.ndarray  # uint64[N_bytes, 4] bytes on each byte-trie path
+    block_mask: np.ndarray  # uint64[N - N_bytes] blocks on each quotient path
+    byte_loop: np.ndarray  # uint64[S, 4] bytes each state loops on
+    block_loop: np.ndarray  # uint64[P + 1, S] blocks of quotient p each state loops on
 
 
-def _forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan) -> _Forest:
+def _loops(delta_cols: np.ndarray) -> np.ndarray:
+    """``uint64[S, W]`` bit ``j``: state ``s`` loops on column ``j`` of ``delta_cols [S, J]``."""
+    s_count, j = delta_cols.shape
+    loops = delta_cols == np.arange(s_count)[:, None]
+    loops[0] = False
+    padded = np.zeros((s_count, -(-j // 64) * 64), bool)
+    padded[:, :j] = loops
+    return np.packbits(padded, axis=1, bitorder="little").view("<u8").astype(np.uint64)
+
+
+_STRUCTURE_FIELDS = ("label", "first", "count", "term", "mode", "members_start", "members", "base", "width",
+                     "exact_depth", "chain_end", "hit_lo", "hit_hi", "hit_nodes", "byte_mask", "block_mask")  # fmt: skip
+_STRUCTURES: dict = {}  # (vocabulary index, quotients) -> the node arrays of their forest (the 4 most recent)
+
+
+def _structure(index: VocabIndex, quotients: tuple) -> dict:
+    """The node arrays of the forest of the byte trie and ``quotients``: they depend on the vocabulary
+    and the partitions only, so they are built once and shared by every grammar using them."""
+    key = (id(index), tuple(id(q) for q in quotients))
+    hit = _STRUCTURES.get(key)
+    if hit is not None and hit[0] is index and all(a is b for a, b in zip(hit[1], quotients)):
+        return hit[2]
     t = index.trie
     labels, firsts, counts, terms, modes = [t.label], [t.first], [t.count], [t.term], [np.zeros(t.size, np.int32)]
     mstart, members, base = [np.zeros(t.size, np.int64)], [], [0, t.size]
-    columns = [np.take(delta, byte_class, axis=1)]
     width = 256
     m_off = 0
-    for k, m in enumerate(p.modes, start=1):
-        q = m.quotient
+    for k, q in enumerate(quotients, start=1):
         qt = q.trie
         b = base[-1]
         lab = qt.label.astype(np.int64)
@@ -218,44 +251,88 @@ def _forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Pla
         mstart.append(q.members_start[:-1] + m_off)
         members.append(q.members)
         m_off += q.members.size
-        columns.append(np.take(delta, byte_class[q.representative], axis=1))
         width += q.representative.size
         base.append(b + qt.size)
     mstart.append(np.array([m_off]))
+    ch = [index.chains] + [q.chains for q in quotients]
+    hit_off = np.cumsum([0] + [c.term_node.size for c in ch])
+    out = dict(
+        label=np.concatenate(labels).astype(np.int64), first=np.concatenate(firsts), count=np.concatenate(counts),
+        term=np.concatenate(terms), mode=np.concatenate(modes), members_start=np.concatenate(mstart),
+        members=np.concatenate(members) if members else np.zeros(0, np.int32), base=np.asarray(base), width=width,
+        exact_depth=np.array([0] + [q.exact_depth for q in quotients]),
+        chain_end=np.concatenate([c.end.astype(np.int64) + b for c, b in zip(ch, base)]),
+        hit_lo=np.concatenate([c.hit_lo + o for c, o in zip(ch, hit_off)]),
+        hit_hi=np.concatenate([c.hit_hi + o for c, o in zip(ch, hit_off)]),
+        hit_nodes=np.concatenate([c.term_node.astype(np.int64) + b for c, b in zip(ch, base)]),
+        byte_mask=ch[0].mask, block_mask=np.concatenate([c.mask[:, 0] for c in ch[1:]] or [np.zeros(0, np.uint64)]),
+    )  # fmt: skip
+    if len(_STRUCTURES) >= 4:
+        _STRUCTURES.pop(next(iter(_STRUCTURES)))
+    _STRUCTURES[key] = (index, quotients, out)
+    return out
+
+
+def _forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan) -> _Forest:
+    quotients = tuple(m.quotient for m in p.modes)
+    st = _structure(index, quotients)
+    columns = [np.take(delta, byte_class, axis=1)] + [np.take(delta, byte_class[q.representative], axis=1) for q in quotients]
     compatible = np.stack([np.ones(delta.shape[0], bool)] + [m.compatible for m in p.modes])
-    exact = np.array([0] + [m.quotient.exact_depth for m in p.modes])
+    block_loop = np.zeros((len(quotients) + 1, delta.shape[0]), np.uint64)
+    for k, c in enumerate(columns[1:], start=1):
+        block_loop[k] = _loops(c)[:, 0]
     return _Forest(
-        np.concatenate(labels).astype(np.int64), np.concatenate(firsts), np.concatenate(counts),
-        np.concatenate(terms), np.concatenate(modes), np.concatenate(mstart),
-        np.concatenate(members) if members else np.zeros(0, np.int32), np.asarray(base),
-        np.ascontiguousarray(np.concatenate(columns, axis=1)).ravel(), width, compatible, exact,
+        **{k: st[k] for k in _STRUCTURE_FIELDS},
+        delta=np.ascontiguousarray(np.concatenate(columns, axis=1)).ravel(), compatible=compatible,
+        byte_loop=_loops(columns[0]), block_loop=block_loop,
     )  # fmt: skip
 
 
-def _estimate(delta: np.ndarray, byte_class: np.ndarray, p: Plan) -> np.ndarray:
+def _estimate(delta: np.ndarray, byte_class: np.ndarray, p: Plan, marker_from: int | None = None) -> np.ndarray:
     """Pairs each origin is expected to walk: the survival estimate on the byte trie, and on a
     quotient the sizes of the subtries its live first letters open (small tries: a safe bound)."""
     est = p.expected.copy()
     for k, m in enumerate(p.modes, start=1):
         rows = np.flatnonzero(p.mode == k)
-        live = np.take(delta[rows], byte_class, axis=1) != 0
+        live = np.take(delta[rows], byte_class, axis=1) != 0  # (markers count as live: a bound)
         first = live if m.quotient.exact_depth else np.take(live, m.quotient.representative, axis=1)
         est[rows] = first.astype(np.int64) @ m.quotient.trie.root_weight[: first.shape[1]]
     return est
 
 
-def walk(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan) -> Walk:
-    """Where the tokens end from every state (see :class:`Walk`); origins are batched to bound memory."""
+def walk(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan, marker_from: int | None = None) -> Walk:
+    """Where the tokens end from every state (see :class:`Walk`); origins are batched to bound memory.
+
+    With ``marker_from``, a transition to a value ``>= marker_from`` stops the walker and is
+    reported in ``Walk.marks`` (pushdown grammars: calls and returns, resolved by the caller).
+    """
     forest = _forest(delta, byte_class, index, p)
     origins = np.arange(1, delta.shape[0], dtype=np.int64)
-    batch = (np.cumsum(_estimate(delta, byte_class, p)[origins]) // PAIR_BUDGET).astype(np.int64)
-    hits = [_walk(forest, p, origins[batch == b]) for b in np.unique(batch)]
-    o, n, q = (np.concatenate([h[i] for h in hits]) for i in range(3))
+    batch = (np.cumsum(_estimate(delta, byte_class, p, marker_from)[origins]) // PAIR_BUDGET).astype(np.int64)
+    hits = [_walk(forest, p, origins[batch == b], marker_from) for b in np.unique(batch)]
+    o, n, q = (np.concatenate([h[0][i] for h in hits]) for i in range(3))
     parts = []
     for k in range(len(p.modes) + 1):
         sel = (n >= forest.base[k]) & (n < forest.base[k + 1])
         parts.append((o[sel], forest.term[n[sel]], q[sel]))
-    return Walk(parts[0], tuple(parts[1:]))
+    marks = tuple(np.concatenate([h[1][i] for h in hits]) for i in range(3))
+    return Walk(parts[0], tuple(parts[1:]), marks)
+
+
+def forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> "_Forest":
+    """The byte trie of ``index`` with ``delta``'s transitions, for :func:`walk_from`."""
+    return _forest(delta, byte_class, index, Plan(np.zeros(delta.shape[0], np.int32), (), np.zeros(delta.shape[0])))
+
+
+def walk_from(f: "_Forest", states: np.ndarray, nodes: np.ndarray, origins: np.ndarray, marker_from: int):
+    """Walks the byte trie below ``nodes`` from ``states`` (the bytes of the nodes already read).
+
+    Returns ``(hits, marks)``: ``hits = (origin, string, state)`` for the tokens ending at or below
+    the start nodes, ``marks`` as :attr:`Walk.marks`.
+    """
+    p = Plan(np.zeros(int(np.max(states, initial=0)) + 1, np.int32), (), np.zeros(0))
+    (o, n, q), marks = _walk(f, p, np.asarray(origins, np.int64), marker_from, states, nodes)
+    return (o, f.term[n], q), marks
 
 
 def _spans(ptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -292,17 +369,26 @@ def _regroup(parent, q, n, ptr, origin, n_fine: int):
     return q[order][start], n[order][start], np.concatenate([[0], np.cumsum(size)]), origin[pos]
 
 
-def _walk(f: _Forest, p: Plan, origins: np.ndarray):
-    """Breadth-first walk of the forest from ``origins``; ``(origin, node, state)`` of every token end.
+def _walk(f: _Forest, p: Plan, origins: np.ndarray, marker_from=None, states=None, nodes=None):
+    """Breadth-first walk of the forest from ``origins``: ``((origin, node, state) of every token end, marks)``.
 
-    Walkers that reach the same state at the same node continue as one (whitespace variants before
-    a string, say, share everything after their first byte); each keeps the list of its origins.
+    Walkers start at the root of each origin's trie in the origin's state, or at byte-trie
+    ``nodes`` in ``states`` (tokens ending at a start node count). Walkers that reach the same
+    state at the same node continue as one (whitespace variants before a string, say, share
+    everything after their first byte); each keeps the list of its origins. Transitions to a
+    marker (``>= marker_from``) stop the walker; they are reported on byte-trie nodes.
     """
-    n = f.base[p.mode[origins]].astype(np.int64)  # the root of each origin's trie
-    q = origins.astype(np.int64)
+    if nodes is None:
+        n = f.base[p.mode[origins]].astype(np.int64)  # the root of each origin's trie
+        q = origins.astype(np.int64)
+    else:
+        n, q = np.asarray(nodes, np.int64), np.asarray(states, np.int64)
     ptr, origin = np.arange(origins.size + 1), origins.astype(np.int64)
     n_fine = int(f.base[1])
-    out = []
+    out, marks = [], []
+    if nodes is not None:
+        hit = np.flatnonzero(f.term[n] >= 0)
+        out.append((origin[hit], n[hit], q[hit]))
     depth = 0
     while q.size:
         count = f.count[n]
@@ -313,7 +399,13 @@ def _walk(f: _Forest, p: Plan, origins: np.ndarray):
         child = np.repeat(f.first[n] - offsets, count) + np.arange(total)
         parent = np.repeat(np.arange(q.size), count)
         nxt = f.delta[np.repeat(q * f.width, count) + f.label[child]]
-        alive = np.flatnonzero(nxt != 0)
+        if marker_from is not None:
+            mk = np.flatnonzero(nxt >= marker_from)
+            if mk.size:
+                marks.append(_marks(f, ptr, origin, parent[mk], child[mk], nxt[mk], n_fine))
+            alive = np.flatnonzero((nxt != 0) & (nxt < marker_from))
+        else:
+            alive = np.flatnonzero(nxt != 0)
         q, n, ptr, origin = _regroup(parent[alive], nxt[alive], child[alive], ptr, origin, n_fine)
         hit = np.flatnonzero(f.term[n] >= 0)
         pos, length = _spans(ptr, hit)
@@ -324,7 +416,54 @@ def _walk(f: _Forest, p: Plan, origins: np.ndarray):
             bad = np.flatnonzero(~ok)
             members, length = _spans(f.members_start, n[bad])
             parent = np.concatenate([np.flatnonzero(ok), np.repeat(bad, length)])
-            nodes = np.concatenate([n[ok], f.members[members]])
-            q, n, ptr, origin = _regroup(parent, q[parent], nodes, ptr, origin, n_fine)
+            nodes_ = np.concatenate([n[ok], f.members[members]])
+            q, n, ptr, origin = _regroup(parent, q[parent], nodes_, ptr, origin, n_fine)
+        n = _jump(f, q, n, ptr, origin, out, n_fine)
         depth += 1
-    return tuple(np.concatenate([h[i] for h in out]) if out else np.zeros(0, np.int64) for i in range(3))
+    empty = np.zeros(0, np.int64)
+    res = tuple(np.concatenate([h[i] for h in out]) if out else empty for i in range(3))
+    return res, tuple(np.concatenate([m[i] for m in marks]) if marks else empty for i in range(3))
+
+
+def _jump(f: _Forest, q, n, ptr, origin, out: list, n_fine: int) -> np.ndarray:
+    """Moves walkers to the end of the unary path below their node when their state loops on all its
+    labels (recording the tokens ending on the way, in that state); returns the new nodes."""
+    cand = np.flatnonzero(f.chain_end[n] != n)
+    if cand.size == 0:
+        return n
+    nn, qq = n[cand], q[cand]
+    fine = nn < n_fine
+    ok = np.zeros(cand.size, bool)
+    if fine.any():
+        ok[fine] = ~(f.byte_mask[nn[fine]] & ~f.byte_loop[qq[fine]]).any(axis=1)
+    if not fine.all():
+        k = ~fine
+        ok[k] = (f.block_mask[nn[k] - n_fine] & ~f.block_loop[f.mode[nn[k]], qq[k]]) == 0
+    jump = cand[ok]
+    if jump.size == 0:
+        return n
+    lo, hi = f.hit_lo[n[jump]], f.hit_hi[n[jump]]
+    pos, length = _spans(ptr, jump)  # the origins of each jumping walker
+    w = np.repeat(np.arange(jump.size), length)
+    cnt = (hi - lo)[w]
+    offsets = np.cumsum(cnt) - cnt
+    nodes = f.hit_nodes[np.repeat(lo[w] - offsets, cnt) + np.arange(int(cnt.sum()))]
+    out.append((np.repeat(origin[pos], cnt), nodes, np.repeat(q[jump][w], cnt)))
+    n = n.copy()
+    n[jump] = f.chain_end[n[jump]]
+    return n
+
+
+def _marks(f: _Forest, ptr, origin, parent, child, marker, n_fine: int):
+    """``(origin, byte-trie node, marker)`` of walkers stopped on the edges ``parent -> child``."""
+    pos, length = _spans(ptr, parent)
+    node, mark = np.repeat(child, length), np.repeat(marker, length)
+    o = origin[pos]
+    quotient = np.flatnonzero(node >= n_fine)
+    if quotient.size:  # a quotient node stands for several byte-trie nodes
+        members, count = _spans(f.members_start, node[quotient])
+        fine = np.flatnonzero(node < n_fine)
+        o = np.concatenate([o[fine], np.repeat(o[quotient], count)])
+        mark = np.concatenate([mark[fine], np.repeat(mark[quotient], count)])
+        node = np.concatenate([node[fine], f.members[members]])
+    return o, node, mark

@@ -1,0 +1,434 @@
+"""Token tables of a recursive grammar: what each token does to a row's state and stack (host side).
+
+On a pushdown automaton (:mod:`~jaxsample.structured.pushdown`) a token's bytes, read from a
+state, end in one of two ways:
+
+* **stay**: the row ends in a state of the current rule (or of rules the token entered), with the
+  return states the token pushed (most tokens push nothing; ``[{`` after a value position pushes one);
+* **return**: the token finishes the current rule; the popped state reads the token's remaining
+  bytes (the *rest*), which may return again (``}]`` closing two levels).
+
+Calls pushed and popped inside one token never reach the stack, but count for the depth limit
+(its *peak*: ``[1]`` nests one level deeper for a moment). Results are found with the
+vocabulary trie walk of :mod:`~jaxsample.structured.walk`: a call or a return stops a walker (a
+*marker*); walkers entering a rule continue below the same trie node with the return state on a
+local (hash-consed, persistent) stack, returns pop it, and a return with an empty local stack is
+the token's: every token below that node returns with the rest of its bytes. Rests are read from
+every state a stack can hold. Tokens and rests are grouped into classes by identical results, as
+for regular grammars; rest classes become extra columns of ``next`` (no token has them), so the
+device resolves a return with the same table lookups: ``next[popped, rest class]``.
+
+Masks: a token whose result does not depend on the stack (a stay, or a return with nothing left)
+is in the state's bitmask, one per stack room (tokens whose result needs more room than is left
+are not); a token that returns with a rest depends on the popped states and is listed per state
+(``pop_token``): the device resolves those few per step. EOS is allowed when the state and every
+state on the stack may end.
+
+>>> from jaxsample.structured.automaton import Call, alt, lit, seq
+>>> from jaxsample.structured.pushdown import Grammar, compile_grammar
+>>> from jaxsample.structured.vocab import Vocabulary
+>>> v = Vocabulary.from_pieces(["<eos>", "(", ")", "x", "))"], kind="raw", special_ids=[0], eos_ids=[0])
+>>> g = build(compile_grammar(Grammar({"r": alt(lit("x"), seq(lit("("), Call("r"), lit(")")))}, "r")), v)
+>>> g.pushdown.max_pops, sorted(v.token_bytes[t] for t in g.pushdown.pop_token)
+(2, [b'))'])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxsample.structured import trie, walk
+from jaxsample.structured.automaton import GrammarError
+from jaxsample.structured.minimise import unique_rows
+from jaxsample.structured.pushdown import Pushdown
+from jaxsample.structured.tokens import PushdownTables, TokenGrammar, _classes, _forced, _pack
+from jaxsample.structured.vocab import Vocabulary
+
+SELF = -1  # a return whose rest is the token itself: the popped state reads the same class
+
+
+class _Stacks:
+    """Hash-consed persistent stacks: id 0 is empty, id ``i`` is ``(top, below)``."""
+
+    def __init__(self):
+        self.items = [(0, 0)]
+        self.depth = [0]
+        self.ids: dict = {}
+
+    def push(self, sid: int, q: int) -> int:
+        key = (q, sid)
+        got = self.ids.get(key)
+        if got is None:
+            got = self.ids[key] = len(self.items)
+            self.items.append(key)
+            self.depth.append(self.depth[sid] + 1)
+        return got
+
+    def pop(self, sid: int) -> tuple[int, int]:
+        return self.items[sid]
+
+    def frames(self, sid: int) -> tuple:
+        out = []
+        while sid:
+            q, sid = self.items[sid]
+            out.append(q)
+        return tuple(reversed(out))
+
+
+class _Effects:
+    """Results as ``next`` values: a stay without pushes (nor a transient deeper call) is its state;
+    others are ``base + index``. ``peak``: the most frames above the start the token held at once."""
+
+    def __init__(self, base: int):
+        self.base = base
+        self.keys: list = []
+        self.ids: dict = {}
+
+    def add(self, key) -> int:
+        got = self.ids.get(key)
+        if got is None:
+            got = self.ids[key] = len(self.keys)
+            self.keys.append(key)
+        return self.base + got
+
+    def stay(self, q: int, pushes: tuple, peak: int = 0) -> int:
+        return self.add(("stay", q, pushes, max(peak, len(pushes)))) if pushes or peak else q
+
+    def ret(self, rest: int, peak: int = 0) -> int:
+        return self.add(("ret", rest, peak))
+
+
+def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
+    """Token tables of a pushdown automaton for a vocabulary (see the module docstring).
+
+    Raises:
+      GrammarError: if the vocabulary has no single-byte token for a byte the grammar uses (the
+        completion guarantee at the depth limit relies on spelling any byte).
+    """
+    index = trie.vocab_index(vocab)
+    used = ((pd.delta != 0) | (pd.enter != 0)).any(axis=0)[pd.byte_class]
+    if not np.all(index.single_byte[used]):
+        missing = bytes(np.flatnonzero(used & ~index.single_byte)[:8].tolist())
+        raise GrammarError(f"recursive grammars need a token for every byte they use; missing {missing!r}")
+    q_count = pd.num_states
+    closed = pd.closed
+    calls_q, calls_b = np.nonzero(pd.enter)
+    marker = np.zeros(pd.enter.shape, np.int64)
+    marker[calls_q, calls_b] = q_count + np.arange(calls_q.size)
+    ret_marker = q_count + calls_q.size
+    dw = np.where(pd.delta != 0, pd.delta, np.where(pd.enter != 0, marker, np.where(pd.accept[:, None], ret_marker, 0)))
+    dw[pd.bottom] = 0
+    plan = walk.plan(dw, pd.byte_class, index, marker_from=q_count)
+    w = walk.walk(dw, pd.byte_class, index, plan, marker_from=q_count)
+    fx, stacks = _Effects(q_count), _Stacks()
+    pop_empty = fx.ret(0)
+
+    def value(q: np.ndarray) -> np.ndarray:
+        return np.where(closed[q], pop_empty, q)
+
+    fine = [(w.fine[0], w.fine[1], value(w.fine[2]))]
+    coarse = tuple((o, t, value(q)) for o, t, q in w.coarse)
+    rests = _Rests(index)
+    more, exits = _resolve_marks(pd, index, dw, w.marks, fx, stacks, ret_marker, calls_q, calls_b)
+    fine += more
+    fine.append(_returns(index, exits, rests, fx))
+    rest_value, rest_class = _rest_results(pd, rests, fx)
+    # canonical effects: returns name rest classes, not rest strings
+    final = _Effects(q_count)
+    remap = np.array([final.add(("ret", SELF if k[1] == SELF else rest_class[k[1]], k[2])) if k[0] == "ret"
+                      else final.add(k) for k in fx.keys] or [0], np.int64)  # fmt: skip
+
+    def canon(v):
+        v = np.asarray(v, np.int64)
+        return np.where(v >= q_count, remap[np.maximum(v - q_count, 0)], v)
+
+    fine = tuple(np.concatenate([np.asarray(f[i], np.int64) for f in fine]) for i in range(2)) + (
+        canon(np.concatenate([np.asarray(f[2], np.int64) for f in fine])),
+    )
+    coarse = tuple((o, t, canon(v)) for o, t, v in coarse)
+    string_class, cols = _classes(walk.Walk(fine, coarse), q_count, index, plan)
+    n_rest = max(rest_class.values()) + 1
+    rest_cols = np.zeros((q_count, n_rest), np.int64)
+    rest_cols[:, 0] = np.arange(q_count)  # the empty rest: stay in the popped state
+    firsts = {cls: rid for rid, cls in rest_class.items() if cls}  # the rests of a class have equal results
+    if firsts:
+        cls = np.fromiter(firsts, np.int64)
+        rest_cols[np.ix_(pd.returns, cls)] = canon(np.stack([rest_value[firsts[c]] for c in cls.tolist()], axis=1))
+    eos_col = np.where(pd.accept, np.arange(q_count), 0)
+    table = np.concatenate([np.zeros((q_count, 1), np.int64), eos_col[:, None], cols, rest_cols], axis=1)
+    first, col_class = unique_rows(table.T)
+    nxt = np.take(table, first, axis=1)
+    class_of = np.zeros(vocab.size, np.int32)
+    token_class = string_class[index.string_of_token]
+    class_of[index.token_ids] = col_class[np.where(token_class >= 0, token_class + 2, 0)]
+    class_of[list(vocab.eos_ids)] = col_class[1]
+    rest_col = col_class[2 + cols.shape[1] + np.arange(n_rest)]
+    effect = _effect_table(final.keys, rest_col, pd.need)
+    return _tables(pd, nxt, class_of, effect)._replace(eos_ids=tuple(vocab.eos_ids))
+
+
+class _Rests:
+    """The remainders of returning tokens, by suffix id of the vocabulary (id 0: the empty rest)."""
+
+    def __init__(self, index: trie.VocabIndex):
+        self.flat, self.offset, self.suffix, self.first = index.suffixes
+        self.ends = self.offset + index.lengths
+        self.ids: dict[int, int] = {-1: 0}
+        self.positions, self.lengths = [-1], [0]
+
+    def at(self, position: int) -> int:
+        """Id of the suffix starting at a flat byte position."""
+        sid = int(self.suffix[position])
+        got = self.ids.get(sid)
+        if got is None:
+            got = self.ids[sid] = len(self.positions)
+            p = int(self.first[sid])
+            self.positions.append(p)
+            self.lengths.append(int(self.ends[np.searchsorted(self.offset, p, side="right") - 1] - p))
+        return got
+
+    def data(self, rid: int) -> list:
+        p = self.positions[rid]
+        return self.flat[p : p + self.lengths[rid]].tolist() if p >= 0 else []
+
+    def length(self, rid: int) -> int:
+        return self.lengths[rid]
+
+
+def _returns(index, exits: list, rests: _Rests, fx: _Effects):
+    """Entries ``(origin, string, value)`` of the tokens that return where a walker stopped: every token
+    below the node returns, and its bytes from the one that could not be read go to the popped state."""
+    if not exits:
+        return tuple(np.zeros(0, np.int64) for _ in range(3))
+    lo, hi, depth = index.subtree
+    o, node, peak = (np.asarray(x, np.int64) for x in zip(*exits))
+    size = hi[node] - lo[node]
+    offsets = np.cumsum(size) - size
+    strings = np.repeat(lo[node] - offsets, size) + np.arange(int(size.sum()))
+    k = np.repeat(depth[node] - 1, size)
+    peaks = np.repeat(peak, size)
+    rest = np.where(k > 0, 0, -1)  # -1: the token itself (SELF)
+    later = np.flatnonzero(k > 0)  # a rest after some bytes: a suffix of the token
+    suffix = rests.suffix[rests.offset[strings[later]] + k[later]]
+    uniq, inv = np.unique(suffix, return_inverse=True)
+    local = np.array([rests.at(int(rests.first[sid])) for sid in uniq.tolist()], np.int64)
+    rest[later] = local[inv.reshape(-1)]
+    span = int(peaks.max()) + 1
+    pairs, which = np.unique((rest + 1) * span + peaks, return_inverse=True)
+    vals = np.array([fx.ret(SELF if r < 0 else int(r), int(p)) for r, p in zip(pairs // span - 1, pairs % span)], np.int64)
+    return np.repeat(o, size), strings, vals[which.reshape(-1)]
+
+
+def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls_q, calls_b):
+    """Follows walkers stopped at calls and returns: ``(entries (origin, string, value), token returns (origin, node))``.
+
+    Each round walks, in one batch, every walker that entered a rule or returned into a local
+    caller, below the node where it stopped.
+    """
+    q_count = pd.num_states
+    closed = pd.closed
+    forest = walk.forest(dw, pd.byte_class, index)
+    label = index.trie.label
+    pairs: dict[tuple[int, int, int], int] = {}
+    pair_list: list[tuple[int, int, int]] = []
+
+    def pair(o, sid, peak):
+        key = (o, sid, max(peak, stacks.depth[sid]))
+        got = pairs.get(key)
+        if got is None:
+            got = pairs[key] = len(pair_list)
+            pair_list.append(key)
+        return got
+
+    entries, exits = [], []
+    o_arr, n_arr, m_arr = (np.asarray(x, np.int64) for x in marks)
+    owners = [(int(o), 0, 0) for o in o_arr.tolist()]
+    while o_arr.size:
+        states, nodes, who = [], [], []
+        for (o, sid, peak), node, m in zip(owners, n_arr.tolist(), m_arr.tolist()):
+            c = int(pd.byte_class[label[node]])
+            if m < ret_marker:  # enter a rule: push its return state(s)
+                i = m - q_count
+                q, b = int(calls_q[i]), int(calls_b[i])
+                for r in pd.pushes[pd.enter_push[q, b]]:
+                    sid = stacks.push(sid, r)
+                states.append(int(pd.enter[q, b]))
+                nodes.append(node)
+                who.append(pair(o, sid, peak))
+                continue
+            while True:  # return: the caller on the local stack reads the byte, or the token returns
+                if sid == 0:
+                    exits.append((o, node, peak))
+                    break
+                r, sid = stacks.pop(sid)
+                if pd.delta[r, c] or pd.enter[r, c]:
+                    if not pd.delta[r, c]:
+                        for x in pd.pushes[pd.enter_push[r, c]]:
+                            sid = stacks.push(sid, x)
+                    states.append(int(pd.delta[r, c] or pd.enter[r, c]))
+                    nodes.append(node)
+                    who.append(pair(o, sid, peak))
+                    break
+                if not pd.accept[r]:
+                    break
+        if not states:
+            break
+        (po, s, q), (o_arr, n_arr, m_arr) = walk.walk_from(forest, np.asarray(states), np.asarray(nodes), np.asarray(who), q_count)
+        combos, which = np.unique(po * q_count + q, return_inverse=True)  # one result per (walker, state)
+        vals, origin = [], []
+        for p_, q_ in zip((combos // q_count).tolist(), (combos % q_count).tolist()):
+            o, sid, peak = pair_list[p_]
+            while closed[q_] and sid:
+                q_, sid = stacks.pop(sid)
+            vals.append(fx.ret(0, peak) if closed[q_] else fx.stay(q_, stacks.frames(sid), peak))
+            origin.append(o)
+        which = which.reshape(-1)
+        entries.append((np.asarray(origin, np.int64)[which], s, np.asarray(vals, np.int64)[which]))
+        owners = [pair_list[p_] for p_ in o_arr.tolist()]
+    return entries, exits
+
+
+def _run(pd: Pushdown, q: int, rests: _Rests, rid: int, fx: _Effects):
+    """The result of reading rest ``rid`` from ``q`` with an empty stack (a rest read by a popped state)."""
+    closed, stack, peak = pd.closed, [], 0
+    start = rests.positions[rid]
+    for i, byte in enumerate(rests.data(rid)):
+        c = pd.byte_class[byte]
+        while True:
+            if pd.delta[q, c]:
+                q = int(pd.delta[q, c])
+                break
+            if pd.enter[q, c]:
+                stack.extend(pd.pushes[pd.enter_push[q, c]])
+                q = int(pd.enter[q, c])
+                peak = max(peak, len(stack))
+                break
+            if not pd.accept[q] or q == pd.bottom:
+                return 0
+            if not stack:
+                return fx.ret(rests.at(start + i), peak)
+            q = stack.pop()
+    while closed[q] and stack:
+        q = stack.pop()
+    return fx.ret(0, peak) if closed[q] else fx.stay(q, tuple(stack), peak)
+
+
+def _rest_results(pd: Pushdown, rests: _Rests, fx: _Effects):
+    """Results of every rest from every state a stack can hold, and the rests' classes (0: empty).
+
+    Shorter rests are classified first: a rest's results name the classes of the (shorter) rests
+    it returns with, or itself (a return before reading a byte: :data:`SELF`).
+    """
+    value = {}
+    todo = list(range(1, len(rests.positions)))
+    while todo:
+        rid = todo.pop()
+        before = len(rests.positions)
+        value[rid] = np.array([_run(pd, int(r), rests, rid, fx) for r in pd.returns.tolist()], np.int64)
+        todo += list(range(before, len(rests.positions)))
+    cls: dict[int, int] = {0: 0}
+    keys: dict[tuple, int] = {}
+    for rid in sorted(value, key=rests.length):
+        key = []
+        for v in value[rid].tolist():
+            kind = fx.keys[v - fx.base] if v >= fx.base else None
+            if kind is not None and kind[0] == "ret":
+                key.append(("ret", SELF if kind[1] == rid else cls[kind[1]], kind[2]))
+            else:
+                key.append(kind or v)
+        cls[rid] = keys.setdefault(tuple(key), len(keys) + 1)
+    return value, cls
+
+
+def _effect_table(keys, rest_col, need) -> np.ndarray:
+    """``int32[E, 4 + P]``: target (-1: return), rest class column (-1: own), pushes, room needed (for a
+    return: the peak before it), pushed states."""
+    width = max([len(k[2]) for k in keys if k[0] == "stay"], default=0)
+    out = np.zeros((max(len(keys), 1), 4 + width), np.int32)
+    for i, k in enumerate(keys):
+        if k[0] == "stay":
+            _, q, pushes, peak = k
+            room = max([peak, len(pushes) + int(need[q])] + [j + int(need[r]) for j, r in enumerate(pushes)])
+            out[i, :4] = (q, -1, len(pushes), room)
+            out[i, 4 : 4 + len(pushes)] = pushes
+        else:
+            out[i, :4] = (-1, -1 if k[1] == SELF else rest_col[k[1]], 0, k[2])
+    return out
+
+
+def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndarray) -> TokenGrammar:
+    """Masks per stack room, the per-state lists of stack-dependent tokens, forced tokens."""
+    q_count, c_count = nxt.shape
+    big = np.iinfo(np.int32).max
+    eff = np.maximum(nxt - q_count, 0)
+    is_eff = nxt >= q_count
+    target, rest, room = effect[eff, 0], effect[eff, 1], effect[eff, 3]
+    ret = is_eff & (target < 0)
+    empty_rest = np.zeros(c_count, bool)
+    empty_rest[np.flatnonzero((nxt == np.arange(q_count)[:, None]).all(axis=0))] = True
+    ret_empty = ret & (rest >= 0) & empty_rest[np.maximum(rest, 0)]
+    need = np.where(is_eff, room, pd.need[np.minimum(nxt, q_count - 1)])  # a return: its peak
+    resting = ~pd.closed | (np.arange(q_count) == pd.bottom)  # a row never rests where its rule must end
+    base = (nxt != 0) & (~ret | ret_empty) & resting[:, None]
+    need = np.where(base, need, big)
+    finite = need[base & (need < big)]
+    rooms = int(finite.max()) + 1 if finite.size else 1
+    allowed = np.stack([need <= m for m in range(rooms)], axis=1)  # [Q, R, C]
+    first, ids = unique_rows(allowed.reshape(q_count * rooms, c_count))
+    room_mask_id = ids.reshape(q_count, rooms).astype(np.int32)
+    patterns = allowed.reshape(-1, c_count)[first]
+    depends = ret & ~ret_empty & resting[:, None]
+    viable, pops = _chains(pd, nxt, effect, depends)
+    first, which = unique_rows(viable)  # states with the same stack-dependent classes share one list
+    lists = [np.flatnonzero(viable[f][class_of]) for f in first.tolist()]
+    offset = np.concatenate([[0], np.cumsum([t.size for t in lists])]).astype(np.int32)
+    pop_start, pop_count = offset[:-1][which], np.diff(offset)[which]
+    pop_token = np.concatenate(lists).astype(np.int32) if offset[-1] else np.zeros(0, np.int32)
+    forced = _forced(patterns, class_of)[room_mask_id[:, -1]]
+    forced = np.where((pop_count == 0) & (room_mask_id[:, 0] == room_mask_id[:, -1]), forced, -1)
+    mask_id = room_mask_id[:, -1]
+    stack = PushdownTables(effect, pd.need, room_mask_id, pop_start, pop_count, pop_token, pd.bottom, pd.max_depth, pops)
+    masks = _pack(patterns, class_of)
+    return TokenGrammar(nxt.astype(np.int32), class_of, pd.accept, forced.astype(np.int32), pd.start, mask_id, masks, stack)
+
+
+def _chains(pd: Pushdown, nxt, effect, depends):
+    """Stack-dependent (state, class) entries that some stack makes valid, and the most frames a token pops.
+
+    A return continues with a class in every state a stack can hold; chains end in a stay (valid), a
+    dead entry, or another return. Every chain is finite (:mod:`~jaxsample.structured.pushdown`
+    refuses grammars where one byte returns through unboundedly many frames).
+    """
+    q_count = nxt.shape[0]
+    memo: dict[int, tuple[bool, int]] = {}
+
+    def through(col: int, active=()) -> tuple[bool, int]:
+        """(viable, frames popped) of a return that continues with class ``col`` in a popped state."""
+        if col in memo:
+            return memo[col]
+        if col in active:
+            raise GrammarError("internal: a token returns through a cycle of calls")  # pragma: no cover
+        ok, pops = False, 0
+        for r in pd.returns.tolist():
+            v = int(nxt[r, col])
+            if v == 0:
+                continue
+            if v < q_count or effect[v - q_count, 0] >= 0:
+                ok, pops = True, max(pops, 1)
+                continue
+            nxt_col = effect[v - q_count, 1]
+            inner_ok, inner = through(col if nxt_col < 0 else int(nxt_col), active + (col,))
+            if inner_ok:
+                ok, pops = True, max(pops, 1 + inner)
+        memo[col] = (ok, pops)
+        return memo[col]
+
+    viable = np.zeros(nxt.shape, bool)
+    most = int((nxt >= q_count).any() and (effect[np.maximum(nxt - q_count, 0), 0][nxt >= q_count] < 0).any())
+    q, c = np.nonzero(depends)
+    rest = effect[nxt[q, c] - q_count, 1]
+    cols, inv = np.unique(np.where(rest < 0, c, rest), return_inverse=True)
+    found = [through(int(col)) for col in cols.tolist()]
+    ok = np.array([f[0] for f in found], bool)
+    viable[q, c] = ok[inv.reshape(-1)] if ok.size else False
+    return viable, max([most] + [f[1] for f in found if f[0]])

@@ -1,0 +1,230 @@
+"""JSON objects as expression trees: declared properties in any (or schema) order, extras, counts.
+
+An object body is an automaton over *which declared properties were written* (and how many
+additional ones, when ``minProperties``/``maxProperties`` need it): ``after(j, present, count)``
+is the expression for the rest of the object. Presence conditions (``required``,
+``dependentRequired``, presence-only ``anyOf``/``oneOf``/``not`` branches) are a predicate checked
+where the object may close, so they cost no states beyond the tracked set.
+
+Any order tracks every declared property: a value's states are repeated for every set of written
+properties that can end with it. :meth:`ObjectBuilder.any_order_size` estimates that; past the
+compiler's ``max_order_states`` the object keeps schema order (optional properties skippable,
+required ones not), tracking only the names its predicate needs.
+
+>>> from jaxsample.structured.automaton import compile_expr
+>>> from jaxsample.structured.json_schema import schema_expr
+>>> d = compile_expr(schema_expr({"properties": {"a": {}, "b": {}}, "maxProperties": 1}, whitespace="compact"))
+>>> [d.matches(x) for x in (b'{"b":1}', b'{"a":1,"b":2}', b'{}')]
+[True, False, True]
+"""
+
+from __future__ import annotations
+
+import functools
+
+from jaxsample.structured import dfa_ops
+from jaxsample.structured import schema_merge as sm
+from jaxsample.structured.automaton import EMPTY, EPSILON, ByteDFA, alt, compile_expr, lit, seq, star
+from jaxsample.structured.json_text import body_dfa, encoded_literal, escape, names_dfa
+from jaxsample.structured.schema_merge import error
+
+
+class ObjectBuilder:
+    """Object languages: declared properties in any order (or schema order), extras, counts, predicates."""
+
+    def __init__(self, c, s: dict, path: str):
+        self.c, self.s, self.path = c, s, path
+        for k in ("minProperties", "maxProperties"):
+            if k in s and (isinstance(s[k], bool) or not isinstance(s[k], int) or s[k] < 0):
+                raise error(path, k, f"must be a non-negative integer, got {s[k]!r}")
+        if not isinstance(s.get("properties", {}), dict):
+            raise error(path, "properties", "must be an object")
+        props = dict(s.get("properties", {}))
+        preds = [("has", n) for n in s.get("required", [])]
+        for name, deps in s.get("dependentRequired", {}).items():
+            preds.append(("any", [("not", ("has", name)), ("all", [("has", d) for d in deps])]))
+        preds += s.get("_presence", [])
+        self.pred = ("all", preds)
+        self.required = set(s.get("required", []))
+        additional = s.get("additionalProperties")
+        if additional is None:
+            additional = s.get("unevaluatedProperties")
+        if additional is None:
+            additional = True if c.opts["open_objects"] else False
+        self.additional = additional
+        patterns = s.get("patternProperties", {})
+        for name in sorted(sm.predicate_names(self.pred) - props.keys()):  # named but undeclared: declare
+            if any(c.pattern_dfa(p, f"{path}/patternProperties").matches(escape(name).encode()) for p in patterns):
+                props[name] = True  # its pattern schemas are applied below
+            else:  # the JSON Schema meaning of an undeclared name, whatever open_objects says
+                props[name] = s.get("additionalProperties", s.get("unevaluatedProperties", True))
+        name_filter = self.names_filter()
+        self.members, self.values = [], {}
+        for name, sub in props.items():
+            sub_path = f"{path}/properties/{sm.pointer_token(name)}"
+            for p, v in patterns.items():
+                if c.pattern_dfa(p, f"{path}/patternProperties").matches(escape(name).encode()):
+                    sub = {"allOf": [sub, v]}
+            if name_filter is not None and not name_filter.matches(escape(name).encode()):
+                sub = False
+            value = c.compile(sub, sub_path)
+            if value != EMPTY:
+                self.members.append((name, seq(lit('"'), encoded_literal(name), lit('"'), c.colon, value)))
+                self.values[name] = value
+        self.declared = [n for n, _ in self.members]
+        self.extras = self.extra_members(list(props), name_filter)
+
+    def names_filter(self) -> ByteDFA | None:
+        """DFA of the allowed (JSON-encoded) property names, from ``propertyNames``."""
+        pn = self.s.get("propertyNames")
+        if pn is None or pn is True:
+            return None
+        at = f"{self.path}/propertyNames"
+        v = self.c.view(pn, at, [])
+        if v is True:
+            return None
+        if v is False:
+            return dfa_ops.EMPTY_DFA
+        types = sm.types_of(v)
+        if types is not None and "string" not in types:
+            return dfa_ops.EMPTY_DFA
+        keys = {k for k in v if k not in sm.ANNOTATIONS and not k.startswith("x-")}
+        if not keys <= sm.FAMILIES["string"] | {"enum", "type", "_not"}:
+            bad = sorted(keys - sm.FAMILIES["string"])[0]
+            raise error(at, bad, "propertyNames: only string keywords are supported")
+        v = self.c.apply_not(v, at) if "_not" in v else v
+        if v is False:
+            return dfa_ops.EMPTY_DFA
+        if "enum" in v:
+            return names_dfa([x for x in v["enum"] if isinstance(x, str)])
+        return compile_expr(self.c.string_body(v, at))
+
+    def extra_members(self, names, name_filter):
+        """``(key, value)`` member expressions for undeclared names (pattern properties, then the rest)."""
+        c, s = self.c, self.s
+        patterns = s.get("patternProperties", {})
+        if not patterns and self.additional is False:
+            return None
+        taken = names_dfa(names)
+        out = []
+        at = f"{self.path}/patternProperties"
+        keys = {p: dfa_ops.difference(c.pattern_dfa(p, at), taken) for p in patterns}
+        for region, key in self.regions(keys, at):  # keys matching exactly the patterns of ``region``
+            if name_filter is not None:
+                key = dfa_ops.intersect(key, name_filter)
+            sub = patterns[region[0]] if len(region) == 1 else {"allOf": [patterns[p] for p in region]}
+            value = c.compile(sub, f"{at}/{sm.pointer_token(region[0])}")
+            if value != EMPTY and not dfa_ops.is_empty(key):
+                out.append(seq(lit('"'), dfa_ops.Automaton.of(key), lit('"'), c.colon, value))
+        if self.additional is not False:
+            key = dfa_ops.difference(body_dfa(), taken)
+            for other in keys.values():
+                key = dfa_ops.difference(key, other)
+            if name_filter is not None:
+                key = dfa_ops.intersect(key, name_filter)
+            value = c.compile(self.additional, f"{self.path}/additionalProperties")
+            if value != EMPTY and not dfa_ops.is_empty(key):
+                out.append(seq(lit('"'), dfa_ops.Automaton.of(key), lit('"'), c.colon, value))
+        return alt(*out) if out else None
+
+    def any_order_size(self) -> int:
+        """Estimated DFA states of the object in any order: a value's states are repeated for every
+        set of written properties that can end with it (equal values merge: a set holding several
+        properties with the same value expression counts it once)."""
+        c, n = self.c, len(self.members)
+        groups: dict = {}
+        for name, _ in self.members:
+            groups.setdefault(id(self.values[name]), []).append(name)
+        cost = sum(c.size(self.values[names[0]]) * (2**n - 2 ** (n - len(names))) for names in groups.values())
+        cost += sum(c.size(m) - c.size(self.values[name]) for name, m in self.members) * 2 ** max(n - 1, 0)
+        if self.extras is not None:
+            cost += 2**n * c.size(self.extras)
+        return cost
+
+    @staticmethod
+    def regions(keys: dict, at: str):
+        """``(patterns, keys)``: the key languages matched by exactly these patterns (non-empty ones)."""
+        regions = []
+        for p, key in keys.items():
+            nxt = []
+            for names, d in regions:
+                both = dfa_ops.intersect(d, key)
+                if dfa_ops.is_empty(both):
+                    nxt.append((names, d))
+                    continue
+                nxt.append((names + (p,), both))
+                rest = dfa_ops.difference(d, key)
+                if not dfa_ops.is_empty(rest):
+                    nxt.append((names, rest))
+                key = dfa_ops.difference(key, d)
+            if not dfa_ops.is_empty(key):
+                nxt.append(((p,), key))
+            regions = nxt
+            if len(regions) > 64:
+                raise error(at, "", "overlapping patternProperties make more than 64 key regions")
+        return regions
+
+    def build(self):
+        c, s = self.c, self.s
+        lo, hi = s.get("minProperties", 0), s.get("maxProperties")
+        n = len(self.members)
+        cost = self.any_order_size() if n > 1 else 0
+        any_order = c.opts["property_order"] == "any" and cost <= c.opts["max_order_states"]
+        tracked = set(self.declared) if any_order else sm.predicate_names(self.pred)
+        if (lo or hi is not None) and not any_order:
+            tracked = set(self.declared)  # counting needs the set anyway
+            if 2**n > c.opts["max_order_states"]:
+                raise error(self.path, "minProperties" if lo else "maxProperties", f"counting properties of an "
+                            f"object with {n} declared properties needs more than max_order_states states")  # fmt: skip
+        members = dict(self.members)
+        # extras counted: up to maxProperties, and (keys may repeat) at most one toward minProperties
+        cap = 0 if self.extras is None else hi if hi is not None else (1 if lo else 0)
+        order = {name: i for i, name in enumerate(self.declared)}
+        required = [n for n in self.declared if n in self.required]
+
+        def candidates(j, present):
+            if any_order:
+                return [x for x in self.declared if x not in present]
+            out = []
+            for name in self.declared[j:]:  # schema order: optional ones may be skipped, required ones not
+                out.append(name)
+                if name in self.required:
+                    break
+            return out
+
+        def close_ok(j, present, count):
+            if not any_order:  # schema order: required members are never skipped, so all are written
+                if any(order[r] >= j for r in required):
+                    return False
+                present = present | set(required)
+            distinct = len(present) + min(count, 1)
+            return sm.evaluate(self.pred, present) and distinct >= lo and (hi is None or len(present) + count <= hi)
+
+        def step(j, present, name):
+            nxt = present | {name} if name in tracked else present
+            return (0 if any_order else order[name] + 1), frozenset(nxt)
+
+        @functools.cache
+        def after(j, present, count):
+            """The rest of the object once >= 1 member is written; ``present``: tracked names written."""
+            options = [EPSILON] if close_ok(j, present, count) else []
+            room = hi is None or len(present) + count < hi
+            for name in candidates(j, present) if room else []:
+                options.append(seq(c.comma, members[name], after(*step(j, present, name), count)))
+            body = alt(*options)
+            if self.extras is not None and room:
+                if count >= cap and hi is None:  # more extras no longer change anything
+                    return seq(star(seq(c.comma, self.extras)), body)
+                body = alt(body, seq(c.comma, self.extras, after(j, present, min(count + 1, cap))))
+            return body
+
+        start = frozenset()
+        options = []
+        if hi is None or hi > 0:
+            for name in candidates(0, start):
+                options.append(seq(members[name], after(*step(0, start, name), 0)))
+            if self.extras is not None:
+                options.append(seq(self.extras, after(0, start, min(1, cap))))
+        out = c.container("{", "}", alt(*options), close_ok(0, start, 0))
+        c._sizes[id(out)] = (out, cost if any_order else sum(c.size(m) for _, m in self.members) + 1)
+        return out

@@ -1,0 +1,504 @@
+"""Recursive grammars: rules that call each other -> a deterministic byte-level pushdown automaton.
+
+A :class:`Grammar` is a set of named rules (expression trees of :mod:`~jaxsample.structured.automaton`
+in which :class:`~jaxsample.structured.automaton.Call` nodes refer to rules) and a root rule. Front
+ends produce one when a grammar recurses (GBNF rules, ``$ref`` cycles, generic JSON values); a call
+marks where a rule is *entered on the stack* instead of inlined. :func:`compile_grammar` builds one
+automaton over all rules (subset construction from every rule's start over bytes and call symbols,
+trimming, minimisation) and fixes its byte-level semantics, which the token tables, the device and
+the host matcher all follow:
+
+* **shift**: a byte that is a transition of the current rule's automaton;
+* **enter**: a byte that starts a called rule: the call's return state is pushed (nested calls at
+  the same byte push several) and the byte is consumed inside the callee;
+* **return**: in a state where the rule may end, a byte that neither shifts nor enters pops the
+  top return state and is processed there (a *lazy* return: ``1`` then ``,`` after a number); a
+  state where the rule must end (accepting with no transition, e.g. after a closing bracket)
+  returns at once.
+
+The machine is deterministic: in every state at most one of shift / enter / return applies to a
+byte. :func:`compile_grammar` checks it and raises :class:`~jaxsample.structured.automaton.GrammarError`
+naming the rule otherwise (the tables follow one path; they never guess). Left recursion is refused
+(as llama.cpp does). Calls whose return state must end at once are **tail calls**: nothing is
+pushed, so right recursion (``list ::= item ("," list)?``) uses no depth. Below every stack lies the
+state ``bottom`` ("the root rule returned"), where only EOS is allowed.
+
+**Depth.** A row's stack holds at most ``max_depth`` return states. ``need[q]`` is the least
+stack room (frames above the current depth) needed to finish the current rule from ``q``; the
+token tables mask every token after which the output could no longer be finished within the limit,
+so an output is never stuck and never invalid: at the limit, tokens that would nest deeper are
+simply not allowed (a closing bracket, a scalar or an empty container still is).
+
+>>> from jaxsample.structured.automaton import Call, alt, lit, seq
+>>> g = Grammar({"root": alt(lit("x"), seq(lit("("), Call("root"), lit(")")))}, "root", max_depth=1)
+>>> p = compile_grammar(g)
+>>> [p.matches(s) for s in (b"x", b"((x))", b"(((x)))", b"(x")]
+[True, True, False, False]
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from jaxsample.structured.automaton import (
+    EPSILON,
+    MAX_DFA_STATES,
+    MAX_NFA_STATES,
+    Alt,
+    Call,
+    Chars,
+    EmptyLanguageError,
+    GrammarError,
+    Repeat,
+    Seq,
+    _determinise,
+    _NFA,
+    alt,
+    repeat,
+    seq,
+)
+from jaxsample.structured.minimise import _gather, partition, predecessors
+
+#: Default stack capacity (frames) of recursive grammars.
+DEFAULT_MAX_DEPTH = 32
+
+
+class Grammar(NamedTuple):
+    """A recursive grammar: ``rules`` maps names to expressions (with :class:`Call` nodes), ``root`` starts.
+
+    ``max_depth`` is the default stack limit (nested calls that push a return state).
+    """
+
+    rules: dict[str, Any]
+    root: str
+    max_depth: int = DEFAULT_MAX_DEPTH
+
+
+class Pushdown(NamedTuple):
+    """A deterministic byte-level pushdown automaton (see the module docstring). State 0 is dead.
+
+    Attributes:
+      delta: ``int32[Q, K]`` shifts per byte class (0: none).
+      byte_class: ``int32[256]``.
+      accept: ``bool[Q]`` states where the current rule may end.
+      enter: ``int32[Q, K]`` state after entering called rule(s) with a byte (0: no call).
+      enter_push: ``int32[Q, K]`` index into ``pushes`` of the return states pushed by that byte.
+      pushes: return-state sequences (outermost first); ``pushes[0]`` is empty.
+      start: the root rule's start state.
+      bottom: the state below every stack (accepting, no transition).
+      need: ``int32[Q]`` least stack room needed to finish the current rule.
+      returns: ``int32[R]`` the states that can be on top of a stack (pushed states and ``bottom``).
+      max_depth: default stack limit.
+      closed: ``bool[Q]`` states where the rule must end (accepting, nothing continues): they return at once.
+    """
+
+    delta: np.ndarray
+    byte_class: np.ndarray
+    accept: np.ndarray
+    enter: np.ndarray
+    enter_push: np.ndarray
+    pushes: tuple
+    start: int
+    bottom: int
+    need: np.ndarray
+    returns: np.ndarray
+    max_depth: int
+    closed: np.ndarray
+
+    @property
+    def num_states(self) -> int:
+        return int(self.delta.shape[0])
+
+    def step(self, q: int, byte: int, stack: list) -> int:
+        """State after one byte (``stack`` updated in place; 0: the byte is not allowed)."""
+        c = self.byte_class[byte]
+        while True:
+            if self.delta[q, c]:
+                q = int(self.delta[q, c])
+                break
+            if self.enter[q, c]:
+                stack.extend(self.pushes[self.enter_push[q, c]])
+                q = int(self.enter[q, c])
+                break
+            if not self.accept[q] or q == self.bottom:
+                return 0
+            q = stack.pop() if stack else self.bottom  # lazy return: the byte is processed by the caller
+        while self.closed[q] and q != self.bottom:  # the rule must end: return at once
+            q = stack.pop() if stack else self.bottom
+        return q
+
+    def matches(self, data: bytes, max_depth: int | None = None) -> bool:
+        """Whether ``data`` is a complete output with at most ``max_depth`` frames (default: the grammar's)."""
+        limit = self.max_depth if max_depth is None else int(max_depth)
+        q, stack = self.start, []
+        for b in data:
+            q = self.step(q, b, stack)
+            if q == 0 or len(stack) > limit:
+                return False
+        return bool(self.accept[q]) and all(self.accept[r] for r in stack)
+
+
+# ----------------------------------------------------------------------------------- expressions
+def _calls(expr, out: set, seen: set | None = None) -> set:
+    """Rules called in ``expr`` (shared sub-expressions are visited once)."""
+    seen = set() if seen is None else seen
+    if id(expr) in seen:
+        return out
+    seen.add(id(expr))
+    if isinstance(expr, Call):
+        out.add(expr.rule)
+    elif isinstance(expr, (Seq, Alt)):
+        for x in expr.items:
+            _calls(x, out, seen)
+    elif isinstance(expr, Repeat):
+        _calls(expr.item, out, seen)
+    return out
+
+
+def _nullable(expr, rules_nullable: dict) -> bool:
+    if isinstance(expr, Chars):
+        return False
+    if isinstance(expr, Call):
+        return rules_nullable[expr.rule]
+    if isinstance(expr, Seq):
+        return all(_nullable(x, rules_nullable) for x in expr.items)
+    if isinstance(expr, Alt):
+        return any(_nullable(x, rules_nullable) for x in expr.items)
+    if isinstance(expr, Repeat):
+        return expr.lo == 0 or _nullable(expr.item, rules_nullable)
+    if hasattr(expr, "dfa"):  # an embedded DFA (dfa_ops.Automaton)
+        return bool(expr.dfa.accept[expr.dfa.start])
+    raise TypeError(f"not an expression node: {expr!r}")
+
+
+def _optional_calls(expr, nullable: dict, memo: dict):
+    """``Call(r)`` of a rule that matches the empty string becomes ``ε | Call(r)``: the automaton only
+    enters a rule on a byte, the empty match is the caller's own path."""
+    key = id(expr)
+    if key in memo:
+        return memo[key][1]
+    if isinstance(expr, Call):
+        out = alt(EPSILON, expr) if nullable[expr.rule] else expr
+    elif isinstance(expr, Seq):
+        out = seq(*(_optional_calls(x, nullable, memo) for x in expr.items))
+    elif isinstance(expr, Alt):
+        out = alt(*(_optional_calls(x, nullable, memo) for x in expr.items))
+    elif isinstance(expr, Repeat):
+        out = repeat(_optional_calls(expr.item, nullable, memo), expr.lo, expr.hi)
+    else:
+        out = expr
+    memo[key] = (expr, out)
+    return out
+
+
+def _rules(g: Grammar) -> dict:
+    """The rules reachable from the root (root first), with calls to nullable rules made optional."""
+    order, todo = [], [g.root]
+    while todo:
+        name = todo.pop()
+        if name in order:
+            continue
+        if name not in g.rules:
+            raise GrammarError(f"rule {name!r} is called but not defined")
+        order.append(name)
+        todo.extend(sorted(_calls(g.rules[name], set()) - set(order)))
+    nullable = {name: False for name in order}
+    changed = True
+    while changed:
+        changed = False
+        for name in order:
+            if not nullable[name] and _nullable(g.rules[name], nullable):
+                nullable[name] = changed = True
+    memo: dict = {}
+    return {name: _optional_calls(g.rules[name], nullable, memo) for name in order}
+
+
+# ------------------------------------------------------------------------------------- automaton
+def _coreach(table: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """``bool[S]``: states from which a seed is reachable along ``table``'s edges (0 is no edge)."""
+    out = seeds.copy()
+    out[0] = False
+    pstart, pedge = predecessors(table)
+    frontier = np.flatnonzero(out)
+    while frontier.size:
+        e, _ = _gather(pstart, pedge, frontier)
+        src = np.unique(e // table.shape[1])
+        frontier = src[~out[src]]
+        out[frontier] = True
+    out[0] = False
+    return out
+
+
+def _trim(table, accept, entries, call_cols):
+    """Live states (reachable from the root, able to finish their rule); calls of empty rules removed."""
+    n, _ = table.shape
+    byte_cols = np.setdiff1d(np.arange(table.shape[1]), list(call_cols))
+    nonempty = np.ones(len(entries), bool)
+    while True:  # co-reachability to acceptance through shifts and calls of non-empty rules
+        cols = byte_cols.tolist() + [c for c, r in call_cols.items() if nonempty[r]]
+        co = _coreach(np.ascontiguousarray(table[:, cols]), accept)
+        now = co[np.asarray(entries)]
+        if np.array_equal(now, nonempty):
+            break
+        nonempty = now
+    for c, r in call_cols.items():
+        if not nonempty[r]:
+            table[:, c] = 0
+    callee = {c: entries[r] for c, r in call_cols.items()}
+    fwd = np.zeros(n, bool)
+    frontier = np.array([entries[0]])
+    fwd[frontier] = True
+    while frontier.size:
+        rows = table[frontier]
+        nxt = [rows.ravel()] + [np.array([e]) for c, e in callee.items() if (rows[:, c] != 0).any()]
+        nxt = np.unique(np.concatenate(nxt))
+        frontier = nxt[~fwd[nxt]]
+        fwd[frontier] = True
+    live = fwd & co
+    live[0] = False
+    if not live[entries[0]]:
+        raise EmptyLanguageError("the grammar matches no string at all")
+    return live, nonempty
+
+
+def compile_grammar(
+    g: Grammar, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: int = MAX_DFA_STATES
+) -> Pushdown:
+    """The pushdown automaton of a recursive grammar (see the module docstring).
+
+    Raises:
+      GrammarError: undefined rules, left recursion, a choice the automaton cannot make
+        deterministically, a budget exceeded, or a root that needs more than ``max_depth`` frames.
+      EmptyLanguageError: if the grammar matches nothing.
+    """
+    rules = _rules(g)
+    names = list(rules)
+    nfa = _NFA(max_nfa_states, names)
+    finals, starts = [], []
+    for name in names:
+        finals.append(nfa.new())
+        starts.append(nfa.build(rules[name], finals[-1]))
+    table, symbol_class, accept, entries = _determinise(nfa, starts, set(finals), max_dfa_states)
+    call_cols = {int(symbol_class[256 + i]): i for i in range(len(names))}
+    call_cols = {c: r for c, r in call_cols.items() if c not in set(symbol_class[:256].tolist())}
+    live, nonempty = _trim(table, accept, entries, call_cols)
+    keep = np.flatnonzero(live)
+    renum = np.zeros(table.shape[0], np.int64)
+    renum[keep] = np.arange(1, keep.size + 1)
+    t = np.concatenate([np.zeros((1, table.shape[1]), np.int64), renum[table[keep]]])
+    acc = np.concatenate([[False], accept[keep]])
+    block = partition(t, acc)
+    # renumber blocks: dead 0, root start 1, the others by first state
+    first = np.full(int(block.max()) + 1, t.shape[0])
+    np.minimum.at(first, block, np.arange(t.shape[0]))
+    root_block = block[renum[entries[0]]]
+    rest = np.setdiff1d(np.arange(first.size), [block[0], root_block])
+    order = np.concatenate([[block[0], root_block], rest[np.argsort(first[rest], kind="stable")]])
+    new_id = np.zeros(first.size, np.int64)
+    new_id[order] = np.arange(first.size)
+    reps = first[order]
+    t = new_id[block[t[reps]]]
+    acc = acc[reps]
+    rule_start = [int(new_id[block[renum[e]]]) if nonempty[i] and live[e] else 0 for i, e in enumerate(entries)]
+    return _machine(t, acc, symbol_class[:256], call_cols, rule_start, names, g.max_depth)
+
+
+def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth) -> Pushdown:
+    """Byte-level semantics (enter tables, checks, depth needs) of the minimised table over all rules."""
+    byte_cols = np.unique(byte_symbol)
+    compact = np.zeros(t.shape[1], np.int64)
+    compact[byte_cols] = np.arange(byte_cols.size)
+    byte_class = compact[byte_symbol].astype(np.int32)
+    delta = t[:, byte_cols]
+    q_count, k = delta.shape
+    bottom = q_count  # appended below: accepting, no transition
+    calls = [(q, r, int(t[q, c])) for c, r in call_cols.items() for q in np.flatnonzero(t[:, c]).tolist()]
+    calls_at: dict[int, list] = {}
+    for q, r, ret in calls:
+        calls_at.setdefault(q, []).append((r, ret))
+    closed = accept & ~(delta != 0).any(axis=1) & np.array([q not in calls_at for q in range(q_count)])
+    pushes: dict[tuple, int] = {(): 0}
+    entry_memo: dict[tuple[int, int], tuple[int, tuple] | None] = {}
+
+    def act(q: int, b: int, path: tuple = ()) -> tuple[int, tuple] | None:
+        """``(state, pushed return states)`` after shifting or entering with byte class ``b`` at ``q``."""
+        key = (q, b)
+        if key in entry_memo:
+            return entry_memo[key]
+        if key in path:
+            rule = names[[i for i, s in enumerate(rule_start) if s == q][0]] if q in rule_start else "?"
+            raise GrammarError(f"rule {rule!r} is left-recursive (it can call itself before reading a byte)")
+        found = [(int(delta[q, b]), ())] if delta[q, b] else []
+        for r, ret in calls_at.get(q, ()):
+            inner = act(rule_start[r], b, path + (key,))
+            if inner is not None:
+                found.append((inner[0], (() if closed[ret] else (ret,)) + inner[1]))
+                callee = names[r]
+        if len(found) > 1:
+            raise GrammarError(
+                f"byte {_byte_name(byte_class, b)} can continue two ways where rule {callee!r} is called "
+                "(the grammar is ambiguous there for a deterministic pushdown automaton; factor the "
+                "common prefix out of the alternatives)"
+            )
+        entry_memo[key] = found[0] if found else None
+        return entry_memo[key]
+
+    enter = np.zeros((q_count + 1, k), np.int32)
+    enter_push = np.zeros((q_count + 1, k), np.int32)
+    for q in calls_at:
+        for b in range(k):
+            got = act(q, b)
+            if got is not None and not delta[q, b]:
+                enter[q, b] = got[0]
+                enter_push[q, b] = pushes.setdefault(got[1], len(pushes))
+    delta = np.concatenate([delta, np.zeros((1, k), delta.dtype)]).astype(np.int32)
+    accept = np.concatenate([accept, [True]])
+    closed = np.concatenate([closed, [True]])
+    p = Pushdown(
+        delta, byte_class, accept, enter, enter_push, tuple(pushes), 1, bottom,
+        np.zeros(q_count + 1, np.int32), np.zeros(0, np.int32), int(max_depth),
+        accept & ~(delta != 0).any(axis=1) & ~(enter != 0).any(axis=1),
+    )  # fmt: skip
+    member = _membership(p, calls, rule_start)
+    _check_returns(p, calls, rule_start, member, names)
+    need = _need(p, calls, rule_start)
+    if need[p.start] > max_depth:
+        raise GrammarError(f"the shortest output of the grammar nests {need[p.start]} calls deep (max_depth={max_depth})")
+    returns = sorted({s for seq_ in pushes for s in seq_} | {bottom})
+    return p._replace(need=need.astype(np.int32), returns=np.asarray(returns, np.int32))
+
+
+def _byte_name(byte_class, b: int) -> str:
+    members = np.flatnonzero(byte_class == b)
+    return repr(bytes([int(members[0])]))
+
+
+def _membership(p: Pushdown, calls, rule_start) -> np.ndarray:
+    """``bool[n_rules, Q]``: states each rule's start reaches by shifts and returns from its calls."""
+    ret_of = {}
+    for q, _, ret in calls:
+        ret_of.setdefault(q, []).append(ret)
+    out = np.zeros((len(rule_start), p.num_states), bool)
+    for i, s in enumerate(rule_start):
+        if not s:
+            continue
+        seen = out[i]
+        seen[s] = True
+        todo = [s]
+        while todo:
+            q = todo.pop()
+            for x in set(p.delta[q].tolist()) | set(ret_of.get(q, ())):
+                if x and not seen[x]:
+                    seen[x] = True
+                    todo.append(x)
+    return out
+
+
+def _check_returns(p: Pushdown, calls, rule_start, member, names):
+    """Refuses grammars where a byte could both continue a rule and return from it, and grammars where
+    one byte could return through an unbounded number of frames (the device bounds returns per token).
+
+    ``follow[r]``: byte classes that may follow rule ``r`` where it returns (over all call sites).
+    """
+    k = p.delta.shape[1]
+    closed = p.closed
+    first = (p.delta != 0) | (p.enter != 0)  # [Q, K]
+    follow = np.zeros((len(rule_start), k), bool)
+
+    def follow_of(q):
+        rows = member[:, q]
+        return follow[rows].any(axis=0) if rows.any() else np.zeros(k, bool)
+
+    changed = True
+    while changed:
+        changed = False
+        for q, r, ret in calls:
+            add = follow_of(q) if closed[ret] else first[ret] | (follow_of(ret) if p.accept[ret] else False)
+            new = follow[r] | add
+            if not np.array_equal(new, follow[r]):
+                follow[r] = new
+                changed = True
+    for q in np.flatnonzero(p.accept & ~closed).tolist():
+        clash = first[q] & follow_of(q)
+        if q != p.bottom and clash.any():
+            rule = names[int(np.flatnonzero(member[:, q])[0])]
+            raise GrammarError(
+                f"rule {rule!r} can either go on or end before byte {_byte_name(p.byte_class, int(np.argmax(clash)))} "
+                "(a deterministic pushdown automaton cannot decide; make the end of the rule explicit)"
+            )
+    # lazy returns through several frames: call sites whose return state may end but go on
+    open_sites = [(q, r, ret) for q, r, ret in calls if p.accept[ret] and not closed[ret]]
+    tail = {i: {i} for i in range(len(rule_start))}
+    changed = True
+    while changed:
+        changed = False
+        for q, r, ret in calls:
+            if closed[ret]:
+                for i in np.flatnonzero(member[:, q]).tolist():
+                    for j in list(tail.values()):
+                        if i in j and r not in j:
+                            j.add(r)
+                            changed = True
+    edges = {
+        s: [t for t, (_, rt, _) in enumerate(open_sites) if any(member[i, open_sites[s][0]] for i in tail[rt])]
+        for s in range(len(open_sites))
+    }
+    state = {}
+
+    def visit(s):
+        state[s] = 1
+        for t in edges[s]:
+            if state.get(t) == 1 or (t not in state and visit(t)):
+                return True
+        state[s] = 2
+        return False
+
+    for s in edges:
+        if s not in state and visit(s):
+            raise GrammarError(
+                f"rule {names[open_sites[s][1]]!r} is called where the caller may itself end, recursively: "
+                "one byte could return through any number of calls (make the end of the rule explicit)"
+            )
+
+
+def _need(p: Pushdown, calls, rule_start) -> np.ndarray:
+    """Least stack room to finish the current rule from each state.
+
+    Level by level: the states that finish within room ``k`` are those reaching acceptance through
+    shifts and calls whose callee finishes within ``k - 1`` (``k`` for a tail call: it pushes nothing).
+    """
+    big = np.iinfo(np.int32).max // 4
+    need = np.full(p.num_states, big, np.int64)
+    if not calls:
+        q_, r_, ret_ = np.zeros((3, 0), np.int64)
+    else:
+        q_, r_, ret_ = (np.array(x, np.int64) for x in zip(*calls))
+    start = np.asarray(rule_start, np.int64)[r_] if len(calls) else q_
+    tail = p.closed[ret_]
+    pstart, pedge = predecessors(p.delta)
+    k_cols = p.delta.shape[1]
+    done = np.zeros(p.num_states, bool)
+    for k in range(p.num_states + 1):
+        before = done.copy()
+        inside = done | p.accept
+        inside[0] = False
+        frontier = np.flatnonzero(inside & ~done)
+        while True:
+            usable = np.where(tail, inside[start], before[start]) & (start > 0) & inside[ret_] & ~inside[q_]
+            new = [q_[usable]]
+            if frontier.size:
+                e, _ = _gather(pstart, pedge, frontier)
+                new.append(e // k_cols)
+            new = np.unique(np.concatenate(new))
+            new = new[~inside[new] & (new != 0)]
+            if new.size == 0:
+                break
+            inside[new] = True
+            frontier = new
+        need[inside & ~done] = k
+        done = inside
+        if np.array_equal(done, before) and k:
+            break
+    return need

@@ -1,0 +1,299 @@
+"""Recursive grammars on a stack: token tables == the byte-level pushdown automaton, device == host
+matcher, the depth limit (masked, never stranded, traced), the Matcher API, decoding, no recompiles."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsample as js
+from jaxsample import stages
+from jaxsample import structured as st
+from jaxsample.structured import automaton as am
+from jaxsample.structured.gbnf import parse_gbnf
+from jaxsample.structured.json_schema import schema_expr
+from tests._helpers import CountingJit
+from tests._structured_vocab import bpe_vocab
+from tests.test_structured_gbnf import ARITHMETIC, JSON_GBNF
+
+V = 1216  # logits wider than the 1200-token tokenizer: padded columns
+TREE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            "required": ["v"],
+            "additionalProperties": False,
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+# name: (byte-level automaton, token tables), the same grammar and limit
+SOURCES = {
+    "arith": (lambda: parse_gbnf(ARITHMETIC, max_depth=3), lambda v: st.compile_gbnf(ARITHMETIC, v, max_depth=3)),
+    "json_gbnf": (lambda: parse_gbnf(JSON_GBNF, max_depth=2), lambda v: st.compile_gbnf(JSON_GBNF, v, max_depth=2)),
+    "json_mode": (lambda: schema_expr(True, whitespace="bounded", max_depth=2),
+                  lambda v: st.compile_json(v, max_depth=3, whitespace="bounded")),
+    "tree": (lambda: schema_expr(TREE, whitespace="compact", max_depth=2),
+             lambda v: st.compile_json_schema(TREE, v, whitespace="compact", max_depth=2)),
+}  # fmt: skip
+
+
+# every byte, and tokens that enter and leave rules (for a moment deeper), return through several
+# rules, or return and enter again
+CROSSING = (None, *(bytes([b]) for b in range(256)), b"[1]", b"[[", b"]]", b"]]]", b"],[", b"[{", b"}]", b"}},",
+            b'{"v":', b'{"v":1}', b"(1)", b"((1))", b"1))", b")*(", b"))+(", b"[[1]]", b"[]]", b'":[{"')  # fmt: skip
+
+
+def crossing_vocab():
+    return st.Vocabulary(CROSSING, (0,))
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    out = {}
+    for vocab in (bpe_vocab(size=V), crossing_vocab()):
+        out.update({(k, vocab.size): (am.compile_expr(expr()), build(vocab)) for k, (expr, build) in SOURCES.items()})
+    return out
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return {b: i for i, b in enumerate(bpe_vocab(size=V).token_bytes) if b}
+
+
+def _byte_result(pd, state, stack, data, limit):
+    """The byte-level automaton's ``(state, stack)`` after ``data``; None if it dies, exceeds the depth
+    limit anywhere, or leaves no completion within the limit."""
+    stack = list(stack)
+    for b in data:
+        state = pd.step(state, b, stack)
+        if state == 0 or len(stack) > limit:
+            return None
+    if len(stack) + pd.need[state] > limit or any(i + pd.need[r] > limit for i, r in enumerate(stack)):
+        return None
+    return state, tuple(stack)
+
+
+def _random_tokens(m, rng, steps, prefer=()):
+    """Accepts ``steps`` random allowed non-EOS tokens (``prefer``red ones mostly); returns them."""
+    out = []
+    for _ in range(steps):
+        allowed = m.allowed()
+        assert allowed.any(), "a row is never stranded"
+        text = np.flatnonzero(allowed & ~np.isin(np.arange(allowed.size), m.eos_ids))
+        if text.size == 0:
+            break
+        good = [t for t in prefer if allowed[t]]
+        t = int(rng.choice(good if good and rng.random() < 0.7 else text))
+        assert m.accept_token(t)
+        out.append(t)
+    return out
+
+
+DEEP = {  # documents reaching each grammar's limit
+    "arith": b"(((1+2)*3))-((4))",
+    "json_gbnf": b'{"a": [{"b": 1, "c": true}, 2], "d": {"e": {}}}',
+    "json_mode": b'[[[1, "x"], {"k": null}], 2.5]',
+    "tree": b'{"v":1,"kids":[{"v":2,"kids":[{"v":3},{"v":4}]},{"v":5}]}',
+}
+
+
+def _greedy(data: bytes, vocab) -> list:
+    """Longest-match tokenization (a path through multi-byte tokens that cross rule boundaries)."""
+    index = {b: i for i, b in enumerate(vocab.token_bytes) if b}
+    out, i = [], 0
+    while i < len(data):
+        n = max(n for n in range(1, len(data) - i + 1) if data[i : i + n] in index)
+        out.append(index[data[i : i + n]])
+        i += n
+    return out
+
+
+@pytest.mark.parametrize("crossing", [False, True])
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_token_tables_equal_the_byte_level_pushdown_automaton(compiled, name, crossing):
+    """Every token at every visited configuration is allowed exactly when its bytes run on the
+    byte-level automaton within the limit with a completion left, and then leads to the same state
+    and stack (tokens returning through rules, entering rules, at the depth limit). Configurations:
+    a document that reaches the limit, then random tokens."""
+    v = crossing_vocab() if crossing else bpe_vocab(size=V)
+    pd, g = compiled[name, v.size]
+    m = st.Matcher(g)
+    assert m.limit == pd.max_depth
+    script = _greedy(DEEP[name], v)
+    rng = np.random.default_rng(len(name))
+    deepest = 0
+    for step in range(len(script) + 15):
+        allowed = m.allowed()
+        for t, data in enumerate(v.token_bytes):
+            if data is None:
+                assert allowed[t] == (t in g.eos_ids and m.is_accepting()), t
+                continue
+            want = _byte_result(pd, m.state, m.stack, data, m.limit)
+            assert allowed[t] == (want is not None), (data, m.state, m.stack)
+            if want is not None:
+                assert m._step(t) == want, data
+        deepest = max(deepest, len(m.stack))
+        if step < len(script):
+            assert m.accept_token(script[step]), (name, step)
+        elif not _random_tokens(m, rng, 1):
+            break
+    assert deepest == m.limit
+
+
+def test_device_stepping_equals_the_host_matcher(compiled):
+    """Recursive and regular grammars and a free row in one batch; two limits through one trace."""
+    grammars = [compiled[k, V][1] for k in ("arith", "json_gbnf", "json_mode", "tree")]
+    grammars.append(st.compile_regex(r"[a-z]{1,3}(,[0-9]+)*", bpe_vocab(size=V)))
+    rows = np.array([0, 1, 2, 3, 4, -1])
+    allowed_fn, advance_fn = CountingJit(st.allowed), CountingJit(st.advance)
+    for limit in (None, 1):  # the limit is a traced table value
+        tables = st.stack(grammars, max_depth=limit, num_depth=32)
+        matchers = [st.Matcher(g, max_depth=limit) for g in grammars]
+        state = st.initial_state(tables, rows)
+        rng = np.random.default_rng(7)
+        for _ in range(40):
+            dev = np.asarray(allowed_fn(tables, rows, state))
+            toks = []
+            for r, m in enumerate(matchers):
+                np.testing.assert_array_equal(dev[r], m.allowed())
+                assert int(state.state[r]) == m.state and int(state.depth[r]) == len(m.stack)
+                assert tuple(np.asarray(state.stack[r, : len(m.stack)]).tolist()) == m.stack
+                toks += _random_tokens(m, rng, 1) or [-1]  # -1 (padding): a finished row keeps its state
+            assert dev[5].all()
+            state = advance_fn(tables, rows, state, np.array(toks + [int(rng.integers(3, 1200))]))
+    assert allowed_fn.traces == 1 and advance_fn.traces == 1
+
+
+def test_depth_limit_masks_deeper_nesting_and_never_strands_a_row(ids):
+    v = bpe_vocab(size=V)
+    g = st.compile_json(v, max_depth=3, whitespace="compact")
+    m = st.Matcher(g)
+    assert m.accept_tokens([ids[b"["]] * 3) == 3 and len(m.stack) == 2 == m.limit
+    allowed = m.allowed()
+    assert not allowed[ids[b"["]] and not allowed[ids[b"{"]]  # a fourth level would exceed the limit
+    assert allowed[ids[b"]"]] and allowed[ids[b"1"]] and allowed[ids[b'"']] and not allowed[0]
+    assert st.Matcher(g, max_depth=5).accept_tokens([ids[b"["]] * 7) == 6  # a larger limit, same tables
+    rng = np.random.default_rng(0)
+    opening = [i for b, i in ids.items() if b[:1] in b"[{"]
+    closing = [t for b, t in ids.items() if b[-1:] in b']}"0123456789el']
+    for _ in range(20):  # random outputs under a tight limit: always finishable, valid JSON, nesting <= 2
+        m = st.Matcher(g, max_depth=1)
+        toks = _random_tokens(m, rng, 30, opening)
+        while not m.is_accepting():
+            allowed = m.allowed()
+            choice = [t for t in closing if allowed[t]] or np.flatnonzero(allowed).tolist()
+            toks.append(int(rng.choice(choice)))
+            assert m.accept_token(toks[-1])
+        doc = json.loads(b"".join(v.token_bytes[t] for t in toks))
+        assert _depth(doc) <= 2
+
+
+def test_matcher_api():
+    pieces = ["<eos>", *"()0123456789+-*/", "))", "2)", "(("]
+    v = st.Vocabulary.from_pieces(pieces, kind="raw", special_ids=[0], eos_ids=[0])
+    ids = {p.encode(): i for i, p in enumerate(pieces)}
+    g = st.compile_gbnf(ARITHMETIC, v)
+    m = st.Matcher(g)
+    bitmask = np.zeros((2, 1), np.int32)
+    m.fill_next_token_bitmask(bitmask, 1)
+    unpacked = np.unpackbits(bitmask[1].view(np.uint8), bitorder="little")[: len(pieces)].astype(bool)
+    np.testing.assert_array_equal(unpacked, m.allowed())
+    assert not bitmask[0].any()
+    assert not m.accept_token(ids[b")"]) and m.state == g.start  # refused: nothing changes
+    assert m.accept_tokens([ids[b"(("], ids[b"1"], ids[b"+"]]) == 3 and len(m.stack) == 2  # a frame per "("
+    assert not m.is_accepting() and not m.allowed()[0]
+    assert m.accept_token(ids[b"2)"]) and len(m.stack) == 1  # returns through one frame
+    assert m.accept_token(ids[b")"]) and m.is_accepting() and m.stack == ()
+    assert m.accept_token(0) and m.is_terminated()
+    assert m.allowed().tolist() == [t == 0 for t in range(len(pieces))]  # finished: only EOS
+    m.rollback(3)
+    assert not m.is_terminated() and len(m.stack) == 2 and m.allowed()[ids[b"2)"]] and not m.allowed()[ids[b"))"]]
+    assert m.accept_token(ids[b"2"]) and m.accept_token(ids[b"))"]) and m.stack == ()  # returns through two frames
+    with pytest.raises(ValueError, match="roll back 9"):
+        m.rollback(9)
+    with pytest.raises(ValueError, match="int32"):
+        m.fill_next_token_bitmask(np.zeros((1, 1), np.uint32))
+    with pytest.raises(ValueError, match="max_depth"):
+        st.Matcher(g, max_depth=-1)
+    m.reset()
+    assert m.state == g.start and m.stack == () and not m.is_terminated()
+    regular = st.Matcher(st.compile_regex("1(2)?", v))  # regular grammars too
+    assert regular.accept_token(ids[b"1"]) and regular.is_accepting() and not regular.accept_token(ids[b"1"])
+    with pytest.raises(ValueError, match="stack"):
+        g.advance(g.start, ids[b"("])
+
+
+def test_generate_recursive_json_with_traced_depth_limits():
+    """The chain stage in the real decode loop: per-row grammars, one regular; limits per batch."""
+    from jaxsample.decoding import BIGRAM, generate
+
+    v = bpe_vocab(size=V)
+    rows = [st.compile_json(v, whitespace="compact"), st.compile_json_schema(TREE, v, whitespace="compact"),
+            st.compile_regex("[a-z]{2}", v), st.compile_gbnf(ARITHMETIC, v)]  # fmt: skip
+    sampler = js.chain(stages.grammar(), stages.temperature(1.0), select=stages.categorical())
+    logits = np.random.default_rng(3).standard_normal((V, V)).astype(np.float32) * 2.0
+    ids = {b: i for i, b in enumerate(v.token_bytes) if b}
+    for o in (b"[", b"{", b"("):  # a model that loves to nest
+        logits[:, ids[o]] += 4.0
+    outs = []
+    for limit in (2, 4):
+        params = {"seed": np.arange(4), **st.grammar_params(rows, max_depth=limit, num_depth=8)}
+        out = generate(BIGRAM, {"logits": jnp.asarray(logits)}, np.ones((4, 1), np.int32), max_new_tokens=120,
+                       eos_ids=[0, 2], pad_id=-1, sampler=sampler, sampler_params=params)  # fmt: skip
+        toks, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+        texts = [b"".join(v.token_bytes[t] or b"" for t in toks[r, : lengths[r]] if t not in (0, 2)) for r in range(4)]
+        done = [toks[r, lengths[r] - 1] in (0, 2) for r in range(4)]
+        for r in (0, 1):
+            if done[r]:
+                doc = json.loads(texts[r])
+                assert _depth(doc) <= (limit + 1 if r == 0 else 2 * limit + 1), texts[r]
+        for r, text in enumerate(texts):  # unfinished rows are prefixes the host matcher accepts too
+            m = st.Matcher(rows[r], max_depth=limit)
+            assert m.accept_tokens([t for t in toks[r, : lengths[r]] if t >= 0]) == lengths[r]
+        outs.append(texts)
+    assert outs[0] != outs[1]
+
+
+def test_new_recursive_grammar_in_the_same_buckets_does_not_recompile():
+    v = bpe_vocab(size=V)
+    f = CountingJit(st.mask)
+    x = jnp.zeros((2, V))
+    rows = jnp.array([0, -1])
+    pins = dict(num_states=512, num_classes=256, num_masks=256, num_depth=32, num_returns=512, num_pop_tokens=4096)
+    for g in (st.compile_gbnf(ARITHMETIC, v), st.compile_json(v), st.compile_json_schema(TREE, v)):
+        t = st.stack([g], **pins)
+        jax.block_until_ready(f(x, t, rows, st.initial_state(t, rows)))
+    assert f.traces == 1
+    with pytest.raises(ValueError, match="num_returns"):
+        st.stack([st.compile_json(v)], num_returns=1)
+    call = am.Call("r")
+    rules = {"root": am.seq(am.lit("<"), call, am.lit(">")), "r": am.alt(am.lit("x"), am.seq(am.lit("("), call, am.lit(")")))}
+    needs_one = st.compile_expression(st.Grammar(rules, "root"), v)  # every output enters "r": one frame
+    with pytest.raises(ValueError, match="shortest output"):
+        st.stack([needs_one], max_depth=0)
+    with pytest.raises(ValueError, match="shortest output"):
+        st.Matcher(needs_one, max_depth=0)
+
+
+def _depth(doc) -> int:
+    if isinstance(doc, dict):
+        return 1 + max((_depth(x) for x in doc.values()), default=0)
+    if isinstance(doc, list):
+        return 1 + max((_depth(x) for x in doc), default=0)
+    return 0
+
+
+def test_one_of_with_a_recursive_branch():
+    """oneOf branches containing calls are proven disjoint on a regular superset (the callee's first
+    character, then anything); a branch the superset cannot separate raises instead of guessing."""
+    nullable = {"oneOf": [{"type": "null"}, {"$ref": "#/$defs/node"}],
+                "$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#"}}, "additionalProperties": False}}}  # fmt: skip
+    d = am.compile_expr(schema_expr(nullable, whitespace="compact"))
+    assert d.matches(b'{"next":{"next":null}}') and d.matches(b"null") and not d.matches(b'{"next":1}')
+    overlapping = {"oneOf": [{"type": "object"}, {"$ref": "#/$defs/node"}], "$defs": nullable["$defs"]}
+    with pytest.raises(am.GrammarError, match="overlap"):
+        schema_expr(overlapping)
