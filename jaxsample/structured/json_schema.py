@@ -29,10 +29,11 @@ Over-constraints (outputs remain valid; some valid documents cannot be produced)
 many property orders for ``max_order_states`` keep schema order; an absent
 ``additionalProperties`` means closed unless ``open_objects=True`` (as XGrammar and llama.cpp);
 a schema without ``type`` produces only the types its keywords imply; bounded numbers have no
-exponent; enum/const numbers are written as given (``1`` not ``1.0``); strings use canonical escapes; recursion
-(a ``$ref`` cycle, the containers of ``{}``/``true`` values) nests at most ``max_depth`` frames on
-the device stack (a runtime parameter, see below); ``minProperties`` counts at most one additional property (their keys could repeat); format
-subsets (:mod:`~jaxsample.structured.formats`).
+exponent; enum/const numbers are written as given (``1`` not ``1.0``); strings use canonical
+escapes; recursion (a ``$ref`` cycle, the containers of ``{}``/``true`` values) nests at most
+``max_depth`` frames on the device stack (a runtime parameter, see below); ``minProperties``
+counts at most one additional property (their keys could repeat); format subsets
+(:mod:`~jaxsample.structured.formats`).
 
 Recursion is not unrolled: a schema reached again through ``$ref`` while it is being expanded
 (a cycle), and the containers of generic values (``{}``/``true``, rule ``JSON_RULE``), are rules of a
@@ -411,7 +412,8 @@ class _Compiler:
         if rest and values:  # keep the values the sibling keywords accept (objects: open, any depth)
             checker = self.sub(whitespace="compact", whitespace_pattern=None, separators=None, open_objects=True,
                                max_depth=max(self.opts["max_depth"], *map(_depth, values)))  # fmt: skip
-            check = compile_expr(checker.grammar(checker.compile({**rest, "type": s["type"]} if "type" in s else rest, path)))
+            sibling = {**rest, "type": s["type"]} if "type" in s else rest
+            check = compile_expr(checker.grammar(checker.compile(sibling, path)))
             values = [v for v in values if check.matches(canonical_json(v).encode())]
         return alt(*(self.literal(v, path) for v in values))
 
