@@ -200,6 +200,37 @@ def stateless(
     return Stage(name=name, update=update, params=params, form=form, nan_free=nan_free)
 
 
+#: Every chain reads ``seed`` and ``seed_stream``; together they name a row's random stream.
+SEED = Param("seed", 0, jnp.int32, lo=-(2**31), hi=2**31 - 1)
+STREAM = Param("seed_stream", 0, jnp.int32, lo=0, hi=2**31 - 1)
+
+
+def _default_streams(seed, batch_shape: tuple[int, ...]):
+    """``seed_stream`` when none is given: 0 for per-row seeds, the flat row index for a shared seed."""
+    if seed is not None and tuple(np.shape(seed)) == batch_shape:
+        return 0
+    return np.arange(int(np.prod(batch_shape, dtype=np.int64)), dtype=np.int32).reshape(batch_shape)
+
+
+def request_keys(params: Params) -> Array:
+    """Typed keys ``[B]``: each row's key before the step is folded in.
+
+    Row ``b`` draws from stream ``seed_stream[b]`` of ``seed[b]``: ``key(seed)`` for stream 0 and
+    ``fold_in(key(seed), stream)`` otherwise. Streams are independent threefry keys, so distinct
+    ``(seed, stream)`` pairs never overlap (unlike ``seed + i``), and a request alone (stream 0)
+    equals its own row of a batch given one seed per row, whatever its slot.
+    """
+    seeds = jnp.asarray(params[SEED.name], jnp.int32)
+    streams = jnp.broadcast_to(jnp.asarray(params.get(STREAM.name, 0), jnp.int32), seeds.shape)
+
+    def one(seed, stream):
+        k = jax.random.key(seed)
+        data = jnp.where(stream == 0, jax.random.key_data(k), jax.random.key_data(jax.random.fold_in(k, stream)))
+        return jax.random.wrap_key_data(data)
+
+    return jax.vmap(one)(seeds.reshape(-1), streams.reshape(-1)).reshape(seeds.shape)
+
+
 class SamplerState(NamedTuple):
     """Everything that evolves during decoding, as a pytree with leading batch axes."""
 
@@ -252,8 +283,8 @@ class Sampler(NamedTuple):
 
     # ----------------------------------------------------------------------------------- params
     def param_specs(self) -> dict[str, Param]:
-        """All parameters read by the chain, by name (``seed`` is always present)."""
-        specs: dict[str, Param] = {"seed": Param("seed", 0, jnp.int32, lo=-(2**31), hi=2**31 - 1)}
+        """All parameters read by the chain, by name (``seed`` and ``seed_stream`` are always present)."""
+        specs: dict[str, Param] = {SEED.name: SEED, STREAM.name: STREAM}
         for part in self.stages + (self.selector,):
             for p in part.params:
                 specs.setdefault(p.name, p)
@@ -273,12 +304,18 @@ class Sampler(NamedTuple):
 
         Raises:
           ValueError: on an unknown name, a value out of range, or a shape that does not broadcast.
+
+        Seeds (see :func:`request_keys`): one seed per row (an array of the batch shape) gives every
+        row stream 0 of its seed; a seed shared by the batch (a scalar, a broadcast array, or none:
+        seed 0) gives row ``b`` stream ``b`` (its flat index), so no two rows share noise.
         """
         specs = self.param_specs()
         unknown = sorted(set(values) - set(specs))
         if unknown:
             raise ValueError(f"unknown sampler parameter(s) {unknown}; this chain reads {sorted(specs)}")
         batch_shape = tuple(batch_shape)
+        if STREAM.name not in values:
+            values[STREAM.name] = _default_streams(values.get(SEED.name), batch_shape)
         out = {}
         for name, s in specs.items():
             checks = dict(lo=s.lo, hi=s.hi, lo_open=s.lo_open, hi_open=s.hi_open)
@@ -352,11 +389,9 @@ class Sampler(NamedTuple):
 
     # ------------------------------------------------------------------------------------- step
     def _info(self, state: SamplerState, params: Params, name: str) -> StepInfo:
-        seeds = params["seed"]
-        base = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(
-            seeds.reshape(-1), state.position.reshape(-1)
-        )
-        key = jax.vmap(lambda k: jax.random.fold_in(k, _stage_salt(name)))(base).reshape(seeds.shape)
+        keys = request_keys(params)
+        base = jax.vmap(jax.random.fold_in)(keys.reshape(-1), state.position.reshape(-1))
+        key = jax.vmap(lambda k: jax.random.fold_in(k, _stage_salt(name)))(base).reshape(keys.shape)
         return StepInfo(
             key=key,
             position=state.position,

@@ -43,7 +43,7 @@ from jax import lax
 
 from jaxsample import _math, _noise, selection
 from jaxsample._types import Array, ArrayLike
-from jaxsample.chain import Sampler, SamplerState
+from jaxsample.chain import Sampler, SamplerState, request_keys
 from jaxsample.decoding import _request, _stopping, adapters, sharding
 from jaxsample.decoding._stopping import Stops, Tracker
 from jaxsample.decoding.loop import Config, fill_pad, prepare
@@ -95,10 +95,8 @@ def _proposal(sampler: Sampler) -> str | None:
     return None
 
 
-def _keys(seeds: Array, position: Array, salt: int) -> Array:
-    return jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(jax.random.key(s), p), salt))(
-        seeds, position
-    )
+def _keys(sparams, position: Array, salt: int) -> Array:
+    return jax.vmap(lambda k, p: jax.random.fold_in(jax.random.fold_in(k, p), salt))(request_keys(sparams), position)
 
 
 def _pick(stacked, index: Array):
@@ -180,7 +178,7 @@ def _step(
         p = _math.softmax(procs[:k])
         p_d = jnp.sum(jnp.where(d_onehot, p, 0.0), axis=-1)
         q_d = jnp.sum(jnp.where(d_onehot, q, 0.0), axis=-1)
-        u = jax.vmap(lambda i: _noise.uniform(_keys(sparams["seed"], out.length + i, _ACCEPT_SALT)))(
+        u = jax.vmap(lambda i: _noise.uniform(_keys(sparams, out.length + i, _ACCEPT_SALT)))(
             jnp.arange(k)
         )
         ok = (p_d > 0) & (u * q_d <= p_d)
@@ -196,7 +194,7 @@ def _step(
         resid = jnp.maximum(_math.softmax(proc_a) - q_a, 0.0)
         resid_logits = jnp.where(jnp.any(resid > 0, axis=-1, keepdims=True), jnp.log(resid), proc_a)
         recovered = selection.categorical(
-            _keys(sparams["seed"], out.length + n_ok, _RESIDUAL_SALT), resid_logits
+            _keys(sparams, out.length + n_ok, _RESIDUAL_SALT), resid_logits
         )
         final = jnp.where(rejected, recovered, bonus)
         selected = where_rows(rejected, state_a, selected)
