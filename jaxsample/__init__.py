@@ -7,20 +7,33 @@ the vocabulary on default paths. Chains of stages with explicit state live in :m
 """
 
 from jaxsample import decoding, stages, structured
-from jaxsample.bias import allowed_tokens, ignore_eos, logit_bias, suppress_tokens, suppress_tokens_at_begin
+# Former module paths, kept as aliases; loaded first so the functions below rebind `mirostat` and `temperature`.
+from jaxsample import bias, cutoffs, mirostat, processors, selection, temperature, truncation  # noqa: F401
 from jaxsample.chain import Param, Sampler, SamplerState, Selector, Stage, StepInfo, chain
-from jaxsample.cutoffs import epsilon_cutoff, eta_cutoff, p_less, xtc
+from jaxsample.constraints import allowed_tokens, ignore_eos, logit_bias, suppress_tokens, suppress_tokens_at_begin
 from jaxsample.dry import dry, dry_sequence_breakers
 from jaxsample.guidance import classifier_free_guidance, classifier_free_guidance_logits
 from jaxsample.infill import InfillTable, infill, infill_table, infill_table_from_tokenizer, token_pieces
 from jaxsample.lengths import exponential_decay_length_penalty, forced_bos, forced_eos, min_tokens
 from jaxsample.logprobs import TopLogprobs, compute_logprobs, gather_logprobs, step_logprobs, top_logprobs
-from jaxsample.mirostat import AdaptivePState, adaptive_p, adaptive_p_init, mirostat, mirostat_v2
 from jaxsample.ngram import bad_words, encoder_no_repeat_ngram, no_repeat_ngram, sequence_bias
+from jaxsample.normalization import log_softmax, remove_inf_nan
 from jaxsample.penalties import encoder_repetition_penalty, penalties
-from jaxsample.processors import log_softmax, remove_inf_nan, token_mask
-from jaxsample.selection import categorical, greedy
-from jaxsample.temperature import dynamic_temperature, temperature
+from jaxsample.samplers.adaptive_p import AdaptivePState, adaptive_p, adaptive_p_init
+from jaxsample.samplers.categorical import categorical
+from jaxsample.samplers.epsilon_cutoff import epsilon_cutoff
+from jaxsample.samplers.eta_cutoff import eta_cutoff
+from jaxsample.samplers.greedy import greedy
+from jaxsample.samplers.min_p import min_p
+from jaxsample.samplers.mirostat import mirostat, mirostat_v2
+from jaxsample.samplers.p_less import p_less
+from jaxsample.samplers.temperature import dynamic_temperature, temperature
+from jaxsample.samplers.top_h import top_h
+from jaxsample.samplers.top_k import top_k
+from jaxsample.samplers.top_n_sigma import top_n_sigma
+from jaxsample.samplers.top_p import top_p
+from jaxsample.samplers.typical import typical
+from jaxsample.samplers.xtc import xtc
 from jaxsample.synthid import (
     SynthIDConfig,
     SynthIDState,
@@ -32,7 +45,7 @@ from jaxsample.synthid import (
     synthid_watermark,
     synthid_weighted_mean_score,
 )
-from jaxsample.truncation import min_p, top_h, top_k, top_n_sigma, top_p, typical
+from jaxsample.token_ids import token_mask
 from jaxsample.watermark import WatermarkConfig, greenlist, watermark, watermark_config
 from jaxsample.watermark_detection import WatermarkDetection, detect_watermark
 

@@ -7,6 +7,10 @@ inside its candidates; uncovered rows take an exact full-vocabulary path.
 
 Batch invariance: :func:`choose` evaluates the full path only when some row needs it, and then
 still returns the fast answer for covered rows, so a row's result depends on that row alone.
+
+Sharding/TPU: :func:`top` is ``lax.top_k`` (after a chunked max on long rows), row by row; with the
+vocabulary axis sharded, XLA gathers it first. :func:`choose` and :func:`restore_order` decide per
+batch with ``lax.cond``: an all-reduce of one bool under GSPMD, and both branches under ``vmap``.
 """
 
 from __future__ import annotations
@@ -67,14 +71,16 @@ def top(x: Array, k: int) -> tuple[Array, Array]:
 
     Returns:
       ``(values float32[..., k'], ids int32[..., k'])`` with ``k' = min(k, V)``, distinct ids.
-      ``-0.0`` counts as (and is returned as) ``0.0``. In rows with fewer than ``k'`` finite
+      ``-0.0`` ties with ``0.0`` (ids in order) and keeps its sign. In rows with fewer than ``k'`` finite
       entries, the ``-inf`` entries are ``-inf`` tokens but not necessarily the lowest ids.
 
     Cost: ``lax.top_k`` keeps a ``k``-heap per row and runs one row after the other on CPU, so
     long rows are first cut into chunks of ``32``: one ``max`` pass over ``V``, the ``k`` best
     chunks (recursively), and ``lax.top_k`` over their ``32 k`` entries.
     """
-    return _top(x, min(int(k), x.shape[-1]), _CHUNK, _LEAF)
+    vals, ids = _top(x, min(int(k), x.shape[-1]), _CHUNK, _LEAF)
+    # The search ties -0.0 with 0.0; hand back each candidate's own value (its sign included).
+    return jnp.where(vals == 0, jnp.take_along_axis(x, ids, axis=-1), vals), ids
 
 
 class Candidates(NamedTuple):
@@ -87,6 +93,10 @@ class Candidates(NamedTuple):
 
     vals: Array  # float32[..., K]
     ids: Array  # int32[..., K]
+
+    def mask(self, keep: Array) -> "Candidates":
+        """The candidates with ``-inf`` where ``keep [..., K]`` is False (a filter on candidates)."""
+        return Candidates(jnp.where(keep, self.vals, -jnp.inf), self.ids)
 
 
 def complete(vals: Array, vocab_size: int) -> Array:

@@ -3,18 +3,21 @@
 Conventions every sampler relies on:
 
 * math runs in float32 (:func:`prepare` upcasts and maps NaN to ``-inf``; :func:`restore` casts back);
+  the private cores of the samplers take NaN-free float32 and give NaN-free float32;
 * a row with no finite logit (all ``-inf``) never produces NaN: its probabilities are all 0 and its
   log-probabilities all ``-inf``;
 * ``+inf`` logits are tokens with certain probability: a row holding ``n`` of them gives each
   probability ``1/n`` and every other token 0.
+
+Sharding/TPU: everything here is row-wise. :func:`if_any` is a batch-level ``lax.cond``: under
+GSPMD its predicate is an all-reduce over the batch shards, and under ``vmap`` both branches run
+(results are the same: callers guarantee that idle rows come out unchanged either way).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from typing import Callable, Iterator
+from typing import Callable
 
 import jax.numpy as jnp
 from jax import lax
@@ -23,45 +26,33 @@ from jaxsample import _validate
 from jaxsample._types import COMPUTE_DTYPE, NEG_INF, Array
 
 
-_NAN_FREE = contextvars.ContextVar("jaxsample_nan_free", default=False)
-
-
-@contextlib.contextmanager
-def nan_free() -> Iterator[None]:
-    """Trace-time promise that float32 logits given to :func:`prepare` hold no NaN.
-
-    :class:`jaxsample.Sampler` maps NaN once on input and traces its stages under this promise, so
-    a stage that skips its work (``lax.cond``) hands its input on instead of a NaN-mapped copy.
-    """
-    token = _NAN_FREE.set(True)
-    try:
-        yield
-    finally:
-        _NAN_FREE.reset(token)
-
-
 def clean(x: Array) -> Array:
     """``x`` with NaN mapped to ``-inf``."""
     return jnp.where(jnp.isnan(x), NEG_INF, x)
 
 
 def prepare(logits) -> tuple[Array, jnp.dtype]:
-    """Validates ``logits [..., V]``, upcasts to float32 and maps NaN to ``-inf`` (see :func:`nan_free`).
+    """Validates ``logits [..., V]``, upcasts to float32 and maps NaN to ``-inf``.
+
+    The entry of every public function. Chain stages skip it: a :class:`jaxsample.Sampler` cleans
+    its input once and calls the functions' NaN-free cores.
 
     Returns:
       ``(x, dtype)``: float32 logits and the input dtype for :func:`restore`.
     """
     _validate.check_logits(logits)
     logits = jnp.asarray(logits)
-    x = logits.astype(COMPUTE_DTYPE)
-    if _NAN_FREE.get() and logits.dtype == COMPUTE_DTYPE:
-        return x, logits.dtype
-    return clean(x), logits.dtype
+    return clean(logits.astype(COMPUTE_DTYPE)), logits.dtype
 
 
 def restore(x: Array, dtype) -> Array:
     """Casts float32 results back to the caller's dtype (``bfloat16`` in gives ``bfloat16`` out)."""
     return x.astype(dtype)
+
+
+def nan_to(value: Array, off: float) -> Array:
+    """A traced parameter ``[*B]`` with NaN replaced by ``off``: the documented meaning of a NaN value."""
+    return jnp.where(jnp.isnan(value), off, value)
 
 
 def keep(x: Array, mask: Array) -> Array:

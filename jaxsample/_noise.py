@@ -5,6 +5,9 @@ the counter ``i // 2`` (each hash yields two words). So the same Gumbel value is
 sampler draws noise for the whole vocabulary or only for a few candidate ids, and a row's draws never
 depend on the batch it sits in. This is what lets :func:`jaxsample.categorical` sample from a
 candidate set and still return exactly ``argmax(logits + gumbel)`` over the full vocabulary.
+
+Sharding/TPU: keys are per row; shard them with the batch. threefry is pure integer arithmetic,
+identical on every backend (no hardware RNG), which is what keeps draws batch- and backend-invariant.
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@ keeps ``{0.4, 0.3}``; HF TopP 0.8 on ``[0.3, 0.1, 0.1, 0.5]`` keeps ``{0.5, 0.3}
 ``MASS_RTOL`` (4 float32 ulps, relative) of its target counts as *equal* to it: for ``>=`` that
 means "reached", for the strict ``>`` of llama.cpp typical it means "not reached yet". Both paths
 and the sort-based test references use the same rule.
+
+Sharding/TPU: rows are independent; shard the batch axis. The bisections are ``fori_loop`` /
+unrolled ``lax.cond`` steps whose predicates reduce over the batch (an all-reduce under GSPMD);
+each step is one masked reduction over a whole vocabulary row.
 """
 
 from __future__ import annotations
@@ -282,6 +286,11 @@ def kth_largest(
         lambda: jnp.max(keys, axis=-1) if top is None else top[0][..., 0],
         lambda: cutoff(keys, min_count=k, candidates=candidates, top=top),
     )
+
+
+def keep_top(keys: Array, min_count: Array, candidates: int = _candidates.DEFAULT_CANDIDATES, top=None) -> Array:
+    """``bool[..., V]``: the ``min_count [...]`` largest keys of each row, ties kept (a filter's ``min_keep``)."""
+    return keys >= kth_largest(keys, min_count, candidates, top)[..., None]
 
 
 def first_k(

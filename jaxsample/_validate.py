@@ -82,6 +82,20 @@ def host_array(value: Any, name: str) -> np.ndarray:
     return arr
 
 
+def check_broadcast(
+    shape: tuple[int, ...], target: tuple[int, ...], name: str, *, what: str = "shape",
+    onto: str = "the batch shape", hint: str = " (logits.shape[:-1])",
+) -> None:
+    """Raises ``ValueError`` naming ``name`` unless ``shape`` broadcasts to ``target``."""
+    shape, target = tuple(shape), tuple(target)
+    try:
+        ok = np.broadcast_shapes(shape, target) == target
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} has {what} {shape}, which does not broadcast to {onto} {target}{hint}")
+
+
 def row_param(value: Any, batch_shape: tuple[int, ...], name: str, dtype=jnp.float32) -> Array:
     """Broadcasts a scalar or per-row parameter to ``batch_shape``.
 
@@ -97,16 +111,7 @@ def row_param(value: Any, batch_shape: tuple[int, ...], name: str, dtype=jnp.flo
     Raises:
       ValueError: if the shape of ``value`` does not broadcast to ``batch_shape``.
     """
-    shape = tuple(np.shape(value))
-    try:
-        ok = np.broadcast_shapes(shape, batch_shape) == tuple(batch_shape)
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"{name} has shape {shape}, which does not broadcast to the batch shape "
-            f"{tuple(batch_shape)} (logits.shape[:-1])"
-        )
+    check_broadcast(np.shape(value), batch_shape, name)
     if is_concrete(value) and not isinstance(value, jax.Array):
         # Host values are cast on the host: JAX would raise OverflowError for Python ints >= 2**31.
         arr = host_array(value, name)
@@ -146,6 +151,17 @@ def param(
         integer=jnp.issubdtype(dtype, jnp.integer),
     )
     return row_param(value, batch_shape, name, dtype)
+
+
+def probability(value: Any, batch_shape: tuple[int, ...], name: str) -> Array:
+    """A probability-like parameter ``float32[*B]``: ``ValueError`` below 0 when concrete (traced: the
+    sampler's core clamps it to ``>= 0``)."""
+    return param(value, batch_shape, name, lo=0.0)
+
+
+def min_keep(value: Any, batch_shape: tuple[int, ...], fn: str) -> Array:
+    """``int32[*B]`` ``min_keep`` of filter ``fn``: a non-negative integer (traced: ``max(1, .)`` in the core)."""
+    return param(value, batch_shape, f"min_keep ({fn})", dtype=jnp.int32, lo=0)
 
 
 def row_lists(
@@ -241,16 +257,7 @@ def check_tokens(tokens: Any, name: str, batch_shape: tuple[int, ...] | None = N
     arr = arr.astype(jnp.int32)
     if batch_shape is None:
         return arr
-    lead = arr.shape[:-1]
-    try:
-        ok = np.broadcast_shapes(lead, batch_shape) == tuple(batch_shape)
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"{name} has leading shape {lead}, which does not broadcast to the batch shape "
-            f"{tuple(batch_shape)} (logits.shape[:-1])"
-        )
+    check_broadcast(arr.shape[:-1], batch_shape, name, what="leading shape")
     return jnp.broadcast_to(arr, tuple(batch_shape) + arr.shape[-1:])
 
 

@@ -1,8 +1,11 @@
 """Composable sampler chains with explicit state, in the style of optax.
 
-A :class:`Stage` is a tuple of pure functions (``init``, ``update``, ``accept``) plus the names,
-defaults and ranges of the per-row parameters it reads. :func:`chain` composes stages and a final
-:class:`Selector` into a :class:`Sampler`, whose whole step is one pytree-in / pytree-out function:
+A :class:`Stage` is a logits transform with explicit state, two pure functions as in optax:
+``init(info) -> state`` and ``update(logits, state, params, info) -> (logits, state)``, plus
+``accept(tokens, state, params, info) -> state`` for stages that record the chosen tokens. It
+declares the per-row parameters it reads (:class:`Param`) and the history window it needs.
+:func:`chain` composes stages and a final :class:`Selector` into a :class:`Sampler`, whose step is
+``process -> select -> accept``, one pytree-in / pytree-out function:
 
 >>> import jax, jax.numpy as jnp
 >>> from jaxsample import stages
@@ -14,26 +17,30 @@ defaults and ranges of the per-row parameters it reads. :func:`chain` composes s
 >>> int(tokens[0])   # temperature 0 is greedy
 4
 
-Static structure (which stages exist, window sizes) lives in the :class:`Sampler`; every value a
-user may vary per call or per row lives in ``params`` (a dict of ``[B]`` arrays), so changing a
-value never recompiles. Randomness is explicit and per request: at step ``position`` a row's key is
-``fold_in(key(seed), position)``, further folded with a hash of the stage name, so a row's draws
-depend on neither its batch slot nor its neighbours.
+Static structure (which stages exist, window sizes, candidate counts) lives in the stages, which
+are frozen dataclasses compared by their fields: equal configurations are equal samplers, and a
+``jit`` taking the sampler as a static argument compiles once for them. Every value a user may
+vary lives in ``params`` (a dict of ``[B]`` arrays); a stage's *default* values only fill
+``params`` and are not part of its identity, so ``stages.temperature(0.7)`` and ``(0.8)`` share
+one compilation. Randomness is explicit and per request (:func:`request_keys`).
 
-State conventions: every array in a stage's state has the batch shape as leading axes, which lets
-:meth:`Sampler.accept` freeze finished rows generically (``active=False`` rows keep their state).
+State conventions: every array in a stage's state has the batch shape as leading axes (any
+pytree), which lets :meth:`Sampler.accept` freeze finished rows generically (``active=False``
+rows keep their state) and the decoding loops reorder beams.
 
-Candidate forms: a stage may carry a :class:`Form`, its computation on the few candidates a row
-has left after a filter such as top-k (:mod:`jaxsample._forms`). :meth:`Sampler.sample` switches
-to the forms after the first filter that offers an entry, when every later stage and the selector
-have a form and every row of the batch qualifies; the result is bit-identical either way, so only
-the cost changes (one ``top_k`` per step instead of several passes over the vocabulary).
+NaN: a sampler maps NaN to ``-inf`` once, at its input. Stages take NaN-free float32 logits and
+return NaN-free float32 logits (library stages call the NaN-free cores of the functions); the
+output of stages built from plain functions (:class:`FunctionStage`) is cleaned again.
+
+The candidate fast path (:mod:`jaxsample._fastpath`) computes :meth:`Sampler.sample` on the few
+candidates a row keeps after a filter such as top-k, when that provably gives the same result.
+
+Sharding/TPU: every step is row-wise; shard the batch axis of logits, params and state alike.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
+import dataclasses
 import zlib
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -41,10 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax import lax
-
-from jaxsample import _candidates, _math, _validate
-from jaxsample._candidates import Candidates
+from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
 
 Params = Mapping[str, Array]
@@ -72,6 +76,13 @@ class Param(NamedTuple):
     shared: bool = False
 
 
+#: Every chain reads ``seed`` and ``seed_stream``; together they name a row's random stream.
+SEED = Param("seed", 0, jnp.int32, lo=-(2**31), hi=2**31 - 1)
+STREAM = Param("seed_stream", 0, jnp.int32, lo=0, hi=2**31 - 1)
+#: Shared by every filter that keeps a minimum number of tokens (llama.cpp ``min_keep``).
+MIN_KEEP = Param("min_keep", 1, jnp.int32, lo=0)
+
+
 class InitInfo(NamedTuple):
     """What a stage may look at when it builds its state."""
 
@@ -91,113 +102,175 @@ class StepInfo(NamedTuple):
     prompt: Array | None  # int32[B, P] prompt tokens given to init (-1 = padding)
     encoder_ids: Array | None  # int32[B, S] encoder ids given to init (-1 = padding)
 
+    def recent(self, w: int) -> Array:
+        """``int32[B, min(w, W)]``: the last ``w`` entries of the history (``w < 0``: all of it)."""
+        h = self.history
+        return h if w < 0 else h[..., h.shape[-1] - min(w, h.shape[-1]) :]
+
+    def generated(self, window: Array) -> Array:
+        """``window [B, w]`` (the end of the history) with all but the generated tokens blanked to ``-1``."""
+        t = window.shape[-1]
+        return jnp.where(jnp.arange(t) >= t - self.position[..., None], window, -1)
+
+    def with_prompt(self) -> Array:
+        """``int32[B, P + W]``: the prompt, then the history (every token of the request, some twice)."""
+        return self.history if self.prompt is None else jnp.concatenate([self.prompt, self.history], axis=-1)
+
+
+def static(convert: Callable[[Any, str], Any], default: Any = dataclasses.MISSING) -> Any:
+    """A static stage field, normalised when the stage is built: ``convert(value, field_name)``.
+
+    E.g. token-id lists become hashable tuples, candidate counts checked ints; a bad value raises
+    ``ValueError`` naming the field.
+    """
+    return dataclasses.field(default=default, metadata={"static": convert})
+
+
+def static_int(default: Any = dataclasses.MISSING, *, lo: int = 1) -> Any:
+    """A static int field (a window, an n-gram order, a candidate count), at least ``lo``."""
+    return static(lambda value, name: _validate.static_int(value, name, lo=lo), default)
+
+
+def _normalise(part) -> None:
+    """Applies the :func:`static` converters of a stage's (or selector's) fields."""
+    for f in dataclasses.fields(part) if dataclasses.is_dataclass(part) else ():
+        convert = f.metadata.get("static")
+        if convert is not None:
+            object.__setattr__(part, f.name, convert(getattr(part, f.name), f.name))
+
 
 def _no_state(info: InitInfo) -> tuple:
     return ()
 
 
-class Form(NamedTuple):
-    """A stage's computation on candidates (see :mod:`jaxsample._forms` for the contract).
+def _same_state(tokens: Array, state: Any, params: Params, info: StepInfo) -> Any:
+    return state
+
+
+class Stage:
+    """Base of chain stages: ``name``, ``params``, ``history`` and ``init`` / ``update`` / ``accept``.
+
+    Library stages are frozen dataclasses (hashable, compared by their static fields) subclassing
+    it. ``Stage(name, update, params=(), init=..., accept=..., history=0)`` builds a stage from
+    plain functions (a :class:`FunctionStage`).
 
     Attributes:
-      update: ``(Candidates [B, K], state, params, StepInfo) -> (Candidates, state)``.
-      handles: optional ``params -> bool[B]``: the rows whose parameter values ``update`` covers
-        (default: all); a batch with any other row stays dense.
-      enter: optional ``(logits float32[B, V], state, params, StepInfo) -> (Candidates, ok bool[B],
-        dense)``: the stage's output as candidates, the rows it represents, and a thunk returning
-        the dense output. Only for stateless stages.
-      k: the static candidate count ``K`` the form's arithmetic depends on (``None``: any); a
-        chain only switches when it matches the entry's.
-    """
-
-    update: Callable[[Candidates, Any, Params, StepInfo], tuple[Candidates, Any]]
-    handles: Callable[[Params], Array] | None = None
-    enter: Callable[[Array, Any, Params, StepInfo], tuple[Candidates, Array, Callable[[], Array]]] | None = None
-    k: int | None = None
-
-
-class Stage(NamedTuple):
-    """A logits transform: ``update(logits, state, params, info) -> (logits, state)``.
-
-    Attributes:
-      name: unique name in a chain; also seeds the stage's randomness.
-      update: pure function of ``(logits float32[B, V], state, params, StepInfo)``.
+      name: unique name in a chain; also salts the stage's randomness.
       params: the per-row parameters the stage reads.
-      init: ``InitInfo -> state`` (stateless stages return ``()``).
-      accept: optional ``(tokens int32[B], state, params, StepInfo) -> state``.
       history: how many past tokens the stage reads from ``StepInfo.history`` (static; ``-1``
         means everything the sampler keeps).
-      form: optional :class:`Form`, the same computation on candidates.
-      nan_free: ``update`` never turns NaN-free logits into NaN (the sampler maps NaN to ``-inf``
-        after the other stages).
     """
 
-    name: str
-    update: Callable[[Array, Any, Params, StepInfo], tuple[Array, Any]]
     params: tuple[Param, ...] = ()
-    init: Callable[[InitInfo], Any] = _no_state
-    accept: Callable[[Array, Any, Params, StepInfo], Any] | None = None
     history: int = 0
-    form: Form | None = None
-    nan_free: bool = False
+
+    def __new__(cls, *args, **kwargs):
+        return super().__new__(FunctionStage if cls is Stage else cls)
+
+    def __post_init__(self):
+        """Normalises the static fields and builds the declarations once, so a bad configuration
+        raises when the stage is built."""
+        _normalise(self)
+        _ = self.params, self.history
+
+    def init(self, info: InitInfo) -> Any:
+        """The stage's state for a batch (``()`` for stateless stages)."""
+        return ()
+
+    def update(self, logits: Array, state: Any, params: Params, info: StepInfo) -> tuple[Array, Any]:
+        """``(logits float32[B, V], state) -> (logits, state)``; NaN-free in, NaN-free out."""
+        raise NotImplementedError
+
+    def accept(self, tokens: Array, state: Any, params: Params, info: StepInfo) -> Any:
+        """Records the tokens ``int32[B]`` chosen at this step (sampled, forced or drafted)."""
+        return state
+
+    def _replace(self, **changes) -> Stage:
+        return dataclasses.replace(self, **changes)
 
 
-class Selector(NamedTuple):
-    """The last step of a chain: ``select(logits, state, params, info) -> (tokens, state)``.
-
-    ``form``: optional ``(Candidates [B, K], state, params, StepInfo) -> (tokens, state)``, the same
-    selection on candidates (see :class:`Form`).
-    """
+@dataclasses.dataclass(frozen=True)
+class FunctionStage(Stage):
+    """A stage from plain functions (identity: the function objects); its output is cleaned of NaN."""
 
     name: str
-    select: Callable[[Array, Any, Params, StepInfo], tuple[Array, Any]]
+    update: Callable[[Array, Any, Params, StepInfo], tuple[Array, Any]] = dataclasses.field()
     params: tuple[Param, ...] = ()
     init: Callable[[InitInfo], Any] = _no_state
-    form: Callable[[Candidates, Any, Params, StepInfo], tuple[Array, Any]] | None = None
+    accept: Callable[[Array, Any, Params, StepInfo], Any] = _same_state
+    history: int = 0
+
+    def __post_init__(self):
+        if self.accept is None:  # the former "no accept"
+            object.__setattr__(self, "accept", _same_state)
+        super().__post_init__()
 
 
-def cached(factory: Callable) -> Callable:
-    """Memoises a stage factory so equal static configurations give the *same* stage object.
+class Selector:
+    """The last step of a chain: ``select(logits, state, params, info) -> (tokens int32[B], state)``.
 
-    Stages hold closures, so two calls would otherwise build unequal samplers, and a ``jit`` taking
-    the sampler as a static argument would compile once per call. Unhashable arguments (lists)
-    bypass the cache.
+    ``Selector(name, select, params=(), init=...)`` builds one from plain functions.
     """
-    memo: dict = {}
-    signature = inspect.signature(factory)
 
-    @functools.wraps(factory)
-    def wrapper(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()  # top_p() and top_p(candidates=64) are the same configuration
-        key = tuple(bound.arguments.items())
-        try:
-            return memo[key]
-        except TypeError:
-            return factory(*args, **kwargs)
-        except KeyError:
-            memo[key] = out = factory(*args, **kwargs)
-            return out
+    params: tuple[Param, ...] = ()
 
-    return wrapper
+    def __new__(cls, *args, **kwargs):
+        return super().__new__(FunctionSelector if cls is Selector else cls)
+
+    def __post_init__(self):
+        _normalise(self)
+        _ = self.params
+
+    def init(self, info: InitInfo) -> Any:
+        return ()
+
+    def select(self, logits: Array, state: Any, params: Params, info: StepInfo) -> tuple[Array, Any]:
+        raise NotImplementedError
+
+    def _replace(self, **changes) -> Selector:
+        return dataclasses.replace(self, **changes)
 
 
-def stateless(
-    name: str,
-    fn: Callable[..., Array],
-    params: tuple[Param, ...],
-    keyed: bool = False,
-    form: Form | None = None,
-    nan_free: bool = False,
-) -> Stage:
-    """Wraps a functional sampler ``fn(logits, *param_values)`` (or ``fn(key, logits, ...)``) as a stage."""
+@dataclasses.dataclass(frozen=True)
+class FunctionSelector(Selector):
+    """A selector from plain functions."""
 
-    def update(logits, state, p, info):
-        args = [p[q.name] for q in params]
-        out = fn(info.key, logits, *args) if keyed else fn(logits, *args)
-        return out, state
+    name: str
+    select: Callable[[Array, Any, Params, StepInfo], tuple[Array, Any]] = dataclasses.field()
+    params: tuple[Param, ...] = ()
+    init: Callable[[InitInfo], Any] = _no_state
 
-    return Stage(name=name, update=update, params=params, form=form, nan_free=nan_free)
+
+def apply(stage: Stage, x: Array, state: Any, params: Params, info: StepInfo) -> tuple[Array, Any]:
+    """``stage.update`` on NaN-free ``x [B, V]``; NaN-free out."""
+    x, state = stage.update(x, state, params, info)
+    return (_math.clean(x) if isinstance(stage, FunctionStage) else x), state
+
+
+def _default_streams(seed, batch_shape: tuple[int, ...]):
+    """``seed_stream`` when none is given: 0 for per-row seeds, the flat row index for a shared seed."""
+    if seed is not None and tuple(np.shape(seed)) == batch_shape:
+        return 0
+    return np.arange(int(np.prod(batch_shape, dtype=np.int64)), dtype=np.int32).reshape(batch_shape)
+
+
+def request_keys(params: Params) -> Array:
+    """Typed keys ``[B]``: each row's key before the step is folded in.
+
+    Row ``b`` draws from stream ``seed_stream[b]`` of ``seed[b]``: ``key(seed)`` for stream 0 and
+    ``fold_in(key(seed), stream)`` otherwise. Streams are independent threefry keys, so distinct
+    ``(seed, stream)`` pairs never overlap (unlike ``seed + i``), and a request alone (stream 0)
+    equals its own row of a batch given one seed per row, whatever its slot.
+    """
+    seeds = jnp.asarray(params[SEED.name], jnp.int32)
+    streams = jnp.broadcast_to(jnp.asarray(params.get(STREAM.name, 0), jnp.int32), seeds.shape)
+
+    def one(seed, stream):
+        k = jax.random.key(seed)
+        data = jnp.where(stream == 0, jax.random.key_data(k), jax.random.key_data(jax.random.fold_in(k, stream)))
+        return jax.random.wrap_key_data(data)
+
+    return jax.vmap(one)(seeds.reshape(-1), streams.reshape(-1)).reshape(seeds.shape)
 
 
 class SamplerState(NamedTuple):
@@ -252,8 +325,8 @@ class Sampler(NamedTuple):
 
     # ----------------------------------------------------------------------------------- params
     def param_specs(self) -> dict[str, Param]:
-        """All parameters read by the chain, by name (``seed`` is always present)."""
-        specs: dict[str, Param] = {"seed": Param("seed", 0, jnp.int32, lo=-(2**31), hi=2**31 - 1)}
+        """All parameters read by the chain, by name (``seed`` and ``seed_stream`` are always present)."""
+        specs: dict[str, Param] = {SEED.name: SEED, STREAM.name: STREAM}
         for part in self.stages + (self.selector,):
             for p in part.params:
                 specs.setdefault(p.name, p)
@@ -273,12 +346,18 @@ class Sampler(NamedTuple):
 
         Raises:
           ValueError: on an unknown name, a value out of range, or a shape that does not broadcast.
+
+        Seeds (see :func:`request_keys`): one seed per row (an array of the batch shape) gives every
+        row stream 0 of its seed; a seed shared by the batch (a scalar, a broadcast array, or none:
+        seed 0) gives row ``b`` stream ``b`` (its flat index), so no two rows share noise.
         """
         specs = self.param_specs()
         unknown = sorted(set(values) - set(specs))
         if unknown:
             raise ValueError(f"unknown sampler parameter(s) {unknown}; this chain reads {sorted(specs)}")
         batch_shape = tuple(batch_shape)
+        if STREAM.name not in values:
+            values[STREAM.name] = _default_streams(values.get(SEED.name), batch_shape)
         out = {}
         for name, s in specs.items():
             checks = dict(lo=s.lo, hi=s.hi, lo_open=s.lo_open, hi_open=s.hi_open)
@@ -351,12 +430,14 @@ class Sampler(NamedTuple):
         )
 
     # ------------------------------------------------------------------------------------- step
-    def _info(self, state: SamplerState, params: Params, name: str) -> StepInfo:
-        seeds = params["seed"]
-        base = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(
-            seeds.reshape(-1), state.position.reshape(-1)
-        )
-        key = jax.vmap(lambda k: jax.random.fold_in(k, _stage_salt(name)))(base).reshape(seeds.shape)
+    def step_info(self, state: SamplerState, params: Params, name: str) -> StepInfo:
+        """What stage (or selector) ``name`` sees at this step: its key, the position and the history.
+
+        The key is :func:`request_keys` folded with the position, then salted with ``name``.
+        """
+        keys = request_keys(params)
+        base = jax.vmap(jax.random.fold_in)(keys.reshape(-1), state.position.reshape(-1))
+        key = jax.vmap(lambda k: jax.random.fold_in(k, _stage_salt(name)))(base).reshape(keys.shape)
         return StepInfo(
             key=key,
             position=state.position,
@@ -365,62 +446,19 @@ class Sampler(NamedTuple):
             encoder_ids=state.encoder_ids,
         )
 
-    @staticmethod
-    def _update(stage: Stage, x: Array, s, params: Params, info: StepInfo):
-        """One stage on NaN-free ``x``; NaN-free out (see :func:`jaxsample._math.nan_free`)."""
-        with _math.nan_free():
-            x, s = stage.update(x, s, params, info)
-        return (x if stage.nan_free else _math.clean(x)), s
-
     def process(self, logits: ArrayLike, state: SamplerState, params: Params) -> tuple[Array, SamplerState]:
         """Applies every stage: ``logits [B, V]`` (any float dtype) -> float32 ``[B, V]`` (NaN -> ``-inf``)."""
         x = _math.clean(jnp.asarray(logits).astype(jnp.float32))
         new = []
         for stage, s in zip(self.stages, state.stages):
-            x, s = self._update(stage, x, s, params, self._info(state, params, stage.name))
+            x, s = apply(stage, x, s, params, self.step_info(state, params, stage.name))
             new.append(s)
         return x, state._replace(stages=tuple(new))
 
-    def _forms_from(self, i: int, k: int, vocab: int) -> bool:
-        """Whether stages ``i..`` and the selector all have forms usable with ``k`` candidates."""
-        forms = [s.form for s in self.stages[i:]]
-        usable = lambda f: f is not None and (f.k is None or min(f.k, vocab) == k)  # noqa: E731
-        return self.selector.form is not None and all(usable(f) for f in forms)
-
-    def _dense(self, i: int, x: Array, states: tuple, state: SamplerState, params: Params):
-        """Stages ``i..`` and the selector on ``x [B, V]``, switching to forms at the first entry that allows it."""
-        states = list(states)
-        vocab = x.shape[-1]
-        for j in range(i, len(self.stages)):
-            stage, info = self.stages[j], self._info(state, params, self.stages[j].name)
-            form = stage.form
-            if form is not None and form.enter is not None and self._forms_from(j + 1, min(form.k, vocab), vocab):
-                c, ok, dense = form.enter(x, states[j], params, info)  # (a filter: NaN-free)
-                for later in self.stages[j + 1 :]:
-                    if later.form.handles is not None:
-                        ok &= later.form.handles(params)
-                frozen = tuple(states)
-                return lax.cond(
-                    jnp.all(ok),
-                    lambda: self._on_candidates(j + 1, c, frozen, state, params, vocab),
-                    lambda: self._dense(j + 1, dense(), frozen, state, params),
-                )
-            x, states[j] = self._update(stage, x, states[j], params, info)
-        with _math.nan_free():
-            tokens, sel = self.selector.select(x, state.selector, params, self._info(state, params, self.selector.name))
-        return tokens.astype(jnp.int32), x, tuple(states), sel
-
-    def _on_candidates(self, i: int, c: Candidates, states: tuple, state: SamplerState, params: Params, vocab: int):
-        states = list(states)
-        for j in range(i, len(self.stages)):
-            c, states[j] = self.stages[j].form.update(c, states[j], params, self._info(state, params, self.stages[j].name))
-        info = self._info(state, params, self.selector.name)
-        tokens, sel = self.selector.form(c, state.selector, params, info)
-        return tokens.astype(jnp.int32), _candidates.densify(c, vocab), tuple(states), sel
-
     def select(self, logits: Array, state: SamplerState, params: Params) -> tuple[Array, SamplerState]:
-        """Runs the selector on processed logits: ``int32[B]`` tokens."""
-        tokens, s = self.selector.select(logits, state.selector, params, self._info(state, params, self.selector.name))
+        """Runs the selector on processed (NaN-free float32) logits: ``int32[B]`` tokens."""
+        info = self.step_info(state, params, self.selector.name)
+        tokens, s = self.selector.select(logits, state.selector, params, info)
         return tokens.astype(jnp.int32), state._replace(selector=s)
 
     def accept(
@@ -431,19 +469,16 @@ class Sampler(NamedTuple):
         Rows where ``active`` is False keep their state unchanged.
         """
         tokens = jnp.asarray(tokens, jnp.int32)
-        new = []
-        for stage, s in zip(self.stages, state.stages):
-            if stage.accept is not None:
-                s = stage.accept(tokens, s, params, self._info(state, params, stage.name))
-            new.append(s)
+        new = tuple(
+            stage.accept(tokens, s, params, self.step_info(state, params, stage.name))
+            for stage, s in zip(self.stages, state.stages)
+        )
         w = state.ring.shape[-1]
         ring = state.ring
         if w > 0:
             slot = state.filled % w
             ring = jnp.where(jnp.arange(w) == slot[..., None], tokens[..., None], ring)
-        updated = state._replace(
-            stages=tuple(new), ring=ring, filled=state.filled + 1, position=state.position + 1
-        )
+        updated = state._replace(stages=new, ring=ring, filled=state.filled + 1, position=state.position + 1)
         if active is None:
             return updated
         return _where_rows(jnp.asarray(active, bool), updated, state)
@@ -453,14 +488,16 @@ class Sampler(NamedTuple):
     ) -> tuple[Array, Array, SamplerState]:
         """One decoding step: ``process`` -> ``select`` -> ``accept``; rows with ``active=False`` keep their state.
 
-        Equal to ``process`` then ``select`` then ``accept``, computed on candidate sets from the
-        first filter on when the chain and the batch allow it (see the module docstring).
+        ``process`` and ``select`` run on candidate sets from the first filter on when the chain and
+        the batch allow it; :mod:`jaxsample._fastpath` proves that equal bit for bit.
 
         Returns:
           ``(tokens int32[B], processed_logits float32[B, V], new_state)``.
         """
+        from jaxsample import _fastpath  # (imports this module)
+
         x = _math.clean(jnp.asarray(logits).astype(jnp.float32))
-        tokens, x, stage_states, sel = self._dense(0, x, state.stages, state, params)
+        tokens, x, stage_states, sel = _fastpath.process_select(self, x, state, params)
         new = self.accept(tokens, state._replace(stages=stage_states, selector=sel), params)
         if active is not None:  # finished rows keep every part of their state, selector's included
             new = _where_rows(jnp.asarray(active, bool), new, state)
@@ -471,9 +508,15 @@ def chain(*stages: Stage, select: Selector) -> Sampler:
     """Composes stages (applied in order) and a selector into a :class:`Sampler`.
 
     Raises:
-      ValueError: if two stages share a name, or two stages declare the same parameter with
-        different defaults or ranges.
+      ValueError: if a part is not a stage (or the selector not a selector), two stages share a
+        name, or two stages declare the same parameter with different defaults or ranges.
     """
+    for i, s in enumerate(stages):
+        if not isinstance(s, Stage):
+            raise ValueError(f"chain: stage {i} is not a jaxsample Stage (got {type(s).__name__}); "
+                             "build stages with jaxsample.stages or Stage(name, update, ...)")
+    if not isinstance(select, Selector):
+        raise ValueError(f"chain: select= must be a jaxsample Selector (got {type(select).__name__})")
     names = [s.name for s in stages] + [select.name]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

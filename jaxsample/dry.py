@@ -23,11 +23,15 @@ costs ``O(T * min(T, allowed_length + max_exp))``, i.e. ``O(T * 160)`` with the 
 memory is ``O(T)`` per row. Breakers are matched with static tables indexed by token id
 (``O(T * K * tail)`` per row, ``K`` tails per head); the per-token maximum is one scatter-max
 into ``[..., V]``.
+
+Sharding/TPU: rows are independent; shard the batch axis. The match loop is a ``lax.while_loop``
+over the batch (its trip count is the longest repeat in the batch) and skipping off batches a
+batch-level ``lax.cond``: both reduce over the batch shards under GSPMD.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
@@ -35,8 +39,9 @@ import numpy as np
 from jax import lax
 
 from jaxsample import _math, _validate
-from jaxsample._types import Array, ArrayLike
-from jaxsample.penalties import _NEVER, _compact
+from jaxsample._history import NEVER, compact
+from jaxsample._types import Array, ArrayLike, Float, Int
+from jaxsample.chain import Param, Stage, static, static_int
 
 _FLOAT_MAX_LOG = 88.7228391  # llama.cpp's ln(FLT_MAX)
 _CHUNK = 8
@@ -47,7 +52,7 @@ class _Breakers:
     """Static lookup tables for sequence breakers over a vocabulary of size ``V``.
 
     ``single[V]`` marks single-token breakers; ``group[V]`` indexes the multi-token breakers whose
-    head is that token (``-1`` if none) into ``tails[G, K, width]`` (``_NEVER`` padded) with
+    head is that token (``-1`` if none) into ``tails[G, K, width]`` (``NEVER`` padded) with
     lengths ``lengths[G, K]`` (``_NO_TAIL`` for unused slots).
     """
 
@@ -64,7 +69,7 @@ class _Breakers:
         self.group = np.full(vocab_size, -1, np.int32)
         k = max((len(v) for v in tails.values()), default=0)
         self.width = max((len(t) for v in tails.values() for t in v), default=0)
-        self.tails = np.full((len(tails), k, self.width), _NEVER, np.int32)
+        self.tails = np.full((len(tails), k, self.width), NEVER, np.int32)
         self.lengths = np.full((len(tails), k), _NO_TAIL, np.int32)
         for g, (head, seqs) in enumerate(sorted(tails.items())):
             self.group[head] = g
@@ -73,7 +78,6 @@ class _Breakers:
                 self.lengths[g, j] = len(t)
 
 
-@functools.lru_cache(maxsize=32)
 def _tables(breakers: tuple[tuple[int, ...], ...], vocab_size: int) -> _Breakers:
     return _Breakers(breakers, vocab_size)
 
@@ -98,7 +102,7 @@ def _restart_limit(r: Array, n: Array, tables: _Breakers) -> Array:
         lengths = jnp.asarray(tables.lengths)[g]  # [..., T, K]
         o = jnp.arange(tables.width)
         idx = i[:, None] - o - 1  # tail token o sits at r[i - o - 1]
-        prev = jnp.where(idx >= 0, jnp.take(r, jnp.clip(idx, 0, t - 1), axis=-1), _NEVER)
+        prev = jnp.where(idx >= 0, jnp.take(r, jnp.clip(idx, 0, t - 1), axis=-1), NEVER)
         same = (o >= lengths[..., None]) | (tails == prev[..., None, :])
         match = jnp.all(same, axis=-1) & (lengths <= i[:, None]) & has[..., None]
         longest = jnp.maximum(longest, jnp.max(jnp.where(match, lengths, -1), axis=-1))
@@ -142,7 +146,7 @@ def _suffix_matches(r: Array, limit: Array, chunk: int = _CHUNK) -> Array:
 
 def _penalty(history, vocab_size, mult, base, allowed, last_n, tables: _Breakers) -> Array:
     """``float32[..., V]`` DRY penalty (0 for untouched tokens)."""
-    c, m = _compact(history, vocab_size)
+    c, m = compact(history, vocab_size)
     t = c.shape[-1]
     i = jnp.arange(t)
     n = jnp.where(last_n < 0, m, jnp.minimum(m, last_n))
@@ -167,14 +171,14 @@ def _penalty(history, vocab_size, mult, base, allowed, last_n, tables: _Breakers
 
 
 def dry(
-    logits: ArrayLike,
-    history: ArrayLike,
+    logits: Float["*B V"],
+    history: Int["*B T"],
     multiplier: ArrayLike,
     base: ArrayLike = 1.75,
     allowed_length: ArrayLike = 2,
     penalty_last_n: ArrayLike = -1,
     sequence_breakers: Sequence[Sequence[int]] = (),
-) -> Array:
+) -> Float["*B V"]:
     """llama.cpp DRY repetition penalty (see the module docstring for the rule).
 
     Args:
@@ -203,23 +207,33 @@ def dry(
     [0.0, 0.0, -1.0, 0.0]
     """
     x, dtype = _math.prepare(logits)
-    batch, vocab = x.shape[:-1], x.shape[-1]
+    batch = x.shape[:-1]
     history = _validate.check_tokens(history, "history", batch)
     mult = _validate.param(multiplier, batch, "multiplier")
     b = _validate.param(base, batch, "base")
-    allowed = jnp.maximum(_validate.param(allowed_length, batch, "allowed_length", dtype=jnp.int32, lo=0), 0)
+    allowed = _validate.param(allowed_length, batch, "allowed_length", dtype=jnp.int32, lo=0)
     last_n = _validate.param(penalty_last_n, batch, "penalty_last_n", dtype=jnp.int32, lo=-1)
-    tables = _tables(_validate.static_sequences(sequence_breakers, "sequence_breakers", unique=False), vocab)
+    breakers = _validate.static_sequences(sequence_breakers, "sequence_breakers", unique=False)
+    return _math.restore(_dry(x, history, mult, b, allowed, last_n, breakers), dtype)
+
+
+def _dry(x: Array, history: Array, mult: Array, base: Array, allowed: Array, last_n: Array, breakers: tuple) -> Array:
+    """The core on NaN-free float32 ``x [*B, V]``, ``history int32[*B, T]``, ``[*B]`` parameters and
+    validated static breakers."""
+    vocab = x.shape[-1]
+    tables = _tables(breakers, vocab)
     if history.shape[-1] == 0:
-        return _math.restore(x, dtype)
-    on = (mult != 0) & (b >= 1) & (last_n != 0)
+        return x
+    allowed = jnp.maximum(allowed, 0)
+    on = (mult != 0) & (base >= 1) & (last_n != 0)
 
     def apply():
-        pen = _penalty(history, vocab, mult, jnp.where(on, b, 2.0), allowed, last_n, tables)
+        pen = _penalty(history, vocab, mult, jnp.where(on, base, 2.0), allowed, last_n, tables)
         out = x - pen
-        return _math.nonempty(jnp.where(on[..., None], _math.clean(out), x), x)  # an overflowing penalty never empties a row
+        # an overflowing penalty never empties a row
+        return _math.nonempty(jnp.where(on[..., None], _math.clean(out), x), x)
 
-    return _math.restore(_math.if_any(on, apply, lambda: x), dtype)
+    return _math.if_any(on, apply, lambda: x)
 
 
 # ------------------------------------------------------------------------ breakers from strings
@@ -299,3 +313,50 @@ def dry_sequence_breakers(
                     found[(tid,) + tails[remainder]] = None
                 pos = word.find(breaker[0], pos + 1)
     return tuple(sorted(found))
+
+
+# ----------------------------------------------------------------------------------------- stage
+def _breakers(value, name: str) -> tuple[tuple[int, ...], ...]:
+    return _validate.static_sequences(value, name, unique=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dry(Stage):
+    """llama.cpp DRY over prompt + generated ids, llama's defaults.
+
+    ``last_n`` is the static window ``W`` (``-1`` = the whole ring: ``Sampler.init`` needs
+    ``history_size``); ``sequence_breakers`` are static token-id tuples (see
+    :func:`dry_sequence_breakers`). Params: ``dry_multiplier`` (``0`` = off), ``dry_base``,
+    ``dry_allowed_length`` (int ``>= 0``), ``dry_penalty_last_n`` (``<= W``, ``-1`` = ``W``, ``0`` =
+    off; default ``-1``).
+    """
+
+    multiplier: float = dataclasses.field(default=0.0, compare=False)
+    base: float = dataclasses.field(default=1.75, compare=False)
+    allowed_length: int = dataclasses.field(default=2, compare=False)
+    last_n: int = static_int(-1, lo=-1)
+    sequence_breakers: tuple[tuple[int, ...], ...] = static(_breakers, ())
+    _: dataclasses.KW_ONLY
+    name: str = "dry"
+
+    @property
+    def history(self) -> int:
+        return self.last_n
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        return (
+            Param("dry_multiplier", self.multiplier),
+            Param("dry_base", self.base),
+            Param("dry_allowed_length", self.allowed_length, jnp.int32, lo=0),
+            Param("dry_penalty_last_n", -1, jnp.int32, lo=-1, hi=None if self.last_n < 0 else self.last_n),
+        )
+
+    def update(self, x, state, p, info):
+        if self.last_n == 0:
+            return x, state
+        out = _dry(
+            x, info.recent(self.last_n), p["dry_multiplier"], p["dry_base"], p["dry_allowed_length"],
+            p["dry_penalty_last_n"], self.sequence_breakers,
+        )
+        return out, state

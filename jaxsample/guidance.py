@@ -3,6 +3,9 @@
 The decoding loop runs the model twice per step (with and without the conditioning prompt, or as
 one doubled batch) and combines the two rows of logits with one of these functions before the
 sampler chain. ``scale`` may differ per row and is traced.
+
+Sharding/TPU: rows are independent; shard the batch axis of both inputs alike. Two log-softmaxes
+and an elementwise combination per row; no batch-level branch.
 """
 
 from __future__ import annotations
@@ -10,8 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxsample import _math, _validate
-from jaxsample._types import Array, ArrayLike
-from jaxsample.processors import _check_broadcast
+from jaxsample._types import Array, ArrayLike, Float
 
 
 def _combine(cond: Array, uncond: Array, s: Array) -> Array:
@@ -40,12 +42,12 @@ def _inputs(cond: ArrayLike, uncond: ArrayLike | None, scale: ArrayLike):
         x, u = jnp.split(x, 2, axis=0)
     else:
         u, _ = _math.prepare(uncond)
-        _check_broadcast(u.shape, x.shape, "uncond", "cond")
+        _validate.check_broadcast(u.shape, x.shape, "uncond", onto="the cond shape", hint="")
     s = _validate.param(scale, x.shape[:-1], "scale")[..., None]
     return x, u, s, dtype
 
 
-def classifier_free_guidance(cond: ArrayLike, uncond: ArrayLike | None, scale: ArrayLike) -> Array:
+def classifier_free_guidance(cond: Float["*B V"], uncond: Float["*B V"] | None, scale: ArrayLike) -> Float["*B V"]:
     """HF ``UnbatchedClassifierFreeGuidanceLogitsProcessor``: guidance in log-probability space.
 
     ``s * (log_softmax(cond) - log_softmax(uncond)) + log_softmax(uncond)``; ``s == 1`` returns
@@ -71,7 +73,9 @@ def classifier_free_guidance(cond: ArrayLike, uncond: ArrayLike | None, scale: A
     return _math.restore(_combine(_math.log_softmax(x), _math.log_softmax(u), s), dtype)
 
 
-def classifier_free_guidance_logits(cond: ArrayLike, uncond: ArrayLike | None, scale: ArrayLike) -> Array:
+def classifier_free_guidance_logits(
+    cond: Float["*B V"], uncond: Float["*B V"] | None, scale: ArrayLike
+) -> Float["*B V"]:
     """HF ``ClassifierFreeGuidanceLogitsProcessor`` (MusicGen): ``uncond + s * (cond - uncond)`` on raw logits.
 
     HF feeds a doubled batch (conditional rows first) and returns the first half; pass

@@ -36,10 +36,17 @@ ancestor wins ties and among equally probable survivors the lowest id receives t
 
 ``N`` is the number of finite logits (the candidates a truncating llama.cpp sampler would have
 left). Removed (``-inf``) tokens take no part, as upstream skips them.
+
+The stage :class:`Infill` holds its table as static data; stages compare by the table's content.
+
+Sharding/TPU: rows are independent; shard the batch axis. The table is replicated; the merge is
+a gather and a scatter over the edge list per row; no batch-level branch.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
 from typing import NamedTuple, Sequence
@@ -49,7 +56,8 @@ import numpy as np
 
 from jaxsample import _math, _validate
 from jaxsample._byte_level import unicode_to_byte
-from jaxsample._types import NEG_INF, Array, ArrayLike
+from jaxsample._types import NEG_INF, Array, ArrayLike, Float
+from jaxsample.chain import Stage
 
 #: Step-4 threshold on the merged probability of a non-EOG token.
 MERGED_THRESHOLD = 0.2
@@ -195,7 +203,7 @@ def _merge(p: Array, finite: Array, table: InfillTable) -> tuple[Array, Array]:
     return mass, survivor
 
 
-def infill(logits: ArrayLike, table: InfillTable) -> Array:
+def infill(logits: Float["*B V"], table: InfillTable) -> Float["*B V"]:
     """llama.cpp ``infill``: EOG-or-text decision, prefix merge and thresholds (see the module doc).
 
     Args:
@@ -217,6 +225,11 @@ def infill(logits: ArrayLike, table: InfillTable) -> Array:
     [False, True, True, True]
     """
     x, dtype = _math.prepare(logits)
+    return _math.restore(_infill(x, table), dtype)
+
+
+def _infill(x: Array, table: InfillTable) -> Array:
+    """The core on NaN-free float32 ``x [*B, V]``."""
     shape, vocab = x.shape, x.shape[-1]
     if table.is_eog.shape != (vocab,):
         raise ValueError(f"table was built for vocab size {table.is_eog.shape[-1]}, logits have V = {vocab}")
@@ -239,4 +252,37 @@ def infill(logits: ArrayLike, table: InfillTable) -> Array:
 
     out = jnp.where(3.0 * p_eog * n > p_txt, eog_only, merged)
     out = jnp.where(jnp.any(finite, axis=-1, keepdims=True), out, x)
-    return _math.restore(out.reshape(shape), dtype)
+    return out.reshape(shape)
+
+
+def _digest(table: InfillTable) -> str:
+    """sha256 of a table's arrays: its identity as static data."""
+    h = hashlib.sha256()
+    for a in table:
+        a = np.asarray(a)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Infill(Stage):
+    """llama.cpp ``infill`` (:func:`infill`) with a vocabulary table fixed at build time.
+
+    Stages with tables of equal content are equal (they share compilations).
+    """
+
+    table: InfillTable = dataclasses.field(compare=False)
+    _: dataclasses.KW_ONLY
+    name: str = "infill"
+    digest: str = dataclasses.field(default="", init=False)
+
+    def __post_init__(self):
+        if not isinstance(self.table, InfillTable):
+            got = type(self.table).__name__
+            raise ValueError(f"table must be an InfillTable (build it with infill_table), got {got}")
+        object.__setattr__(self, "digest", _digest(self.table))
+        super().__post_init__()
+
+    def update(self, x, state, params, info):
+        return _infill(x, self.table), state

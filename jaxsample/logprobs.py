@@ -12,6 +12,9 @@ alternatives, taken from one of four sources (``logprobs_mode``):
 A decode loop calls :func:`step_logprobs` once per step with the raw logits, the processed logits
 (:meth:`jaxsample.Sampler.sample` returns them) and the sampled tokens: one pass for the
 normaliser, one ``lax.top_k`` and one comparison pass, no sort, ``n`` and ``mode`` static.
+
+Sharding/TPU: rows are independent; shard the batch axis. One log-softmax and one ``lax.top_k``
+of ``n`` entries over a whole vocabulary row.
 """
 
 from __future__ import annotations

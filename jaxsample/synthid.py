@@ -18,10 +18,14 @@ context-repetition and EOS masks) and the Mean / Weighted-Mean scores of the pap
 
 Deviation: tokens whose probability becomes 0 get ``-inf`` (the project's convention), where HF
 writes ``finfo(float32).min``; sampling is the same.
+
+Sharding/TPU: rows are independent; shard the batch axis (and the state's, ``[*B, H]``). One hash per
+token and depth, elementwise over ``[*B, V]``; no batch-level branch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -29,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsample import _math, _torch_rng, _validate
-from jaxsample._types import NEG_INF, Array, ArrayLike
+from jaxsample._types import NEG_INF, Array, ArrayLike, Float, Int
+from jaxsample.chain import Stage
 
 _MULTIPLIER = tuple(np.uint32(w) for w in _torch_rng.split64(6364136223846793005))
 
@@ -121,7 +126,7 @@ def synthid_init(batch_shape: tuple[int, ...], config: SynthIDConfig) -> SynthID
 
 
 def synthid_watermark(
-    logits: ArrayLike, state: SynthIDState, history: ArrayLike, position: ArrayLike, config: SynthIDConfig
+    logits: Float["*B V"], state: SynthIDState, history: Int["*B T"], position: Int["*B"] | int, config: SynthIDConfig
 ) -> tuple[Array, SynthIDState]:
     """One step of HF ``SynthIDTextWatermarkLogitsProcessor``.
 
@@ -137,9 +142,16 @@ def synthid_watermark(
       ``(log-probabilities [..., V] in the input dtype, new state)``.
     """
     x, dtype = _math.prepare(logits)
-    batch, vocab = x.shape[:-1], x.shape[-1]
+    batch = x.shape[:-1]
     history = _validate.check_tokens(history, "history", batch)
     position = _validate.row_param(position, batch, "position", jnp.int32)
+    out, state = _synthid_watermark(x, state, history, position, config)
+    return _math.restore(out, dtype), state
+
+
+def _synthid_watermark(x: Array, state: SynthIDState, history: Array, position: Array, config: SynthIDConfig):
+    """The core on NaN-free float32 ``x [*B, V]``, ``history int32[*B, T]``, ``position int32[*B]``."""
+    batch, vocab = x.shape[:-1], x.shape[-1]
     if config.debug_mode:
         x = jnp.ones_like(x)
     n1 = config.ngram_len - 1
@@ -164,7 +176,50 @@ def synthid_watermark(
         skip = position < n1
         out = jnp.where(skip[..., None], x, out)
         pushed = SynthIDState(*(jnp.where(skip[..., None], s, q) for s, q in zip(state, pushed)))
-    return _math.restore(out, dtype), pushed
+    return out, pushed
+
+
+@dataclasses.dataclass(frozen=True)
+class SynthIDWatermark(Stage):
+    """HF ``SynthIDTextWatermarkLogitsProcessor`` (:func:`synthid_watermark`).
+
+    Every field is static (HF's config). The context is the last ``ngram_len - 1`` generated tokens;
+    the state is the ring of the last ``context_history_size`` context hashes.
+    """
+
+    ngram_len: int
+    keys: tuple[int, ...]
+    context_history_size: int = 1024
+    sampling_table_seed: int = 0
+    sampling_table_size: int = 2**16
+    skip_first_ngram_calls: bool = False
+    debug_mode: bool = False
+    _: dataclasses.KW_ONLY
+    name: str = "synthid_watermark"
+
+    def __post_init__(self):
+        cfg = synthid_config(
+            ngram_len=self.ngram_len, keys=tuple(self.keys), context_history_size=self.context_history_size,
+            sampling_table_seed=self.sampling_table_seed, sampling_table_size=self.sampling_table_size,
+            skip_first_ngram_calls=self.skip_first_ngram_calls, debug_mode=self.debug_mode,
+        )
+        for field, value in cfg._asdict().items():
+            object.__setattr__(self, field, value)
+        super().__post_init__()
+
+    @property
+    def config(self) -> SynthIDConfig:
+        return SynthIDConfig(*(getattr(self, f) for f in SynthIDConfig._fields))
+
+    @property
+    def history(self) -> int:
+        return self.ngram_len - 1
+
+    def init(self, info):
+        return synthid_init(info.batch_shape, self.config)
+
+    def update(self, x, state, params, info):
+        return _synthid_watermark(x, state, info.history, info.position, self.config)
 
 
 # ------------------------------------------------------------------------------------ detection

@@ -23,10 +23,14 @@ Deviations, on purpose:
 * A row with fewer than ``context_width`` tokens is left unchanged; HF skips the whole batch when
   the (padded) ``input_ids`` are shorter. Padding (``-1``) is skipped, not hashed.
 * ``V`` is the width of the logits (HF: the model config's ``vocab_size``, normally the same).
+
+Sharding/TPU: rows are independent; shard the batch axis. Each row runs torch's ``randperm`` prefix
+test (a ``lax.map`` over rows in batches of 64); no batch-level branch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Mapping, NamedTuple
@@ -36,8 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsample import _math, _torch_rng, _validate
-from jaxsample._types import Array, ArrayLike
-from jaxsample.penalties import _compact
+from jaxsample._history import compact
+from jaxsample._types import Array, ArrayLike, Float, Int
+from jaxsample.chain import Param, Stage
 
 SCHEMES = ("lefthash", "selfhash")
 #: HF's defaults (``WatermarkingConfig``).
@@ -153,15 +158,15 @@ def _green_member(seed: Array, vocab_size: int, size: Array, token: Array) -> Ar
 
 
 def watermark(
-    logits: ArrayLike,
-    history: ArrayLike,
+    logits: Float["*B V"],
+    history: Int["*B T"],
     greenlist_ratio: ArrayLike = 0.25,
     bias: ArrayLike = 2.0,
     *,
     hashing_key: int = DEFAULT_HASHING_KEY,
     seeding_scheme: str = "lefthash",
     context_width: int = 1,
-) -> Array:
+) -> Float["*B V"]:
     """HF ``WatermarkLogitsProcessor``: ``+bias`` on the greenlist seeded by the context.
 
     Args:
@@ -184,16 +189,22 @@ def watermark(
     """
     cfg = watermark_config(hashing_key=hashing_key, seeding_scheme=seeding_scheme, context_width=context_width)
     x, dtype = _math.prepare(logits)
-    batch, vocab = x.shape[:-1], x.shape[-1]
+    batch = x.shape[:-1]
     history = _validate.check_tokens(history, "history", batch)
     gamma = _validate.param(greenlist_ratio, batch, "greenlist_ratio", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     delta = _validate.param(bias, batch, "bias")
+    return _math.restore(_watermark(x, history, gamma, delta, cfg), dtype)
+
+
+def _watermark(x: Array, history: Array, gamma: Array, delta: Array, cfg: WatermarkConfig) -> Array:
+    """The core on NaN-free float32 ``x [*B, V]``, ``history int32[*B, T]``, ``[*B]`` ratio and bias."""
+    vocab = x.shape[-1]
     gamma = jnp.where(jnp.isnan(gamma), 0.0, jnp.clip(gamma, 0.0, 1.0))  # traced out-of-range values: clamped
     delta = jnp.where(jnp.isnan(delta), 0.0, jnp.clip(delta, -1e30, 1e30))  # NaN: off; infinities: clamped
     w = cfg.context_width
     if history.shape[-1] < w:
-        return _math.restore(x, dtype)
-    c, m = _compact(history[..., history.shape[-1] - w :], vocab)
+        return x
+    c, m = compact(history[..., history.shape[-1] - w :], vocab)
     size = greenlist_size(vocab, gamma)
     if cfg.seeding_scheme == "lefthash":
         green = greenlist(_lefthash_seed(jnp.maximum(c[..., -1], 0), cfg.hashing_key), vocab, size)
@@ -206,4 +217,48 @@ def watermark(
         hit = _green_member(seed, vocab, jnp.broadcast_to(size[..., None], cand.shape), cand)
         green = _math.scatter(jnp.zeros(x.shape, bool), jnp.where(hit, cand, vocab), hit, "max")
     on = green & (m >= w)[..., None]
-    return _math.restore(x + jnp.where(on, delta[..., None], 0.0), dtype)
+    return x + jnp.where(on, delta[..., None], 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Watermark(Stage):
+    """HF ``WatermarkLogitsProcessor`` (:func:`watermark`) over prompt + generated ids.
+
+    ``hashing_key``, ``seeding_scheme`` and ``context_width`` are static (they fix the hash and
+    the window). Params: ``greenlist_ratio`` (``gamma`` in ``(0, 1)``), ``watermark_bias`` (``delta``).
+    """
+
+    greenlist_ratio: float = dataclasses.field(default=0.25, compare=False)
+    bias: float = dataclasses.field(default=2.0, compare=False)
+    _: dataclasses.KW_ONLY
+    hashing_key: int = DEFAULT_HASHING_KEY
+    seeding_scheme: str = "lefthash"
+    context_width: int = 1
+    name: str = "watermark"
+
+    def __post_init__(self):
+        cfg = watermark_config(
+            greenlist_ratio=self.greenlist_ratio, bias=self.bias, hashing_key=self.hashing_key,
+            seeding_scheme=self.seeding_scheme, context_width=self.context_width,
+        )
+        for field, value in cfg._asdict().items():
+            object.__setattr__(self, field, value)
+        super().__post_init__()
+
+    @property
+    def config(self) -> WatermarkConfig:
+        return WatermarkConfig(*(getattr(self, f) for f in WatermarkConfig._fields))
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        return (
+            Param("greenlist_ratio", self.greenlist_ratio, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
+            Param("watermark_bias", self.bias),
+        )
+
+    @property
+    def history(self) -> int:
+        return self.context_width
+
+    def update(self, x, state, params, info):
+        return _watermark(x, info.history, params["greenlist_ratio"], params["watermark_bias"], self.config), state

@@ -7,7 +7,7 @@ import pytest
 
 import jaxsample as js
 from jaxsample import stages
-from jaxsample.chain import Param, Stage, _fill_ring, _ring_view
+from jaxsample.chain import Param, Stage, _fill_ring, _ring_view, request_keys
 from tests._helpers import CountingJit
 
 
@@ -26,7 +26,7 @@ def _recording_stage(window):
 def test_params_defaults_overrides_and_errors():
     sampler = js.chain(stages.temperature(0.8), select=stages.categorical())
     p = sampler.params((3,), temperature=jnp.array([0.0, 0.5, 1.0]))
-    assert set(p) == {"seed", "temperature"}
+    assert set(p) == {"seed", "seed_stream", "temperature"}
     assert p["seed"].shape == (3,) and p["seed"].dtype == jnp.int32
     np.testing.assert_allclose(sampler.params((2,))["temperature"], [0.8, 0.8])
     with pytest.raises(ValueError, match="top_q"):
@@ -82,6 +82,30 @@ def test_randomness_is_per_seed_and_position_not_batch_slot():
     assert len({tuple(np.asarray(t).tolist()) for t in toks}) > 1  # positions differ
 
 
+@pytest.mark.parametrize("seed", [None, 7, jnp.array([7])])
+def test_rows_sharing_a_seed_draw_from_distinct_streams(seed):
+    """One seed for the batch (or none: seed 0) must not give every row the same noise."""
+    sampler = js.chain(select=stages.categorical())
+    values = {} if seed is None else {"seed": seed}
+    params = sampler.params((8,), **values)
+    np.testing.assert_array_equal(params["seed_stream"], np.arange(8))
+    tokens, _, _ = jax.jit(sampler.sample)(jnp.zeros((8, 1000)), sampler.init(params, vocab_size=1000), params)
+    assert len(set(np.asarray(tokens).tolist())) > 4
+    # row 0 of a shared seed is the request alone with that seed (stream 0)
+    alone = sampler.params((1,), **values)
+    first, _, _ = jax.jit(sampler.sample)(jnp.zeros((1, 1000)), sampler.init(alone, vocab_size=1000), alone)
+    assert int(first[0]) == int(tokens[0])
+
+
+def test_request_keys_streams_are_independent_of_adjacent_seeds():
+    keys = request_keys({"seed": jnp.array([5, 6, 5, 5]), "seed_stream": jnp.array([1, 0, 0, 2])})
+    data = [tuple(np.asarray(jax.random.key_data(k)).tolist()) for k in keys]
+    assert len(set(data)) == 4  # (5, stream 1) is not (6, stream 0)
+    assert data[2] == tuple(np.asarray(jax.random.key_data(jax.random.key(5))).tolist())  # stream 0 = key(seed)
+    per_row = js.chain(select=stages.greedy()).params((3,), seed=jnp.array([1, 2, 3]))
+    np.testing.assert_array_equal(per_row["seed_stream"], [0, 0, 0])
+
+
 def test_sample_compiles_once_for_new_values():
     sampler = js.chain(stages.dynamic_temperature(), select=stages.categorical())
     x = jnp.zeros((2, 8))
@@ -115,7 +139,11 @@ def test_equal_configurations_give_equal_samplers():
     a = js.chain(stages.top_k(40), stages.penalties(64), select=stages.categorical())
     b = js.chain(stages.top_k(40), stages.penalties(64), select=stages.categorical())
     assert a == b and hash(a) == hash(b)
-    assert stages.top_k(40) is not stages.top_k(20)
+    # defaults are values, not structure: stages differing only in them are equal (one compilation),
+    # and each still fills its own defaults in (see tests/test_stage_identity.py for every factory)
+    assert stages.top_k(40) == stages.top_k(20) and hash(stages.top_k(40)) == hash(stages.top_k(20))
+    assert js.chain(stages.top_k(40), select=stages.greedy()).params(())["top_k"] == 40
+    assert stages.top_k(40, exact=True) != stages.top_k(40)
 
 
 def test_list_params_are_padded_and_validated():

@@ -254,7 +254,8 @@ def test_breakers_from_texts_truncation_and_errors(tokenizer):
 def test_stage_equals_function_on_prompt_then_accepted(tokenizer):
     breakers = js.dry_sequence_breakers(["\n"], tokenizer)
     sampler = js.chain(stages.dry(0.8, last_n=12, sequence_breakers=breakers), select=stages.greedy())
-    assert set(sampler.param_specs()) == {"seed", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n"}
+    assert set(sampler.param_specs()) == {"seed", "seed_stream", "dry_multiplier", "dry_base", "dry_allowed_length",
+                                          "dry_penalty_last_n"}
     params = sampler.params((2,), dry_multiplier=jnp.array([0.8, 2.0]), dry_penalty_last_n=jnp.array([-1, 6]))
     ids = tokenizer.encode("The cat sat on the mat. The cat sat").ids
     prompt = jnp.array([ids[:6], [-1] * 2 + ids[:4]])

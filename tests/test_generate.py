@@ -263,7 +263,7 @@ def test_sample_and_rank_returns_best_of_independently_seeded_samples():
     )
     for b, start in enumerate([1, 5]):
         cands = []
-        for i in range(6):  # sample i is the plain sample with seed + i
+        for i in range(6):  # sample i is the plain sample from stream i of the prompt's seed
             one = generate(
                 BIGRAM,
                 PARAMS,
@@ -271,7 +271,7 @@ def test_sample_and_rank_returns_best_of_independently_seeded_samples():
                 max_new_tokens=4,
                 sampler=SAMPLER,
                 eos_ids=0,
-                sampler_params={"seed": sampler_params["seed"][b] + i},
+                sampler_params={"seed": sampler_params["seed"][b], "seed_stream": i},
                 logprobs=True,
             )
             toks = _rows(one)[0]
@@ -280,6 +280,16 @@ def test_sample_and_rank_returns_best_of_independently_seeded_samples():
         assert [_rows_ranked(ranked, b, j) for j in range(2)] == [c[1] for c in best]
         np.testing.assert_allclose(ranked.scores[b], [c[0] for c in best], rtol=1e-5)
         np.testing.assert_allclose(ranked.cumulative_logprob[b], [c[0] for c in best], rtol=1e-5)
+
+
+def test_sample_and_rank_streams_of_adjacent_seeds_do_not_overlap():
+    """With ``seed + i`` per sample, sample 1 of seed 40 was sample 0 of seed 41 (the same tokens)."""
+    ranked = sample_and_rank(BIGRAM, PARAMS, [[1], [1]], n=2, best_of=2, max_new_tokens=12, sampler=SAMPLER,
+                             sampler_params={"seed": jnp.array([40, 41]), "temperature": 1.0})
+    by_index = {(b, int(ranked.sample_index[b, j])): _rows_ranked(ranked, b, j) for b in range(2) for j in range(2)}
+    assert by_index[0, 1] != by_index[1, 0]
+    alone = generate(BIGRAM, PARAMS, [[1]], max_new_tokens=12, sampler=SAMPLER, sampler_params={"seed": 41})
+    assert by_index[1, 0] == _rows(alone)[0]  # sample 0 is the request alone
 
 
 def _rows_ranked(out, b, j):

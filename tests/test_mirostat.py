@@ -9,7 +9,7 @@ import pytest
 
 import jaxsample as js
 from jaxsample import _noise, stages
-from jaxsample.mirostat import _zipf_k
+from jaxsample.samplers.mirostat import _zipf_k
 from tests import reference_samplers as ref
 from tests._helpers import CountingJit
 

@@ -215,7 +215,8 @@ def test_vllm_stage_scopes():
 
 def test_hf_stage_and_encoder_stage():
     sampler = js.chain(stages.penalties(scope="hf"), stages.encoder_repetition_penalty(), select=stages.greedy())
-    assert set(sampler.param_specs()) == {"seed", "repetition_penalty", "prompt_ignore_length", "encoder_repetition_penalty"}
+    assert set(sampler.param_specs()) == {"seed", "seed_stream", "repetition_penalty", "prompt_ignore_length",
+                                          "encoder_repetition_penalty"}
     params = sampler.params((1,), repetition_penalty=1.3, encoder_repetition_penalty=2.0)
     prompt, enc = jnp.array([[0, 1]]), jnp.array([[4, 5, -1]])
     x, out = _run(sampler, params, prompt, [[2]], 6, history_size=3, encoder_ids=enc)

@@ -178,4 +178,12 @@ def test_scenarios():
 
 
 def test_stage_factories_used_by_presets_are_shared():
-    assert presets.vllm().sampler.stages[-1] is stages.top_p()
+    assert presets.vllm().sampler.stages[-1] == stages.top_p()
+
+
+def test_stacked_presets_keep_each_presets_stage_defaults():
+    """Samplers that differ only in stage defaults are equal; stacking must still give each row its own."""
+    a = presets.Preset(js.chain(stages.temperature(0.7), select=stages.categorical()), {})
+    b = presets.Preset(js.chain(stages.temperature(0.2), select=stages.categorical()), {})
+    assert a.sampler == b.sampler
+    np.testing.assert_allclose(presets.stack([a, b]).params((2,))["temperature"], [0.7, 0.2])

@@ -178,7 +178,7 @@ def test_per_row_budgets_never_recompile_and_rows_are_independent():
     free = np.asarray(jnp.argmax(x, axis=-1))
     assert outs[0].tolist() == [END[0], free[1], free[2]]  # budget 0 forces at once, 1 and 2 do not yet
     assert outs[1].tolist() == [free[0], free[1], END[0]]
-    assert stages.reasoning_budget(START, END) is stages.reasoning_budget(START, END)
+    assert stages.reasoning_budget(START, END) == stages.reasoning_budget(list(START), list(END))
 
 
 def test_in_the_decoding_loop():

@@ -301,7 +301,7 @@ def test_stage_parameters_reject_or_keep_the_contract(name):
     step = jax.jit(step)
     base = sampler.params((B,))
     for param in names:
-        if param == "seed":
+        if param in ("seed", "seed_stream"):  # the chain's random stream, not the stage's (tests/test_chain.py)
             continue
         for value in TRACED:
             tokens, processed = step({**base, param: jnp.full((B,), value).astype(base[param].dtype)})

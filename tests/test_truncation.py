@@ -527,7 +527,7 @@ def test_stages_in_a_chain_match_the_functions():
     expected = x
     for stage, fn, names in order[:-1]:
         args = [params[n] for n in names]
-        key = (sampler._info(state, params, stage.name).key,) if stage.name == "xtc" else ()
+        key = (sampler.step_info(state, params, stage.name).key,) if stage.name == "xtc" else ()
         expected = fn(*key, expected, *args)
     np.testing.assert_array_equal(out, expected)
     assert (kept(out).sum(-1) < kept(x).sum(-1)).all()

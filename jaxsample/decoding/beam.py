@@ -50,7 +50,7 @@ from jax import lax
 
 from jaxsample import _math, _noise, _validate
 from jaxsample._types import Array, ArrayLike
-from jaxsample.chain import Sampler, SamplerState
+from jaxsample.chain import Sampler, SamplerState, request_keys
 from jaxsample.decoding import _stopping, sharding
 from jaxsample.decoding._stopping import FinishReason, Stops
 from jaxsample.decoding.loop import Config, fill_pad, prefill, prepare
@@ -258,10 +258,8 @@ def _step(
     logp = jnp.where((eos_hot & (t < stops.min_new_tokens)[:, None])[:, None], _math.NEG_INF, logp)
     key = None
     if cfg.do_sample:
-        seeds = sparams["seed"].reshape(b, k)[:, 0]
-        key = jax.vmap(
-            lambda sd: jax.random.fold_in(jax.random.fold_in(jax.random.key(sd), t), _SAMPLE_SALT)
-        )(seeds)
+        keys = request_keys(sparams).reshape(b, k)[:, 0]
+        key = jax.vmap(lambda kk: jax.random.fold_in(jax.random.fold_in(kk, t), _SAMPLE_SALT))(keys)
 
     chosen = jnp.zeros((b, 0), jnp.int32)  # tokens picked at this step by earlier groups (Hamming)
     outs, states, flat_parent = [], [], []

@@ -2,7 +2,10 @@
 ``best_of``; Meena and LaMDA "sample-and-rank").
 
 The prompt is prefilled once and its cache repeated ``best_of`` times; sample ``i`` of a prompt with
-seed ``s`` uses seed ``s + i`` (vLLM's per-child seeds), so every sample is reproducible on its own.
+stream ``r`` of seed ``s`` draws from stream ``r * best_of + i`` of ``s`` (:func:`jaxsample.chain.request_keys`;
+a prompt given its own seed has ``r = 0``, so sample ``i`` is stream ``i``). Unlike vLLM's per-child
+seeds ``s + i``, the samples of prompts with adjacent seeds never share a stream, and every sample
+is reproducible on its own.
 Samples are ranked by their sequence log-probability ``sum(log p) / L ** length_penalty`` under the
 raw model (``rank_by="raw"``, Meena) or under the distribution sampled from (``"processed"``).
 Everything, the ranking included, is one ``jax.jit``.
@@ -41,7 +44,7 @@ class RankedOutput(NamedTuple):
     finish_reason: Array  # int32[B, n]
     scores: Array  # float32[B, n]: the ranking score
     cumulative_logprob: Array  # float32[B, n]: sum of raw-model log-probs of the sample
-    sample_index: Array  # int32[B, n]: i of the sample (its seed is seed + i)
+    sample_index: Array  # int32[B, n]: i of the sample (stream i of its seed, for a prompt with its own seed)
 
 
 def _rank(model, sampler, cfg, best_of, n, rank_by, params, prompt, lengths, cache, sparams, stops, alpha):
@@ -76,7 +79,7 @@ def rank(model, params, prompt, prompt_lengths, opts: DecodingOptions, *, cache=
     b = req.prompt.shape[0]
     alpha = _validate.param(opts.rank_length_penalty(), (b,), "length_penalty")
     rows = repeat_params(req.sampler, req.sampler_params, best_of)
-    rows["seed"] = rows["seed"] + jnp.tile(jnp.arange(best_of, dtype=jnp.int32), b)
+    rows["seed_stream"] = rows["seed_stream"] * best_of + jnp.tile(jnp.arange(best_of, dtype=jnp.int32), b)
     stops = _stopping.repeat(req.stops, best_of)
     s = req.cfg.batch_sharding
     out = _rank_jit(
@@ -116,8 +119,8 @@ def sample_and_rank(
 
     Args:
       n, best_of: returned and drawn samples per prompt (``best_of`` defaults to ``n``).
-      sampler, sampler_params: the chain and its per-prompt values ``[B]``; sample ``i`` uses
-        ``seed + i``.
+      sampler, sampler_params: the chain and its per-prompt values ``[B]``; sample ``i`` of a
+        prompt with its own seed draws from stream ``i`` of that seed (``seed_stream=i``).
       rank_by: ``"raw"`` (model log-probs) or ``"processed"`` (log-probs of what was sampled from).
       length_penalty: ``alpha`` per prompt: score ``= sum(log p) / length ** alpha`` (0: plain sum).
       Other arguments: as :func:`jaxsample.decoding.generate` (per prompt).

@@ -41,9 +41,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxsample import _math, _noise, selection
+from jaxsample import _math, _noise
+from jaxsample.samplers.categorical import categorical
 from jaxsample._types import Array, ArrayLike
-from jaxsample.chain import Sampler, SamplerState
+from jaxsample.chain import Sampler, SamplerState, request_keys
 from jaxsample.decoding import _request, _stopping, adapters, sharding
 from jaxsample.decoding._stopping import Stops, Tracker
 from jaxsample.decoding.loop import Config, fill_pad, prepare
@@ -81,24 +82,16 @@ class SpecState(NamedTuple):
 def _proposal(sampler: Sampler) -> str | None:
     """``"greedy"`` or ``"softmax"``: the distribution the chain's selector draws from; ``None`` if neither.
 
-    Decided by the selector's function, not its (renameable) name: only :func:`stages.greedy` and
+    Decided by the selector's type, not its name: only :func:`stages.greedy` and
     :func:`stages.categorical` qualify, the rule of this module being exact for them alone.
     """
     from jaxsample import stages
 
-    fn = sampler.selector.select
-    if fn is stages.greedy().select:
-        return "greedy"
-    if getattr(fn, "__module__", "") == stages.categorical.__module__ and \
-            getattr(fn, "__qualname__", "").startswith("categorical."):
-        return "softmax"
-    return None
+    return {stages.greedy: "greedy", stages.categorical: "softmax"}.get(type(sampler.selector))
 
 
-def _keys(seeds: Array, position: Array, salt: int) -> Array:
-    return jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(jax.random.key(s), p), salt))(
-        seeds, position
-    )
+def _keys(sparams, position: Array, salt: int) -> Array:
+    return jax.vmap(lambda k, p: jax.random.fold_in(jax.random.fold_in(k, p), salt))(request_keys(sparams), position)
 
 
 def _pick(stacked, index: Array):
@@ -180,7 +173,7 @@ def _step(
         p = _math.softmax(procs[:k])
         p_d = jnp.sum(jnp.where(d_onehot, p, 0.0), axis=-1)
         q_d = jnp.sum(jnp.where(d_onehot, q, 0.0), axis=-1)
-        u = jax.vmap(lambda i: _noise.uniform(_keys(sparams["seed"], out.length + i, _ACCEPT_SALT)))(
+        u = jax.vmap(lambda i: _noise.uniform(_keys(sparams, out.length + i, _ACCEPT_SALT)))(
             jnp.arange(k)
         )
         ok = (p_d > 0) & (u * q_d <= p_d)
@@ -195,8 +188,8 @@ def _step(
         q_a = _pick(q, jnp.minimum(n_ok, k - 1))
         resid = jnp.maximum(_math.softmax(proc_a) - q_a, 0.0)
         resid_logits = jnp.where(jnp.any(resid > 0, axis=-1, keepdims=True), jnp.log(resid), proc_a)
-        recovered = selection.categorical(
-            _keys(sparams["seed"], out.length + n_ok, _RESIDUAL_SALT), resid_logits
+        recovered = categorical(
+            _keys(sparams, out.length + n_ok, _RESIDUAL_SALT), resid_logits
         )
         final = jnp.where(rejected, recovered, bonus)
         selected = where_rows(rejected, state_a, selected)

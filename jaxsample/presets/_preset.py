@@ -65,8 +65,11 @@ def stack(presets: Sequence[Preset]) -> Preset:
             )
     specs = first.param_specs()
     values: dict[str, Any] = {}
-    for name in sorted({k for p in presets for k in p.values}):
-        rows = [p.values.get(name, specs[name].default) for p in presets]
+    # Equal samplers may differ in their stages' defaults: each row gets its own preset's.
+    own = [p.sampler.param_specs() for p in presets]
+    differ = {n for n, spec in specs.items() if not spec.shared and any(o[n].default != spec.default for o in own)}
+    for name in sorted({k for p in presets for k in p.values} | differ):
+        rows = [p.values.get(name, o[name].default) for p, o in zip(presets, own)]
         if specs[name].capacity is None:
             values[name] = np.asarray(rows, dtype=np.dtype(specs[name].dtype))
         else:

@@ -26,6 +26,7 @@ makes later truncation (top-k/top-p) act on the allowed tokens only, as in llgui
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import jax
@@ -52,19 +53,32 @@ def _rows(state: _tables.GrammarState, shape: tuple) -> _tables.GrammarState:
     return jax.tree.map(lambda a: a.reshape(shape + a.shape[n:]), state)
 
 
-def grammar_stage(*, name: str = "grammar") -> Stage:
-    """The masking stage (see the module docstring); rows follow ``params[f"{name}_grammar"]``."""
-    tables_key, ids_key = param_names(name)
+@dataclasses.dataclass(frozen=True)
+class GrammarStage(Stage):
+    """The masking stage (see the module docstring); rows follow ``params[f"{name}_grammar"]``.
 
-    def bound(params: Params):
+    Its identity is its name: every grammar stage of a name is the same stage (one compilation).
+    """
+
+    _: dataclasses.KW_ONLY
+    name: str = "grammar"
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        tables_key, ids_key = param_names(self.name)
+        return (Param(tables_key, None, shared=True), Param(ids_key, -1, jnp.int32, lo=-1))
+
+    def _bound(self, params: Params):
+        tables_key, ids_key = param_names(self.name)
         return params[tables_key], jnp.asarray(params[ids_key], jnp.int32).reshape(-1)
 
-    def init(info: InitInfo) -> Array:
-        t, ids = bound(info.params)
+    def init(self, info: InitInfo) -> _tables.GrammarState:
+        t, ids = self._bound(info.params)
         if _validate.is_concrete(ids):  # eager use: ids must point into the tables (under jit: clamped)
             n = 0 if t is None else int(t.start.shape[0])
             bad = np.asarray(ids)[np.asarray(ids) >= n]
             if bad.size:
+                tables_key, ids_key = param_names(self.name)
                 raise ValueError(
                     f"{ids_key} {sorted(set(bad.tolist()))} refer to grammars missing from {tables_key} "
                     f"({n} grammars); build both with structured.grammar_params"
@@ -74,8 +88,8 @@ def grammar_stage(*, name: str = "grammar") -> Stage:
             return _tables.GrammarState(zero, jnp.zeros(info.batch_shape + (0,), jnp.int32), zero)
         return _rows(_tables.initial_state(t, ids), info.batch_shape)
 
-    def update(logits, state, params, info):
-        t, ids = bound(params)
+    def update(self, logits, state, params, info):
+        t, ids = self._bound(params)
         if t is None:
             return logits, state
         x = logits.reshape((ids.shape[0], logits.shape[-1]))
@@ -83,15 +97,17 @@ def grammar_stage(*, name: str = "grammar") -> Stage:
         out = lax.cond(jnp.any(ids >= 0), lambda: _tables.mask(x, t, ids, flat), lambda: x)
         return out.reshape(logits.shape), state
 
-    def accept(tokens, state, params, info):
-        t, ids = bound(params)
+    def accept(self, tokens, state, params, info):
+        t, ids = self._bound(params)
         if t is None:
             return state
         new = _tables.advance(t, ids, _rows(state, (ids.shape[0],)), tokens.reshape(-1))
         return _rows(new, state.state.shape)
 
-    specs = (Param(tables_key, None, shared=True), Param(ids_key, -1, jnp.int32, lo=-1))
-    return Stage(name=name, update=update, params=specs, init=init, accept=accept)
+
+def grammar_stage(*, name: str = "grammar") -> Stage:
+    """The masking stage :class:`GrammarStage` (see the module docstring)."""
+    return GrammarStage(name=name)
 
 
 def grammar_params(

@@ -46,6 +46,8 @@ is invalid, and in ``accept`` walks the winner's tokens through the grammar with
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 from typing import Any, NamedTuple, Sequence
 
@@ -55,7 +57,7 @@ import numpy as np
 from jax import lax
 
 from jaxsample._types import NEG_INF, Array
-from jaxsample.chain import InitInfo, Param, Params, Stage, StepInfo
+from jaxsample.chain import InitInfo, Param, Params, Stage, StepInfo, static_int
 from jaxsample.decoding import stop_strings
 from jaxsample.decoding.stop_strings import StopStrings
 from jaxsample.structured import grammar_cache, stage as _stage
@@ -575,7 +577,8 @@ def _pick_m(pend: Array, slot: Array, m: Array) -> Array:
     return jnp.take(flat, idx, axis=1) & (m >= 1)[None]
 
 
-def lazy_grammar_stage(*, name: str = "grammar", max_triggers: int = 8, max_trigger_bytes: int = 31) -> Stage:
+@dataclasses.dataclass(frozen=True)
+class LazyGrammarStage(Stage):
     """The grammar stage with triggers (see the module docstring); bind rows with :func:`trigger_params`.
 
     Reads the grammar stage's parameters plus the shared ``f"{name}_triggers"``
@@ -583,31 +586,54 @@ def lazy_grammar_stage(*, name: str = "grammar", max_triggers: int = 8, max_trig
     (``int32[B, max_triggers]``, ``-1``: slot unused; a row with no slot is not lazy).
     ``max_triggers`` is the static slot capacity (distinct trigger strings of the batch),
     ``max_trigger_bytes`` the static longest trigger (the stage reads that many past tokens).
+    Its identity is its static fields: equal stages share one compilation.
     """
-    width = _window_bytes(max_trigger_bytes)
-    inner = _stage.grammar_stage(name=name)
-    tables_key, ids_key = _stage.param_names(name)
-    triggers_key, rank_key = f"{name}_triggers", f"{name}_trigger_rank"
 
-    def bound(params: Params):
+    _: dataclasses.KW_ONLY
+    name: str = "grammar"
+    max_triggers: int = static_int(8)
+    max_trigger_bytes: int = static_int(31)
+
+    @property
+    def _inner(self) -> Stage:
+        return _stage.grammar_stage(name=self.name)
+
+    @property
+    def _keys(self) -> tuple[str, str, str]:
+        """``(grammar ids, triggers, trigger rank)`` parameter names."""
+        return _stage.param_names(self.name)[1], f"{self.name}_triggers", f"{self.name}_trigger_rank"
+
+    @property
+    def history(self) -> int:
+        return _window_bytes(self.max_trigger_bytes)
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        _, triggers_key, rank_key = self._keys
+        return self._inner.params + (Param(triggers_key, None, shared=True),
+                                     Param(rank_key, -1, jnp.int32, lo=-1, capacity=self.max_triggers))
+
+    def _bound(self, params: Params):
+        ids_key, triggers_key, rank_key = self._keys
         t, ids = params[triggers_key], jnp.asarray(params[ids_key], jnp.int32).reshape(-1)
         rank = jnp.asarray(params[rank_key], jnp.int32).reshape(ids.shape[0], -1)
         return t, ids, (rank if t is None else rank[:, : t.match.target.shape[0]])
 
-    def init(info: InitInfo) -> LazyState:
-        t, ids, rank = bound(info.params)
-        if t is not None and max_triggers < t.match.target.shape[0]:
-            raise ValueError(f"{rank_key} has {max_triggers} slots but {triggers_key} has "
+    def init(self, info: InitInfo) -> LazyState:
+        t, ids, rank = self._bound(info.params)
+        _, triggers_key, rank_key = self._keys
+        if t is not None and self.max_triggers < t.match.target.shape[0]:
+            raise ValueError(f"{rank_key} has {self.max_triggers} slots but {triggers_key} has "
                              f"{t.match.target.shape[0]}: raise max_triggers or build both with trigger_params")
-        if t is not None and t.match.max_len > width:
+        if t is not None and t.match.max_len > self.history:
             raise ValueError(f"{triggers_key} hold triggers of up to {t.match.max_len} bytes, the stage reads "
-                             f"{width}: raise the stage's max_trigger_bytes")
+                             f"{self.history}: raise the stage's max_trigger_bytes")
         lazy = (ids >= 0) & jnp.any(rank >= 0, axis=-1) if t is not None else jnp.zeros(ids.shape, bool)
-        return LazyState(inner.init(info), (~lazy).reshape(info.batch_shape))
+        return LazyState(self._inner.init(info), (~lazy).reshape(info.batch_shape))
 
-    def update(logits, state, params, info):
-        t, ids, rank = bound(params)
-        out, _ = inner.update(logits, state.grammar, params, info)
+    def update(self, logits, state, params, info):
+        t, ids, rank = self._bound(params)
+        out, _ = self._inner.update(logits, state.grammar, params, info)
         armed = state.armed.reshape(-1)
         x = logits.reshape((ids.shape[0], logits.shape[-1]))
         if t is not None:
@@ -621,8 +647,9 @@ def lazy_grammar_stage(*, name: str = "grammar", max_triggers: int = 8, max_trig
         out = jnp.where(armed[:, None], out.reshape(x.shape), x)
         return out.reshape(logits.shape), state
 
-    def accept(tokens, state, params, info):
-        t, ids, rank = bound(params)
+    def accept(self, tokens, state, params, info):
+        t, ids, rank = self._bound(params)
+        inner = self._inner
         tokens = tokens.reshape(-1)
         armed = state.armed.reshape(-1)
         grammar = inner.accept(jnp.where(armed, tokens, -1), state.grammar, params, info)
@@ -643,6 +670,7 @@ def lazy_grammar_stage(*, name: str = "grammar", max_triggers: int = 8, max_trig
         grammar = lax.cond(jnp.any(fired), walk, lambda: grammar)
         return LazyState(grammar, (armed | fired).reshape(state.armed.shape))
 
-    specs = inner.params + (Param(triggers_key, None, shared=True),
-                            Param(rank_key, -1, jnp.int32, lo=-1, capacity=max_triggers))
-    return Stage(name=name, update=update, params=specs, init=init, accept=accept, history=width)
+
+def lazy_grammar_stage(*, name: str = "grammar", max_triggers: int = 8, max_trigger_bytes: int = 31) -> Stage:
+    """The stage :class:`LazyGrammarStage` (see the module docstring)."""
+    return LazyGrammarStage(name=name, max_triggers=max_triggers, max_trigger_bytes=max_trigger_bytes)

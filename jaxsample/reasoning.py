@@ -22,15 +22,20 @@ with a fresh budget. Two anchors, chosen with ``scope``:
 
 Place the stage after the filters (or anywhere before a selector that keeps the best token) so
 that nothing removes the forced token.
+
+Sharding/TPU: rows are independent; shard the batch axis (the state is ``[*B, ...]``). One
+elementwise pass over ``[*B, V]``; no batch-level branch.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
 
 from jaxsample import _math
-from jaxsample.chain import InitInfo, Param, Stage, StepInfo, cached
+from jaxsample.chain import InitInfo, Param, Stage, StepInfo
 
 _SCOPES = ("vllm", "llama")
 OUTSIDE, THINKING, FORCING = 0, 1, 2
@@ -68,16 +73,8 @@ def _ends_with(window, seq: tuple[int, ...]):
     return jnp.all(window[:, window.shape[1] - len(seq) :] == jnp.asarray(seq, jnp.int32), axis=-1)
 
 
-@cached
-def reasoning_budget(
-    start_ids,
-    end_ids,
-    forced_ids=None,
-    *,
-    budget: int = -1,
-    scope: str = "vllm",
-    name: str = "reasoning_budget",
-) -> Stage:
+@dataclasses.dataclass(frozen=True)
+class ReasoningBudget(Stage):
     """Forces the end of a thinking block after ``thinking_token_budget`` thinking tokens (see the module doc).
 
     Args:
@@ -90,15 +87,33 @@ def reasoning_budget(
     State per row: ``(phase, count, force_pos, window or matcher positions)``; the stage's
     ``accept`` must see every generated token (samplers do this in the decoding loops).
     """
-    if scope not in _SCOPES:
-        raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
-    start, end = _ids(start_ids, "start_ids"), _ids(end_ids, "end_ids")
-    forced = end if forced_ids is None or scope == "vllm" else _ids(forced_ids, "forced_ids")
-    forced_arr = np.asarray(forced, np.int32)
-    width = max(len(start), len(end))
-    param = Param("thinking_token_budget", budget, jnp.int32, lo=-1)
 
-    def init(info: InitInfo):
+    start_ids: tuple[int, ...]
+    end_ids: tuple[int, ...]
+    forced_ids: tuple[int, ...] | None = None
+    _: dataclasses.KW_ONLY
+    budget: int = dataclasses.field(default=-1, compare=False)
+    scope: str = "vllm"
+    name: str = "reasoning_budget"
+
+    def __post_init__(self):
+        if self.scope not in _SCOPES:
+            raise ValueError(f"scope must be one of {_SCOPES}, got {self.scope!r}")
+        object.__setattr__(self, "start_ids", _ids(self.start_ids, "start_ids"))
+        object.__setattr__(self, "end_ids", _ids(self.end_ids, "end_ids"))
+        forced = None if self.forced_ids is None or self.scope == "vllm" else _ids(self.forced_ids, "forced_ids")
+        object.__setattr__(self, "forced_ids", forced)
+        super().__post_init__()
+
+    @property
+    def _forced(self) -> tuple[int, ...]:
+        return self.end_ids if self.forced_ids is None else self.forced_ids
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        return (Param("thinking_token_budget", self.budget, jnp.int32, lo=-1),)
+
+    def init(self, info: InitInfo):
         b = info.batch_shape
         zeros = jnp.zeros(b, jnp.int32)
         limit = jnp.broadcast_to(info.params["thinking_token_budget"], b)
@@ -106,35 +121,44 @@ def reasoning_budget(
             thinking, count = jnp.zeros(b, bool), zeros
         else:
             prompt = info.prompt.reshape((-1, info.prompt.shape[-1]))
-            s_at, e_at = _last_index(prompt, start), _last_index(prompt, end)
+            s_at, e_at = _last_index(prompt, self.start_ids), _last_index(prompt, self.end_ids)
             thinking = (s_at > e_at).reshape(b)
             n_tok = jnp.sum(prompt >= 0, axis=-1)  # prompts are left-aligned: tokens after the start
-            count = jnp.where(thinking, (n_tok - s_at - len(start)).reshape(b), 0) if scope == "vllm" else zeros
+            after = (n_tok - s_at - len(self.start_ids)).reshape(b)
+            count = jnp.where(thinking, after, 0) if self.scope == "vllm" else zeros
         phase = jnp.where(thinking, THINKING, OUTSIDE)
         phase = jnp.where(thinking & (limit >= 0) & (count >= limit), FORCING, phase).astype(jnp.int32)
-        aux = jnp.full(b + (width,), -1, jnp.int32) if scope == "vllm" else jnp.zeros(b + (2,), jnp.int32)
+        if self.scope == "vllm":
+            aux = jnp.full(b + (max(len(self.start_ids), len(self.end_ids)),), -1, jnp.int32)
+        else:
+            aux = jnp.zeros(b + (2,), jnp.int32)
         return (phase, count.astype(jnp.int32), zeros, aux)
 
-    def update(x, s, p, info: StepInfo):
+    def update(self, x, s, p, info: StepInfo):
         phase, _, pos, _ = s
-        tok = jnp.asarray(forced_arr)[jnp.clip(pos, 0, len(forced) - 1)]
+        forced = self._forced
+        tok = jnp.asarray(forced, jnp.int32)[jnp.clip(pos, 0, len(forced) - 1)]
         hot = jnp.arange(x.shape[-1]) == tok[..., None]
-        if scope == "vllm":
+        if self.scope == "vllm":
             value = jnp.zeros_like(x)
         else:
             value = jnp.where(jnp.isfinite(x), x, 0.0)
         forced_x = jnp.where(hot, value, _math.NEG_INF)
         return jnp.where((phase == FORCING)[..., None], forced_x, x), s
 
-    def accept_vllm(tokens, s, p, info):
+    def accept(self, tokens, state, params, info):
+        accept = self._accept_vllm if self.scope == "vllm" else self._accept_llama
+        return accept(tokens, state, params, info)
+
+    def _accept_vllm(self, tokens, s, p, info):
         phase, count, pos, window = s
         limit = p["thinking_token_budget"]
         window = jnp.concatenate([window[..., 1:], tokens[..., None]], axis=-1)
         forcing = phase == FORCING
         pos_f = pos + 1
-        finished = pos_f >= len(forced)
-        opened = _ends_with(window, start)
-        closed = ~opened & _ends_with(window, end)
+        finished = pos_f >= len(self._forced)
+        opened = _ends_with(window, self.start_ids)
+        closed = ~opened & _ends_with(window, self.end_ids)
         new_phase = jnp.where(opened, THINKING, jnp.where(closed, OUTSIDE, phase))
         new_count = jnp.where(opened | closed, 0, jnp.where(phase == THINKING, count + 1, count))
         over = (new_phase == THINKING) & (limit >= 0) & (new_count >= limit)
@@ -144,21 +168,21 @@ def reasoning_budget(
         pos = jnp.where(forcing & ~finished, pos_f, 0)
         return (phase.astype(jnp.int32), count.astype(jnp.int32), pos.astype(jnp.int32), window)
 
-    def accept_llama(tokens, s, p, info):
+    def _accept_llama(self, tokens, s, p, info):
         phase, count, pos, m = s
         limit = p["thinking_token_budget"]
         spos, epos = m[..., 0], m[..., 1]
         # outside: the start matcher runs
-        spos_n, opened = _advance(spos, tokens, start)
+        spos_n, opened = _advance(spos, tokens, self.start_ids)
         out_phase = jnp.where(opened, jnp.where(limit == 0, FORCING, THINKING), OUTSIDE)
         # thinking: the end matcher runs, other tokens count
-        epos_n, closed = _advance(epos, tokens, end)
+        epos_n, closed = _advance(epos, tokens, self.end_ids)
         counted = count + 1
         over = ~closed & (limit >= 0) & (counted >= limit)
         in_phase = jnp.where(closed, OUTSIDE, jnp.where(over, FORCING, THINKING))
         # forcing: advance through the forced sequence
         pos_f = pos + 1
-        finished = pos_f >= len(forced)
+        finished = pos_f >= len(self._forced)
         outside, thinking = phase == OUTSIDE, phase == THINKING
         new_phase = jnp.where(outside, out_phase, jnp.where(thinking, in_phase, jnp.where(finished, OUTSIDE, FORCING)))
         new_count = jnp.where(outside, 0, jnp.where(thinking, counted, count))
@@ -168,6 +192,3 @@ def reasoning_budget(
         new_epos = jnp.where(thinking & ~over, epos_n, 0)
         m = jnp.stack([new_spos, new_epos], axis=-1)
         return (new_phase.astype(jnp.int32), new_count.astype(jnp.int32), new_pos.astype(jnp.int32), m)
-
-    accept = accept_vllm if scope == "vllm" else accept_llama
-    return Stage(name, update, params=(param,), init=init, accept=accept, nan_free=True)

@@ -1,0 +1,99 @@
+"""Categorical sampling: one draw from ``softmax(logits)`` per row by the Gumbel-max trick.
+
+The Gumbel noise is addressed by token id (:mod:`jaxsample._noise`), so a row with at most ``K``
+finite logits draws noise for its candidates only and still returns exactly
+``argmax(logits + gumbel)`` over the whole vocabulary.
+
+Sharding/TPU: rows are independent; shard the batch axis. One ``lax.top_k`` of ``K + 1`` entries
+over a whole vocabulary row; rows with more finite logits draw noise for every token, a
+batch-level ``lax.cond`` (an all-reduce of one bool under GSPMD; both branches under ``vmap``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from jaxsample import _candidates, _fastpath, _math, _noise, _validate
+from jaxsample._candidates import DEFAULT_CANDIDATES, Candidates
+from jaxsample._types import Array, Float, Int, Key
+from jaxsample.chain import Selector, static_int
+
+
+def gumbel_max(keys: Array, vals: Array, ids: Array) -> Array:
+    """``int32[*B]``: the id maximising ``vals + gumbel(id)`` over candidates ``[*B, K]`` (ties: lowest id).
+
+    This is ``argmax`` over the whole row as long as every finite logit is a candidate; a row with
+    no finite candidate returns 0, like ``argmax`` of an all ``-inf`` row.
+    """
+    y = jnp.where(vals > -jnp.inf, vals + _noise.gumbel_at(keys, ids), -jnp.inf)
+    best = jnp.max(y, axis=-1, keepdims=True)
+    token = jnp.min(jnp.where(y == best, ids, jnp.iinfo(jnp.int32).max), axis=-1)
+    return jnp.where(best[..., 0] > -jnp.inf, token, 0).astype(jnp.int32)
+
+
+def certain(x: Array) -> Array:
+    """Rows holding ``+inf`` logits sample uniformly among them: map those to 0, others to -inf."""
+    posinf = _math.row_max(x) == jnp.inf
+    return _math.if_any(posinf, lambda: jnp.where(posinf, jnp.where(x == jnp.inf, 0.0, -jnp.inf), x), lambda: x)
+
+
+def draw(keys: Array, x: Array, candidates: int) -> Array:
+    """The draw of :func:`categorical` on typed ``keys [*B]`` and NaN-free float32 ``x [*B, V]``: ``int32[*B]``
+    (shared by the adaptive selectors)."""
+    x = certain(x)
+    batch, vocab = x.shape[:-1], x.shape[-1]
+    k = min(candidates, vocab)
+    vals, ids = _candidates.top(x, min(k + 1, vocab))
+    covered = vals[..., -1] == -jnp.inf if k < vocab else jnp.ones(batch, bool)
+    vals, ids = vals[..., :k], ids[..., :k]
+
+    def full():
+        y = jnp.where(x > -jnp.inf, x + _noise.gumbel_all(keys, vocab), -jnp.inf)
+        return _math.argmax(y)
+
+    return _candidates.choose(covered, lambda: gumbel_max(keys, vals, ids), full)
+
+
+def categorical(key: Key["*B"], logits: Float["*B V"], *, candidates: int = DEFAULT_CANDIDATES) -> Int["*B"]:
+    """One draw from ``softmax(logits)`` per row by the Gumbel-max trick, ``int32[...]``.
+
+    The token is ``argmax(logits + G)`` with ``G`` the Gumbel noise of :mod:`jaxsample._noise`,
+    which is addressed by token id. Rows with at most ``candidates`` finite logits (any row after
+    top-k, most rows after top-p or min-p) draw noise for their candidates only; other rows draw it
+    for the whole vocabulary. Both paths return the same token, so results do not depend on the
+    batch. No sort is performed.
+
+    Args:
+      key: a single key, or one key per row (typed ``[...]`` or raw ``uint32[..., 2]``). With one
+        key per row, a row's draw depends only on its key and its logits.
+      logits: ``[..., V]``; NaN counts as ``-inf``.
+      candidates: static size of the candidate fast path.
+
+    Returns:
+      ``int32[...]`` token ids. A row with no finite logit returns 0.
+
+    >>> import jax, jax.numpy as jnp
+    >>> int(categorical(jax.random.key(0), jnp.array([-jnp.inf, 0.0, -jnp.inf])))
+    1
+    """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
+    x, _ = _math.prepare(logits)
+    return draw(_noise.row_keys(key, x.shape[:-1]), x, candidates)
+
+
+@dataclasses.dataclass(frozen=True)
+class Categorical(Selector, _fastpath.CandidateSelector):
+    """Selector drawing from ``softmax(logits)`` with the row's per-step key (llama.cpp ``dist``)."""
+
+    _: dataclasses.KW_ONLY
+    candidates: int = static_int(DEFAULT_CANDIDATES)
+    name: str = dataclasses.field(default="dist", init=False)
+
+    def select(self, x, state, params, info):
+        return draw(info.key, x, self.candidates), state
+
+    def select_candidates(self, c: Candidates, state, params, info):
+        """The draw from complete candidates."""
+        return gumbel_max(info.key, certain(c.vals), c.ids), state

@@ -1,0 +1,162 @@
+"""Temperature scaling: plain (all three anchors) and entropy-based dynamic temperature (llama.cpp ``temp_ext``).
+
+Both stages have a candidate form for rows with plain temperature (dynamic temperature with
+``delta <= 0``): dividing each candidate by ``t`` is what the dense core does to it.
+
+Sharding/TPU: rows are independent; shard the batch axis. One elementwise pass (plus a softmax for
+dynamic rows); greedy rows (``t <= 0``) and dynamic rows are batch-level ``lax.cond``s (an
+all-reduce of one bool under GSPMD; both branches under ``vmap``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from jaxsample import _candidates, _fastpath, _math, _validate
+from jaxsample._candidates import Candidates
+from jaxsample._types import Array, Float
+from jaxsample.chain import Param, Stage
+
+
+def _scale(x: Array, t: Array) -> Array:
+    """``x [*B, V] / t [*B, 1]`` per row; rows with ``t <= 0`` keep only their first maximal logit."""
+    # inf / inf (an infinite temperature) is NaN; a row that overflows to -inf everywhere (a tiny
+    # temperature) keeps its first maximum, the t -> 0 limit.
+    # NaN is off (1): such rows are scaled by 1 in both branches, whatever the rest of the batch.
+    scaled = _math.nonempty(_math.clean(x / jnp.where(t > 0, t, 1.0)), x)
+
+    def with_greedy_rows():
+        return jnp.where(t <= 0, _math.keep(x, _math.first_max_mask(x)), scaled)
+
+    return _math.if_any(t <= 0, with_greedy_rows, lambda: scaled)
+
+
+def _dynamic_temperature(x: Array, temp: Array, delta: Array, exponent: Array) -> Array:
+    """The core on NaN-free float32 ``x [*B, V]`` and ``[*B]`` parameters."""
+    t, d, e = temp[..., None], delta[..., None], jnp.maximum(exponent, 0.0)[..., None]
+
+    def dynamic():
+        n = jnp.sum(x > -jnp.inf, axis=-1, keepdims=True, dtype=jnp.float32)
+        _, entropy = _math.entropy(_math.log_softmax(x))
+        h = entropy / jnp.log(jnp.maximum(n, 2.0))
+        lo_t = jnp.maximum(0.0, t - d)
+        dyn_t = lo_t + (t + d - lo_t) * jnp.power(h, e)
+        scaled = _scale(x, jnp.where(d > 0, dyn_t, t))
+        return _math.nonempty(jnp.where((d > 0) & (n <= 1), x, scaled), x)
+
+    return _math.if_any(d > 0, dynamic, lambda: _scale(x, t))
+
+
+def temperature(logits: Float["*B V"], temp: Float["*B"] | float) -> Float["*B V"]:
+    """Divides logits by the temperature; ``temp <= 0`` keeps only the first maximal logit.
+
+    Matches llama.cpp ``temp``; for ``temp > 0`` also HF ``TemperatureLogitsWarper`` and vLLM.
+
+    Args:
+      logits: ``[..., V]`` float32 or bfloat16.
+      temp: temperature, scalar or ``[...]`` per row. ``<= 0`` selects greedy masking.
+
+    Returns:
+      ``[..., V]`` logits in the input dtype.
+
+    >>> import jax.numpy as jnp
+    >>> temperature(jnp.array([1.0, 3.0, 3.0]), 0.5).tolist()
+    [2.0, 6.0, 6.0]
+    >>> temperature(jnp.array([1.0, 3.0, 3.0]), 0.0).tolist()
+    [-inf, 3.0, -inf]
+    """
+    x, dtype = _math.prepare(logits)
+    return _math.restore(_scale(x, _validate.param(temp, x.shape[:-1], "temp")[..., None]), dtype)
+
+
+def dynamic_temperature(
+    logits: Float["*B V"], temp: Float["*B"] | float, delta: Float["*B"] | float, exponent: Float["*B"] | float = 1.0
+) -> Float["*B V"]:
+    """Entropy-scaled temperature (llama.cpp ``temp_ext``, a.k.a. dynatemp).
+
+    With ``N`` the number of finite logits and ``h = H(softmax(logits)) / ln N`` the normalised
+    entropy, the row is divided by ``min_temp + (max_temp - min_temp) * h ** exponent`` with
+    ``min_temp = max(0, temp - delta)`` and ``max_temp = temp + delta``. A resulting temperature
+    ``<= 0`` keeps only the first maximal logit. Rows with ``delta <= 0`` get plain
+    :func:`temperature`; rows with at most one finite logit are returned unchanged (llama.cpp
+    returns before scaling).
+
+    Args:
+      logits: ``[..., V]``.
+      temp: base temperature, scalar or ``[...]``.
+      delta: half-width of the temperature range (``dynatemp_range``), scalar or ``[...]``.
+      exponent: exponent applied to the normalised entropy (``>= 0``), scalar or ``[...]``.
+
+    Returns:
+      ``[..., V]`` logits in the input dtype.
+
+    >>> import jax.numpy as jnp
+    >>> x = jnp.log(jnp.array([0.25, 0.25, 0.25, 0.25]))   # maximal entropy: h = 1
+    >>> bool(jnp.allclose(dynamic_temperature(x, 1.0, 0.5), x / 1.5))
+    True
+    """
+    x, dtype = _math.prepare(logits)
+    batch = x.shape[:-1]
+    t = _validate.param(temp, batch, "temp")
+    d = _validate.param(delta, batch, "delta")
+    e = _validate.param(exponent, batch, "exponent", lo=0.0)
+    return _math.restore(_dynamic_temperature(x, t, d, e), dtype)
+
+
+def _on_candidates(c: Candidates, t: Array) -> Candidates:
+    """Temperature ``t [*B]`` on candidates; ``t <= 0`` keeps the first candidate (the first maximum)."""
+    t = t[..., None]
+    greedy = jnp.where(jnp.arange(c.vals.shape[-1]) == 0, c.vals, -jnp.inf)
+    out = jnp.where(t <= 0, greedy, _math.clean(c.vals / jnp.where(t > 0, t, 1.0)))
+    return _candidates.restore_order(Candidates(out, c.ids))
+
+
+@dataclasses.dataclass(frozen=True)
+class Temperature(Stage, _fastpath.CandidateForm):
+    """:func:`temperature` reading ``temperature``."""
+
+    default: float = dataclasses.field(default=1.0, compare=False)
+    _: dataclasses.KW_ONLY
+    name: str = "temperature"
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        return (Param("temperature", self.default),)
+
+    def update(self, x, state, params, info):
+        return _scale(x, params["temperature"][..., None]), state
+
+    def on_candidates(self, c, state, params, info):
+        return _on_candidates(c, params["temperature"]), state
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTemperature(Stage, _fastpath.CandidateForm):
+    """llama.cpp ``temp_ext`` reading ``temperature``, ``dynatemp_range``, ``dynatemp_exponent``; on
+    candidates for rows with ``dynatemp_range <= 0`` (plain temperature)."""
+
+    default: float = dataclasses.field(default=1.0, compare=False)
+    delta: float = dataclasses.field(default=0.0, compare=False)
+    exponent: float = dataclasses.field(default=1.0, compare=False)
+    _: dataclasses.KW_ONLY
+    name: str = "temperature"
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        return (
+            Param("temperature", self.default),
+            Param("dynatemp_range", self.delta),
+            Param("dynatemp_exponent", self.exponent, lo=0.0),
+        )
+
+    def update(self, x, state, params, info):
+        p = params
+        return _dynamic_temperature(x, p["temperature"], p["dynatemp_range"], p["dynatemp_exponent"]), state
+
+    def candidate_rows(self, params):
+        return ~(params["dynatemp_range"] > 0)
+
+    def on_candidates(self, c, state, params, info):
+        return _on_candidates(c, params["temperature"]), state

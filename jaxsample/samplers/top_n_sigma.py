@@ -1,0 +1,76 @@
+"""Top-n-sigma: keep ``logit >= max - n * std`` (llama.cpp ``top_n_sigma``, arXiv 2411.07641).
+
+Sharding/TPU: rows are independent; shard the batch axis. Three reductions over the vocabulary
+(mean, std, max); skipping off batches is a batch-level ``lax.cond`` (an all-reduce of one bool
+under GSPMD; both branches under ``vmap``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from jaxsample import _fastpath, _math, _validate
+from jaxsample._types import Array, Float
+from jaxsample.chain import Param, Stage
+
+
+def _top_n_sigma(x: Array, n: Array) -> Array:
+    """The core on NaN-free float32 ``x [*B, V]`` and ``n float32[*B]``."""
+    n = _math.nan_to(n, 0.0)[..., None]
+
+    def apply():
+        finite = jnp.isfinite(x)
+        count = jnp.maximum(jnp.sum(finite, axis=-1, keepdims=True, dtype=jnp.float32), 1.0)
+        mean = jnp.sum(jnp.where(finite, x, 0.0), axis=-1, keepdims=True) / count
+        std = jnp.sqrt(jnp.sum(jnp.where(finite, jnp.square(x - mean), 0.0), axis=-1, keepdims=True) / count)
+        # std == 0 (one finite logit, or all equal) keeps the maxima even for n = inf (no inf * 0)
+        margin = jnp.where((n > 0) & (std > 0), n * std, 0.0)
+        return _math.nonempty(_math.keep(x, (n <= 0) | (x >= _math.row_max(x) - margin)), x)
+
+    return _math.if_any(n > 0, apply, lambda: x)
+
+
+def top_n_sigma(logits: Float["*B V"], n: Float["*B"] | float) -> Float["*B V"]:
+    """Keeps ``logit >= max - n * std`` (llama.cpp ``top_n_sigma``, arXiv 2411.07641).
+
+    ``std`` is the population standard deviation of the finite logits. Rows with at most one
+    finite logit are unchanged in effect (the maximum always passes).
+
+    Args:
+      logits: ``[..., V]``.
+      n: scalar or ``[...]``; ``n <= 0`` is off (a no-op since llama.cpp PR #13345).
+
+    Returns:
+      ``[..., V]`` logits in the input dtype.
+
+    >>> import jax.numpy as jnp
+    >>> x = jnp.log(jnp.array([0.1, 0.2, 0.3, 0.4]))
+    >>> (top_n_sigma(x, 1.0) > -jnp.inf).tolist()
+    [False, False, True, True]
+    """
+    x, dtype = _math.prepare(logits)
+    return _math.restore(_top_n_sigma(x, _validate.param(n, x.shape[:-1], "n (top_n_sigma)")), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class TopNSigma(Stage, _fastpath.CandidateForm):
+    """:func:`top_n_sigma` reading ``top_n_sigma`` (``<= 0`` off); on candidates only when off."""
+
+    default: float = dataclasses.field(default=-1.0, compare=False)
+    _: dataclasses.KW_ONLY
+    name: str = "top_n_sigma"
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        return (Param("top_n_sigma", self.default),)
+
+    def update(self, x, state, params, info):
+        return _top_n_sigma(x, params["top_n_sigma"]), state
+
+    def candidate_rows(self, params):
+        return ~(params["top_n_sigma"] > 0)
+
+    def on_candidates(self, c, state, params, info):
+        return c, state

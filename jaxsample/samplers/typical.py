@@ -1,0 +1,99 @@
+"""Locally typical sampling (llama.cpp ``typical``, HF ``TypicalLogitsWarper``).
+
+Tokens are taken in increasing distance ``|-log p - H|`` from the entropy until their mass exceeds
+``p``: a cut-off search over the negated distances (:mod:`jaxsample._threshold`), no sort.
+
+Sharding/TPU: rows are independent; shard the batch axis. A log-softmax, the entropy and a
+cut-off search over the vocabulary; skipping off batches and the exact fallback are batch-level
+``lax.cond``s (an all-reduce of one bool under GSPMD; both branches under ``vmap``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from jaxsample import _fastpath, _math, _threshold, _validate
+from jaxsample._candidates import DEFAULT_CANDIDATES
+from jaxsample._types import Array, Float, Int
+from jaxsample.chain import MIN_KEEP, Param, Stage, static_int
+
+
+def _typical(x: Array, p: Array, min_keep: Array, candidates: int) -> Array:
+    """The core on NaN-free float32 ``x [*B, V]``, ``p float32[*B]``, ``min_keep int32[*B]``."""
+    p = jnp.maximum(_math.nan_to(p, 1.0), 0.0)
+    off = p >= 1
+
+    def apply():
+        logp = _math.log_softmax(x)
+        probs, entropy = _math.entropy(logp)
+        keys = -jnp.abs(logp + entropy)
+        t = _threshold.cutoff(
+            keys,
+            weights=probs,
+            target=jnp.where(off, 0.0, p),
+            min_count=jnp.maximum(min_keep, 1),
+            strict=True,
+            candidates=candidates,
+        )
+        return _math.keep(x, off[..., None] | (keys >= t[..., None]))
+
+    return _math.if_any(~off, apply, lambda: x)
+
+
+def typical(
+    logits: Float["*B V"], p: Float["*B"] | float, min_keep: Int["*B"] | int = 1, *,
+    candidates: int = DEFAULT_CANDIDATES,
+) -> Float["*B V"]:
+    """Locally typical sampling (llama.cpp ``typical``, HF ``TypicalLogitsWarper``).
+
+    With ``H`` the entropy of the row and ``s_i = |-log p_i - H|``, tokens are taken in increasing
+    ``s_i`` until their probability sums to more than ``p`` (strictly, as llama.cpp; the crossing
+    token is kept). Tokens tied in ``s_i`` with the last one are kept (as HF). ``min_keep`` counts
+    in the same order (both anchors), so unlike the other filters this one may remove the most
+    probable token. Zero-probability tokens contribute nothing to ``H`` (HF's ``nansum``; llama.cpp
+    would produce NaN).
+
+    Args:
+      logits: ``[..., V]``.
+      p: scalar or ``[...]``; ``p >= 1`` is off. ``ValueError`` if concretely ``< 0``.
+      min_keep: keep at least this many tokens, in typicality order.
+      candidates: static size of the fast path.
+
+    Returns:
+      ``[..., V]`` logits in the input dtype.
+
+    >>> import jax.numpy as jnp
+    >>> x = jnp.log(jnp.array([0.4, 0.2, 0.2, 0.2]))
+    >>> (typical(x, 0.5) > -jnp.inf).tolist()
+    [False, True, True, True]
+    """
+    candidates = _validate.static_int(candidates, "candidates", lo=1)
+    x, dtype = _math.prepare(logits)
+    batch = x.shape[:-1]
+    p = _validate.probability(p, batch, "p (typical)")
+    return _math.restore(_typical(x, p, _validate.min_keep(min_keep, batch, "typical"), candidates), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Typical(Stage, _fastpath.CandidateForm):
+    """:func:`typical` reading ``typical_p`` (``>= 1`` off) and ``min_keep``; on candidates only when off."""
+
+    default: float = dataclasses.field(default=1.0, compare=False)
+    _: dataclasses.KW_ONLY
+    candidates: int = static_int(DEFAULT_CANDIDATES)
+    name: str = "typical"
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        return (Param("typical_p", self.default, lo=0.0), MIN_KEEP)
+
+    def update(self, x, state, params, info):
+        return _typical(x, params["typical_p"], params["min_keep"], self.candidates), state
+
+    def candidate_rows(self, params):
+        return ~(params["typical_p"] < 1)
+
+    def on_candidates(self, c, state, params, info):
+        return c, state

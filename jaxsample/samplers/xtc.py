@@ -1,0 +1,95 @@
+"""XTC, exclude top choices (llama.cpp ``xtc``): with a given probability, remove the most probable tokens.
+
+Sharding/TPU: rows are independent; shard the batch axis. One uniform per row from the row's key,
+one softmax and a few passes over the vocabulary; skipping batches where no row draws the filter
+is a batch-level ``lax.cond`` (an all-reduce of one bool under GSPMD; both branches under ``vmap``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from jaxsample import _fastpath, _math, _noise, _validate
+from jaxsample._types import Array, Float, Int, Key
+from jaxsample.chain import MIN_KEEP, Param, Stage
+
+
+def _xtc(keys: Array, x: Array, probability: Array, threshold: Array, min_keep: Array) -> Array:
+    """The core on typed ``keys [*B]``, NaN-free float32 ``x [*B, V]`` and per-row ``[*B]`` parameters."""
+    chance = jnp.maximum(probability, 0.0)
+    thr = threshold[..., None]
+    drawn = (chance > 0) & (_noise.uniform(keys) <= chance) & (threshold <= 0.5)
+
+    def apply():
+        finite = x > -jnp.inf
+        above = finite & (_math.softmax(x) >= thr)
+        least = jnp.min(jnp.where(above, x, jnp.inf), axis=-1, keepdims=True)
+        removed = above & (x > least)
+        n_finite = jnp.sum(finite, axis=-1, dtype=jnp.float32)
+        n_left = n_finite - jnp.sum(removed, axis=-1, dtype=jnp.float32)
+        active = drawn & (n_finite >= 2) & (n_left >= min_keep)
+        return _math.keep(x, ~(active[..., None] & removed))
+
+    return _math.if_any(drawn, apply, lambda: x)
+
+
+def xtc(
+    key: Key["*B"], logits: Float["*B V"], probability: Float["*B"] | float, threshold: Float["*B"] | float,
+    min_keep: Int["*B"] | int = 1,
+) -> Float["*B V"]:
+    """Exclude Top Choices (llama.cpp ``xtc``).
+
+    With the given probability (one uniform draw per row), removes every token with
+    ``prob >= threshold`` except the least probable of them (and tokens tied with it). The row is
+    left unchanged when ``probability <= 0``, ``threshold > 0.5``, it has fewer than 2 finite logits,
+    fewer than 2 tokens reach the threshold, or fewer than ``min_keep`` tokens would remain.
+
+    Args:
+      key: one key, or one key per row (typed ``[...]`` or raw ``uint32[..., 2]``).
+      logits: ``[..., V]``.
+      probability: chance of applying the filter, scalar or ``[...]``; ``<= 0`` is off.
+        ``ValueError`` if concretely ``< 0``.
+      threshold: probability threshold, scalar or ``[...]``; ``> 0.5`` is off.
+      min_keep: minimum number of tokens that must remain for the filter to apply.
+
+    Returns:
+      ``[..., V]`` logits in the input dtype.
+
+    >>> import jax, jax.numpy as jnp
+    >>> x = jnp.log(jnp.array([0.4, 0.3, 0.2, 0.1]))
+    >>> (xtc(jax.random.key(0), x, 1.0, 0.19) > -jnp.inf).tolist()
+    [False, False, True, True]
+    """
+    x, dtype = _math.prepare(logits)
+    batch = x.shape[:-1]
+    chance = _validate.probability(probability, batch, "probability (xtc)")
+    thr = _validate.param(threshold, batch, "threshold (xtc)")
+    keep_at_least = _validate.param(min_keep, batch, "min_keep (xtc)", dtype=jnp.int32, lo=0)
+    return _math.restore(_xtc(_noise.row_keys(key, batch), x, chance, thr, keep_at_least), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class XTC(Stage, _fastpath.CandidateForm):
+    """:func:`xtc` reading ``xtc_probability`` (``<= 0`` off), ``xtc_threshold``, ``min_keep``; the row's
+    step key draws. On candidates only when off."""
+
+    probability: float = dataclasses.field(default=0.0, compare=False)
+    threshold: float = dataclasses.field(default=0.1, compare=False)
+    _: dataclasses.KW_ONLY
+    name: str = "xtc"
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        return (Param("xtc_probability", self.probability, lo=0.0), Param("xtc_threshold", self.threshold), MIN_KEEP)
+
+    def update(self, x, state, params, info):
+        out = _xtc(info.key, x, params["xtc_probability"], params["xtc_threshold"], params["min_keep"])
+        return out, state
+
+    def candidate_rows(self, params):
+        return ~((params["xtc_probability"] > 0) & (params["xtc_threshold"] <= 0.5))
+
+    def on_candidates(self, c, state, params, info):
+        return c, state
