@@ -76,7 +76,7 @@ def _second(stage):
 
 def _run(sampler, params):
     state = sampler.init(params, vocab_size=V, prompt=jnp.array([[1, 2, 3, 1], [4, 4, -1, 2]]),
-                         encoder_ids=jnp.array([[1, 2, 3], [3, 3, 3]]), history_size=8)
+                         encoder_ids=jnp.array([[1, 2, 3], [3, 3, 3]]), history_size=32)
     logits = jnp.log(jnp.arange(1.0, V + 1.0)) * jnp.array([[1.0], [-0.5]])
     tokens, processed, state = sampler.sample(logits, state, params)
     return tokens, processed, sampler.accept(tokens, state, params)

@@ -200,9 +200,9 @@ def test_invalid_uses_and_the_llama_cpp_preset():
         small.init(small.params((1,), **rows), vocab_size=V)
     p = presets.llama_cpp(grammar='root ::= "<tool>{" [ab]+ "}"', grammar_lazy=True, vocabulary=VOCAB,
                           grammar_triggers=["<tool>", {"type": 0, "token": TOK["<|tool|>"]}])
-    assert p.sampler.stages[0] is stages.lazy_grammar(max_triggers=4)
+    assert p.sampler.stages[0] == stages.lazy_grammar(max_triggers=4)
     assert presets.llama_cpp(grammar='root ::= "a"', grammar_triggers=["<tool>"], vocabulary=VOCAB).sampler.stages[0] \
-        is stages.grammar()  # triggers without grammar_lazy are ignored, as in llama.cpp
+        == stages.grammar()  # triggers without grammar_lazy are ignored, as in llama.cpp
     with pytest.raises(ValueError, match="grammar_triggers"):
         presets.llama_cpp(grammar='root ::= "a"', grammar_lazy=True, vocabulary=VOCAB)
     with pytest.raises(ValueError, match="needs a grammar"):
