@@ -91,7 +91,8 @@ def enter(x: Array, on: Array, k: int, filtered: Callable, dense: Callable) -> E
         top = _candidates.top(x, k)
         keep, aux = filtered(top)
         out = Candidates(*top).mask(keep)
-        return out, _candidates.complete(out.vals, vocab), top, aux
+        finite = top[0][..., 0] < jnp.inf  # rows holding +inf logits take the dense path
+        return out, _candidates.complete(out.vals, vocab) & finite, top, aux
 
     shapes = jax.eval_shape(compute)
     idle = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)  # noqa: E731 (ok = False)

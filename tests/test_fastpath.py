@@ -63,6 +63,7 @@ DENSE = [
     stages.watermark(),
     stages.synthid_watermark(2, (11, 12, 13), sampling_table_size=64, context_history_size=16),
     stages.grammar(),  # no tables: the identity
+    stages.lazy_grammar(name="lazy"),  # no tables, no triggers: the identity
     stages.top_h(),
     stages.p_less(),
     stages.infill(_TABLE),

@@ -294,7 +294,7 @@ def test_stage_parameters_reject_or_keep_the_contract(name):
                 assert param in str(err), err
 
     def step(params):
-        state = sampler.init(params, vocab_size=V, prompt=HISTORY, encoder_ids=HISTORY, history_size=8)
+        state = sampler.init(params, vocab_size=V, prompt=HISTORY, encoder_ids=HISTORY, history_size=32)
         tokens, processed, _ = sampler.sample(LOGITS, state, params)
         return tokens, processed
 
