@@ -224,7 +224,13 @@ _GIVEN = hypothesis.given(kinds=st.lists(st.sampled_from(ROW_KINDS), min_size=B,
                           seed=st.integers(0, 2**32 - 1))
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# The fast tier: every stage (all_top_k), both entries, the selectors without a form and one preset;
+# the slow tier below runs every case (forms_top_k, hf, vllm too) with 200 examples.
+FAST_CASES = ("adaptive_p", "all_top_k", "llama_cpp", "llama_cpp_mirostat", "mirostat", "mirostat_v2",
+              "top_p_entry")
+
+
+@pytest.mark.parametrize("case", FAST_CASES)
 @_settings(8)
 @_GIVEN
 def test_fast_path_is_the_dense_step_bit_for_bit(case, kinds, seed):
