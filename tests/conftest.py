@@ -7,6 +7,10 @@ collect_ignore = ["data"]  # scripts run against the reference package, not test
 # CLI jobs called in-process must not turn on JAX's persistent compilation cache for the whole
 # suite (nor write to the user's cache); tests of the cache pass --compile-cache explicitly.
 os.environ.setdefault("JAXSAMPLE_COMPILE_CACHE", "off")
+# pyarrow (Parquet/Arrow input tests) with its own allocator in the same worker as XLA and torch:
+# two fast-tier runs here lost a worker to a segfault inside an XLA compile with pyarrow loaded, so
+# tests use the system allocator (a mitigation, not a proven cause).
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 import jax
 from hypothesis import HealthCheck, settings
