@@ -137,10 +137,9 @@ def test_write_error_names_the_real_cause(tmp_path, corpus, tok_file, reference,
     assert "disk" not in str(info.value) and dataset_files(out) == before
 
 
-def test_ctrl_c_is_an_interruption_not_a_full_disk(tmp_path, corpus, tok_file, reference, monkeypatch, capsys):  # noqa: F811
-    out, before = _old(tmp_path, reference)
-
-    class Interrupted:
+def _failing_writer(error: BaseException):
+    """A record writer class whose third write raises ``error``."""
+    class Writer:
         def __init__(self, path):
             self.writes = 0
             open(path, "wb").close()
@@ -148,12 +147,18 @@ def test_ctrl_c_is_an_interruption_not_a_full_disk(tmp_path, corpus, tok_file, r
         def write(self, data):
             self.writes += 1
             if self.writes == 3:
-                raise KeyboardInterrupt
+                raise error
 
         def close(self):
             pass
 
-    monkeypatch.setattr(records, "_array_record_writer", Interrupted)
+    return Writer
+
+
+def test_ctrl_c_is_an_interruption_not_a_full_disk(tmp_path, corpus, tok_file, reference, monkeypatch, capsys):  # noqa: F811
+    out, before = _old(tmp_path, reference)
+
+    monkeypatch.setattr(records, "_array_record_writer", _failing_writer(KeyboardInterrupt))
     source, config = TextSource([corpus], "paragraph"), load_config(overrides=SMALL + ["seed=2"])
     with pytest.raises(KeyboardInterrupt):  # not DatasetWriteError
         pipeline.build(source, out, config, overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))
@@ -315,20 +320,8 @@ def test_write_cut_short_by_a_signal_is_an_interruption(tmp_path, corpus, tok_fi
     """ArrayRecord reports a write interrupted by Ctrl-C (EINTR) as a RuntimeError: not a disk error."""
     out, before = _old(tmp_path, reference)
 
-    class Interrupted:
-        def __init__(self, path):
-            self.writes = 0
-            open(path, "wb").close()
-
-        def write(self, data):
-            self.writes += 1
-            if self.writes == 3:
-                raise RuntimeError("riegeli: write() failed: Interrupted system call [type.googleapis.com/...]")
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(records, "_array_record_writer", Interrupted)
+    monkeypatch.setattr(records, "_array_record_writer", _failing_writer(
+        RuntimeError("riegeli: write() failed: Interrupted system call [type.googleapis.com/...]")))
     with pytest.raises(KeyboardInterrupt):
         pipeline.build(TextSource([corpus], "paragraph"), out, load_config(overrides=SMALL + ["seed=2"]),
                        overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))
