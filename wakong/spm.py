@@ -19,6 +19,7 @@ without offsets. Needs ``sentencepiece`` (``pip install 'jaxsample[text]'``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import os
@@ -31,6 +32,45 @@ from wakong.records import _starts
 from wakong.tokenizer import SpecialTokens, TokenizerError
 
 
+_CONTROL = 3  # sentencepiece_model.proto: ModelProto.SentencePiece.Type.CONTROL
+
+
+@functools.lru_cache(maxsize=None)
+def _model_proto_class():
+    """The fields of SentencePiece's ``ModelProto`` read or written here, as a protobuf message class.
+
+    Built from a descriptor rather than ``sentencepiece.sentencepiece_model_pb2``: that generated module
+    refuses protobuf runtimes older than the protobuf it was generated with (sentencepiece 0.2.3 needs
+    protobuf 7, Apache Beam caps protobuf below 7). Fields not declared here survive parsing and
+    serialising as unknown fields (written after the declared ones: same model, other byte order).
+    """
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    f = descriptor_pb2.FileDescriptorProto(name="jaxsample_sentencepiece_model.proto", package="jaxsample_spm")
+
+    def message(name, *fields, into=f.message_type):
+        m = into.add(name=name)
+        for field_name, number, kind, extra in fields:
+            m.field.add(name=field_name, number=number, type=kind, label=extra.pop("label", F.LABEL_OPTIONAL), **extra)
+        return m
+
+    model = message(
+        "ModelProto",
+        ("pieces", 1, F.TYPE_MESSAGE, {"type_name": ".jaxsample_spm.ModelProto.SentencePiece", "label": F.LABEL_REPEATED}),
+        ("trainer_spec", 2, F.TYPE_MESSAGE, {"type_name": ".jaxsample_spm.TrainerSpec"}),
+        ("normalizer_spec", 3, F.TYPE_MESSAGE, {"type_name": ".jaxsample_spm.NormalizerSpec"}),
+    )
+    message("SentencePiece", ("piece", 1, F.TYPE_STRING, {}), ("type", 3, F.TYPE_INT32, {"default_value": "1"}),
+            into=model.nested_type)
+    message("TrainerSpec", ("split_by_whitespace", 22, F.TYPE_BOOL, {"default_value": "true"}),
+            ("treat_whitespace_as_suffix", 24, F.TYPE_BOOL, {"default_value": "false"}))
+    message("NormalizerSpec", ("add_dummy_prefix", 3, F.TYPE_BOOL, {"default_value": "true"}))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("jaxsample_spm.ModelProto"))
+
+
 class SentencePieceTokenizer:
     """A SentencePiece model plus BART special ids, sha256 and word-grouped encoding. Picklable."""
 
@@ -40,10 +80,9 @@ class SentencePieceTokenizer:
     def __init__(self, model: bytes, specials: SpecialTokens = SpecialTokens(), *, origin: str = "<memory>"):
         try:
             import sentencepiece
-            from sentencepiece import sentencepiece_model_pb2
         except ImportError:
             raise ImportError("SentencePiece tokenizers need sentencepiece: pip install 'jaxsample[text]'") from None
-        proto = sentencepiece_model_pb2.ModelProto()
+        proto = _model_proto_class()()
         try:
             proto.ParseFromString(model)
             self.sp = sentencepiece.SentencePieceProcessor(model_proto=model)
@@ -68,9 +107,8 @@ class SentencePieceTokenizer:
         }
         #: Ids random-token replacement draws from (every id that is not special).
         self.random_ids = np.setdiff1d(np.arange(self.vocab_size), np.fromiter(special, int)).astype(np.int32)
-        control = sentencepiece_model_pb2.ModelProto.SentencePiece.CONTROL
         for i in set(ids.values()) - {self.unk_id}:
-            proto.pieces[i].type = control
+            proto.pieces[i].type = _CONTROL
         self._body = sentencepiece.SentencePieceProcessor(model_proto=proto.SerializeToString())
         normalizer, trainer = proto.normalizer_spec, proto.trainer_spec
         self._word_start = None  # pieces that start a word, when the model marks every word that way
