@@ -13,6 +13,7 @@ import pytest
 
 from jaxsample.evaluation import DataParallel, DatasetConfig, EvalConfig, RowPlan, evaluate, format_table, row_keys
 from jaxsample.evaluation import data as eval_data
+from tests._devices import eight_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = {"name": "sample", "strategy": "sample", "num_return": 2,
@@ -130,8 +131,7 @@ _EIGHT_DEVICES = textwrap.dedent("""
 
 def test_one_and_eight_devices_mesh_and_pmap_give_the_same_outputs(paths, mesh_results, tmp_path):
     """8 simulated CPU devices (mesh and pmap paths, one step of 8 blocks) == 1 device (3 steps)."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": ROOT}
+    env = eight_devices()
     script = _EIGHT_DEVICES.format(tests=os.path.join(ROOT, "tests"))
     target = str(tmp_path / "eight.npz")
     proc = subprocess.run([sys.executable, "-c", script, json.dumps(paths), target], env=env, cwd=ROOT,

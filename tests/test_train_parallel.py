@@ -15,6 +15,7 @@ from jaxsample.models import Bart, get_config
 from jaxsample.models import checkpoint as ckpt
 from jaxsample.models import parallel as P
 from jaxsample.models import train as T
+from tests._devices import eight_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(vocab_size=96, d_model=64, num_heads=4, d_ff=128, max_len=16, encoder_layers=1, decoder_layers=1,
@@ -76,8 +77,7 @@ def one_device():
 
 
 def test_one_and_eight_devices_give_the_same_losses_data_parallel_and_fsdp(one_device, tmp_path):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": ROOT}
+    env = eight_devices()
     target = tmp_path / "eight.json"
     ckpt.save(str(tmp_path / "ckpt"), STEPS, one_device.params, BART.config)
     proc = subprocess.run([sys.executable, "-c", _EIGHT.format(tests=os.path.join(ROOT, "tests")), str(target),

@@ -24,6 +24,7 @@ from jaxsample.decoding import (
     generate,
     sample_and_rank,
 )
+from tests._devices import eight_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = TinyDecoder(vocab_size=13, d_model=16, num_layers=1, num_heads=2)
@@ -225,8 +226,7 @@ _MESH_SCRIPT = textwrap.dedent("""
 
 
 def test_generate_runs_data_parallel_over_a_mesh_of_eight_devices():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": ROOT}
+    env = eight_devices()
     proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]

@@ -24,6 +24,7 @@ from wakong.pipeline import build, training_texts
 from wakong.reader import batches, dataset_mode, noise_key
 from wakong.sources import PydocSource, TextSource
 from wakong.tokenizer import train_tokenizer
+from tests._devices import eight_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["examples.max_source_len=64", "examples.max_target_len=64", "examples.min_words=3",
@@ -315,8 +316,7 @@ _EIGHT = textwrap.dedent("""
 
 
 def test_global_batches_on_eight_devices_and_orbax_resume(datasets, tmp_path):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": ROOT}
+    env = eight_devices()
     proc = subprocess.run([sys.executable, "-c", _EIGHT, datasets["tokenized"], str(tmp_path / "ckpt")], env=env,
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
