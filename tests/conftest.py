@@ -20,6 +20,7 @@ if _FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
 
 import jax
+import pytest
 from hypothesis import HealthCheck, settings
 
 # Fast tier (CI default): few examples, no deadline (jit compiles dominate the first example).
@@ -30,3 +31,17 @@ settings.register_profile("thorough", max_examples=300, deadline=None, suppress_
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 jax.config.update("jax_enable_x64", False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Frees each test module's compiled programs when the module is done.
+
+    An xdist worker runs a thousand tests and compiles several thousand programs; kept alive by JAX's
+    caches, their XLA:CPU executables grew a worker past 6 GB, and a late compile then crashed inside
+    XLA (SIGSEGV / SIGABRT in ``backend_compile_and_load``, at the same test on every rerun of the same
+    order; jax-ml/jax#27201 reports XLA:CPU's JIT memory manager failing the same way after many
+    compiles). Programs shared inside a module stay compiled for the whole module.
+    """
+    yield
+    jax.clear_caches()

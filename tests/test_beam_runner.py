@@ -239,6 +239,7 @@ def test_missing_beam_is_one_line(tmp_path, inputs, tok_file, capsys, monkeypatc
 # ---------------------------------------------------------------- same dataset as the in-process build
 
 
+@pytest.mark.multiprocess
 @needs_beam
 def test_multiprocess_beam_build_equals_the_in_process_build(tmp_path, inputs, tok_file, reference, capsys):
     out = tmp_path / "data"
@@ -372,6 +373,7 @@ def _killed(phase, argv):
             os.killpg(launcher.pid, signal.SIGKILL)
 
 
+@pytest.mark.multiprocess
 @needs_beam
 def test_killed_multiprocess_build_keeps_the_old_dataset_and_a_rerun_finishes_it(tmp_path, inputs, tok_file,
                                                                                    reference):

@@ -129,6 +129,7 @@ _EIGHT_DEVICES = textwrap.dedent("""
 """)
 
 
+@pytest.mark.multiprocess
 def test_one_and_eight_devices_mesh_and_pmap_give_the_same_outputs(paths, mesh_results, tmp_path):
     """8 simulated CPU devices (mesh and pmap paths, one step of 8 blocks) == 1 device (3 steps)."""
     env = eight_devices()

@@ -142,6 +142,7 @@ def _rows(path, **kwargs) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------- two real processes
 
 
+@pytest.mark.multiprocess
 def test_two_processes_build_exactly_the_one_process_dataset(tmp_path, corpus, single):
     out, port = str(tmp_path / "data"), _free_port()
     flags = lambda i: ["wakong.cli", "build", corpus, "--out", out, *SMALL,  # noqa: E731
@@ -178,6 +179,7 @@ def test_two_processes_build_exactly_the_one_process_dataset(tmp_path, corpus, s
     assert sorted(_rows(out, part=0) + _rows(out, part=1)) == sorted(whole)
 
 
+@pytest.mark.multiprocess
 def test_two_processes_without_a_shared_directory(tmp_path, corpus, single):
     """Each process writes into its own directory (hosts with local disks only)."""
     port = _free_port()
@@ -474,6 +476,7 @@ def test_prepare_dir_and_commit_replace_only_what_the_part_owns(tmp_path):
     assert (tmp_path / "manifest-00001-of-00002.json").read_text() == "new"  # the other host's part stays
 
 
+@pytest.mark.multiprocess
 def test_two_processes_evaluate_exactly_like_one(tmp_path):
     """``python -m jaxsample eval`` on 2 processes (1 CPU device each): process 0 writes what 1 process writes."""
     from tests.test_eval_runner import SAMPLE, _write_fixture

@@ -76,6 +76,7 @@ def test_heldout_evaluation_metrics_and_plot(uninterrupted):
     assert len(meta["data_state"]) == 1 and meta["best_eval"] == min(e["loss"] for e in evals if e["step"] <= 36)
 
 
+@pytest.mark.multiprocess
 def test_a_killed_run_resumes_to_the_same_batches_and_losses(tmp_path, datasets, uninterrupted):
     """SIGKILL after the first checkpoint, rerun the same command: steps 3.. equal the uninterrupted run."""
     full, _ = uninterrupted
@@ -105,6 +106,7 @@ def test_a_killed_run_resumes_to_the_same_batches_and_losses(tmp_path, datasets,
                                                           if e["step"] > killed_at]
 
 
+@pytest.mark.multiprocess
 def test_two_processes_train_exactly_like_one(tmp_path, datasets):
     from tests.test_multihost import _free_port, _run_processes, _settings
 

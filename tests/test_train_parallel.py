@@ -76,6 +76,7 @@ def one_device():
     return run()
 
 
+@pytest.mark.multiprocess
 def test_one_and_eight_devices_give_the_same_losses_data_parallel_and_fsdp(one_device, tmp_path):
     env = eight_devices()
     target = tmp_path / "eight.json"

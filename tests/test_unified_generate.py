@@ -225,6 +225,7 @@ _MESH_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.multiprocess
 def test_generate_runs_data_parallel_over_a_mesh_of_eight_devices():
     env = eight_devices()
     proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True,

@@ -315,6 +315,7 @@ _EIGHT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.multiprocess
 def test_global_batches_on_eight_devices_and_orbax_resume(datasets, tmp_path):
     env = eight_devices()
     proc = subprocess.run([sys.executable, "-c", _EIGHT, datasets["tokenized"], str(tmp_path / "ckpt")], env=env,
