@@ -7,10 +7,6 @@ collect_ignore = ["data"]  # scripts run against the reference package, not test
 # CLI jobs called in-process must not turn on JAX's persistent compilation cache for the whole
 # suite (nor write to the user's cache); tests of the cache pass --compile-cache explicitly.
 os.environ.setdefault("JAXSAMPLE_COMPILE_CACHE", "off")
-# pyarrow (Parquet/Arrow input tests) with its own allocator in the same worker as XLA and torch:
-# two fast-tier runs here lost a worker to a segfault inside an XLA compile with pyarrow loaded, so
-# tests use the system allocator (a mitigation, not a proven cause).
-os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 # The suite compiles thousands of small programs, and LLVM's optimisation passes are most of each
 # XLA:CPU compile while buying nothing at test sizes: a third of the fast tier's time. The programs'
 # semantics do not change (XLA:CPU does no fast-math either way). Appended to the user's XLA_FLAGS,
