@@ -37,8 +37,8 @@ def _release_compiled_programs():
     caches, a worker grew to ~6 GB and a late compile crashed inside XLA (SIGSEGV / SIGABRT in
     ``backend_compile_and_load``, at the same test in two runs of the same order; jax-ml/jax#27201
     reports XLA:CPU's JIT memory manager failing after many compiles). With the release a worker
-    stayed near 2.4 GB and the next full run passed. Programs shared inside a module stay compiled for the
-    whole module.
+    stayed near 2.4 GB and the next full runs passed. Programs shared inside a module stay compiled
+    for the whole module.
     """
     yield
     jax.clear_caches()

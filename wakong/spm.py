@@ -35,7 +35,7 @@ from wakong.tokenizer import SpecialTokens, TokenizerError
 _CONTROL = 3  # sentencepiece_model.proto: ModelProto.SentencePiece.Type.CONTROL
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model_proto_class():
     """The fields of SentencePiece's ``ModelProto`` read or written here, as a protobuf message class.
 
@@ -49,23 +49,27 @@ def _model_proto_class():
     F = descriptor_pb2.FieldDescriptorProto
     f = descriptor_pb2.FileDescriptorProto(name="jaxsample_sentencepiece_model.proto", package="jaxsample_spm")
 
-    def message(name, *fields, into=f.message_type):
+    def message(into, name, *fields):
+        """Adds message ``name`` with ``(field name, number, type, options)`` fields (proto2, optional)."""
         m = into.add(name=name)
-        for field_name, number, kind, extra in fields:
-            m.field.add(name=field_name, number=number, type=kind, label=extra.pop("label", F.LABEL_OPTIONAL), **extra)
+        for field_name, number, kind, options in fields:
+            m.field.add(name=field_name, number=number, type=kind, **{"label": F.LABEL_OPTIONAL, **options})
         return m
 
+    def of(name):
+        return {"type_name": f".jaxsample_spm.{name}"}
+
     model = message(
-        "ModelProto",
-        ("pieces", 1, F.TYPE_MESSAGE, {"type_name": ".jaxsample_spm.ModelProto.SentencePiece", "label": F.LABEL_REPEATED}),
-        ("trainer_spec", 2, F.TYPE_MESSAGE, {"type_name": ".jaxsample_spm.TrainerSpec"}),
-        ("normalizer_spec", 3, F.TYPE_MESSAGE, {"type_name": ".jaxsample_spm.NormalizerSpec"}),
+        f.message_type, "ModelProto",
+        ("pieces", 1, F.TYPE_MESSAGE, {**of("ModelProto.SentencePiece"), "label": F.LABEL_REPEATED}),
+        ("trainer_spec", 2, F.TYPE_MESSAGE, of("TrainerSpec")),
+        ("normalizer_spec", 3, F.TYPE_MESSAGE, of("NormalizerSpec")),
     )
-    message("SentencePiece", ("piece", 1, F.TYPE_STRING, {}), ("type", 3, F.TYPE_INT32, {"default_value": "1"}),
-            into=model.nested_type)
-    message("TrainerSpec", ("split_by_whitespace", 22, F.TYPE_BOOL, {"default_value": "true"}),
+    message(model.nested_type, "SentencePiece",
+            ("piece", 1, F.TYPE_STRING, {}), ("type", 3, F.TYPE_INT32, {"default_value": "1"}))
+    message(f.message_type, "TrainerSpec", ("split_by_whitespace", 22, F.TYPE_BOOL, {"default_value": "true"}),
             ("treat_whitespace_as_suffix", 24, F.TYPE_BOOL, {"default_value": "false"}))
-    message("NormalizerSpec", ("add_dummy_prefix", 3, F.TYPE_BOOL, {"default_value": "true"}))
+    message(f.message_type, "NormalizerSpec", ("add_dummy_prefix", 3, F.TYPE_BOOL, {"default_value": "true"}))
     pool = descriptor_pool.DescriptorPool()
     pool.Add(f)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("jaxsample_spm.ModelProto"))
