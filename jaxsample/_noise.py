@@ -8,12 +8,12 @@ candidate set and still return exactly ``argmax(logits + gumbel)`` over the full
 
 Sharding/TPU: keys are per row; shard them with the batch. threefry is pure integer arithmetic,
 identical on every backend (no hardware RNG), which is what keeps draws batch- and backend-invariant.
+:func:`threefry2x32` is written out round by round, so that XLA fuses the hash with what consumes it.
 """
 
 from __future__ import annotations
 
 import jax
-import jax.extend.random as jrandom
 import jax.numpy as jnp
 import numpy as np
 
@@ -62,6 +62,28 @@ def row_keys(key: KeyLike, batch_shape: tuple[int, ...]) -> Array:
     )
 
 
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry2x32(k1: Array, k2: Array, x0: Array, x1: Array) -> tuple[Array, Array]:
+    """Threefry-2x32 with 20 rounds, unrolled: bit-identical to ``jax.extend.random.threefry2x32_p``.
+
+    All arguments ``uint32``, broadcast together; returns the two output words. JAX's own lowering on
+    CPU keeps the rounds in a loop that writes every intermediate word to memory (about 11
+    ``logsumexp`` passes for one word per token at ``B=64, V=131072``, against 2.4 for this form).
+    """
+    u32 = jnp.uint32
+    ks = (k1, k2, k1 ^ k2 ^ u32(0x1BD11BDA))
+    x0, x1 = x0 + k1, x1 + k2
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x0 = x0 + x1
+            x1 = ((x1 << u32(r)) | (x1 >> u32(32 - r))) ^ x0
+        x0 = x0 + ks[(i + 1) % 3]
+        x1 = x1 + ks[(i + 2) % 3] + u32(i + 1)
+    return x0, x1
+
+
 def _words(keys: Array) -> tuple[Array, Array]:
     """Two ``uint32`` words per typed key (works for every PRNG implementation)."""
     flat = keys.reshape(-1)
@@ -100,9 +122,7 @@ def bits_at(keys: Array, ids: Array) -> Array:
     k1, k2 = _words(keys)
     ids = ids.astype(jnp.uint32)
     counter = ids >> 1
-    k1 = jnp.broadcast_to(k1[..., None], ids.shape)
-    k2 = jnp.broadcast_to(k2[..., None], ids.shape)
-    lo, hi = jrandom.threefry2x32_p.bind(k1, k2, jnp.zeros_like(counter), counter)
+    lo, hi = threefry2x32(k1[..., None], k2[..., None], jnp.zeros_like(counter), counter)
     return jnp.where((ids & 1) == 0, lo, hi)
 
 
@@ -110,10 +130,8 @@ def bits_all(keys: Array, vocab_size: int) -> Array:
     """``uint32[*B, V]``: :func:`bits_at` for every id ``0..V-1`` (one hash per pair of ids)."""
     k1, k2 = _words(keys)
     half = (vocab_size + 1) // 2
-    counter = jnp.broadcast_to(jnp.arange(half, dtype=jnp.uint32), keys.shape + (half,))
-    k1 = jnp.broadcast_to(k1[..., None], counter.shape)
-    k2 = jnp.broadcast_to(k2[..., None], counter.shape)
-    lo, hi = jrandom.threefry2x32_p.bind(k1, k2, jnp.zeros_like(counter), counter)
+    counter = jnp.arange(half, dtype=jnp.uint32)
+    lo, hi = threefry2x32(k1[..., None], k2[..., None], jnp.zeros_like(counter), counter)
     return jnp.stack([lo, hi], axis=-1).reshape(keys.shape + (2 * half,))[..., :vocab_size]
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from jax.extend import random as jrandom
 
 import jaxsample as js
 from jaxsample import _noise
@@ -16,6 +17,24 @@ def test_greedy_first_max_and_nan():
     assert js.greedy(jnp.array([jnp.nan, 1.0])) == 1
     assert js.greedy(jnp.full((3,), -jnp.inf)) == 0
     assert js.greedy(jnp.array([[0.0, 1.0], [2.0, 1.0]])).tolist() == [1, 0]
+
+
+def test_threefry_is_jax_threefry_and_noise_is_addressed_by_id():
+    k1, k2 = jnp.array([1, 2**32 - 1, 12345], jnp.uint32), jnp.array([0, 7, 2**31], jnp.uint32)
+    x0, x1 = jnp.array([0, 3, 2**32 - 2], jnp.uint32), jnp.array([9, 0, 77], jnp.uint32)
+    for ours, theirs in zip(_noise.threefry2x32(k1, k2, x0, x1), jrandom.threefry2x32_p.bind(k1, k2, x0, x1)):
+        np.testing.assert_array_equal(ours, theirs)
+    # Token i of a row is word i % 2 of JAX's hash of the counter i // 2 under the row's key words.
+    keys = jax.random.split(jax.random.key(4), 3)
+    w = jax.vmap(lambda k: jax.random.bits(k, (2,), jnp.uint32))(keys)
+    counter = jnp.broadcast_to(jnp.arange(4, dtype=jnp.uint32), (3, 4))
+    lo, hi = jrandom.threefry2x32_p.bind(
+        jnp.broadcast_to(w[:, :1], (3, 4)), jnp.broadcast_to(w[:, 1:], (3, 4)), jnp.zeros_like(counter), counter
+    )
+    expected = jnp.stack([lo, hi], axis=-1).reshape(3, 8)[:, :7]
+    np.testing.assert_array_equal(_noise.bits_all(keys, 7), expected)
+    ids = jnp.array([[6, 0, 3], [1, 1, 5], [2, 4, 6]], jnp.int32)
+    np.testing.assert_array_equal(_noise.bits_at(keys, ids), jnp.take_along_axis(expected, ids, axis=-1))
 
 
 def _reference_gumbel_max(keys, x):

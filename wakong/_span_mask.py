@@ -73,7 +73,6 @@ _NOWHERE = 1 << 24  # start of an entry that is not a span: beyond every word
 _CHUNK = 4  # loop steps fused into one pass
 _TILE = 8192  # rows per tile: few tiles (each has fixed loop and branch costs), intermediates still in cache
 _FAST_MISS = 1e-7  # per-row probability that a row needs more span entries than the fast capacity
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 #: Longest span the fixed-shape form handles (a span must fit two 32-bit mask words).
 DEVICE_SPAN_LIMIT = 31
 
@@ -174,26 +173,10 @@ def capacity(spec: SpanSpec, max_len: int) -> int:
     return _capacities(max_len, spec)[0]
 
 
-def _threefry2x32(k1: Array, k2: Array, x0: Array, x1: Array) -> tuple[Array, Array]:
-    """Threefry-2x32 (20 rounds), unrolled: bit-identical to ``jax.extend.random.threefry2x32_p``.
-
-    JAX's own lowering keeps the rounds in a loop, which XLA:CPU runs ~4x slower.
-    """
-    ks = (k1, k2, k1 ^ k2 ^ _U32(0x1BD11BDA))
-    x0, x1 = x0 + k1, x1 + k2
-    for i in range(5):
-        for r in _ROTATIONS[i % 2]:
-            x0 = x0 + x1
-            x1 = ((x1 << _U32(r)) | (x1 >> _U32(32 - r))) ^ x0
-        x0 = x0 + ks[(i + 1) % 3]
-        x1 = x1 + ks[(i + 2) % 3] + _U32(i + 1)
-    return x0, x1
-
-
 def _blocks(k1: Array, k2: Array, stream: int, n: int) -> tuple[Array, Array]:
     """``(lo, hi)``, each ``uint32[n, B]``: the two words of threefry blocks ``0..n-1`` of ``stream``."""
     i = jnp.arange(n, dtype=_U32)[:, None]
-    return _threefry2x32(k1, k2, jnp.full_like(i, stream), i)
+    return _noise.threefry2x32(k1, k2, jnp.full_like(i, stream), i)
 
 
 def _materialised(one: Array, fn, *args):
@@ -460,7 +443,7 @@ def _key_words(key: KeyLike, batch_shape: tuple[int, ...]) -> tuple[Array, Array
         if key.shape == ():
             n = math.prod(batch_shape)
             rows = jnp.arange(n, dtype=_U32)
-            return _threefry2x32(data[0], data[1], jnp.zeros_like(rows), rows)
+            return _noise.threefry2x32(data[0], data[1], jnp.zeros_like(rows), rows)
         if key.shape == tuple(batch_shape):
             data = data.reshape(-1, 2)
             return data[:, 0], data[:, 1]

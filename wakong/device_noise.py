@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxsample._noise import threefry2x32
 from jaxsample._types import Array, ArrayLike, KeyLike
 from wakong import _span_mask as sm
 from wakong.infilling import NoiseConfig
@@ -214,13 +215,13 @@ class DeviceNoiser:
 
 def _purpose(k1: Array, k2: Array, purpose: int) -> tuple[Array, Array]:
     """The row keys ``uint32[B]`` of one purpose: block ``2**31 + purpose`` of each row key."""
-    return sm._threefry2x32(k1, k2, jnp.full_like(k1, 2**31 + purpose), jnp.zeros_like(k1))
+    return threefry2x32(k1, k2, jnp.full_like(k1, 2**31 + purpose), jnp.zeros_like(k1))
 
 
 def _words(k1: Array, k2: Array, n: int) -> tuple[Array, Array]:
     """``(lo, hi) uint32[B, n]``: blocks ``0..n-1`` of the row keys."""
     i = jnp.arange(n, dtype=_U32)[None, :]
-    return sm._threefry2x32(k1[:, None], k2[:, None], jnp.zeros_like(i), i)
+    return threefry2x32(k1[:, None], k2[:, None], jnp.zeros_like(i), i)
 
 
 def _below(lo: Array, hi: Array, n: Array) -> Array:
