@@ -31,8 +31,9 @@ def clean(x: Array) -> Array:
     return jnp.where(jnp.isnan(x), NEG_INF, x)
 
 
-def prepare(logits) -> tuple[Array, jnp.dtype]:
-    """Validates ``logits [..., V]``, upcasts to float32 and maps NaN to ``-inf``.
+def prepare(logits, map_nan: bool = True) -> tuple[Array, jnp.dtype]:
+    """Validates ``logits [..., V]``, upcasts to float32 and maps NaN to ``-inf`` (unless ``map_nan`` is
+    False: for a core that does so inside its own pass rather than in a separate one).
 
     The entry of every public function. Chain stages skip it: a :class:`jaxsample.Sampler` cleans
     its input once and calls the functions' NaN-free cores.
@@ -42,7 +43,8 @@ def prepare(logits) -> tuple[Array, jnp.dtype]:
     """
     _validate.check_logits(logits)
     logits = jnp.asarray(logits)
-    return clean(logits.astype(COMPUTE_DTYPE)), logits.dtype
+    x = logits.astype(COMPUTE_DTYPE)
+    return (clean(x) if map_nan else x), logits.dtype
 
 
 def restore(x: Array, dtype) -> Array:

@@ -100,3 +100,18 @@ def test_never_nan_and_never_empties_a_row(values, t):
     for out in (js.temperature(x, t), js.dynamic_temperature(x, t, 0.5)):
         assert not np.isnan(np.asarray(out)).any()
         assert kept(out).any() == bool(np.any(np.isfinite(np.asarray(values))))
+
+
+def test_ordinary_rows_do_not_depend_on_the_batch_path():
+    # A batch of ordinary rows takes one fused division; an extreme row (t = 0, 1e-30, 3e38, inf,
+    # NaN, huge logits) sends the whole batch down the guarded path, which must give the ordinary
+    # rows the same bits.
+    x = jax.random.normal(jax.random.key(0), (6, 257)) * 5
+    x = x.at[:, 3].set(-jnp.inf).at[1, 7].set(jnp.nan).at[2, 9].set(jnp.inf)
+    t = jnp.array([0.7, 1.3, 2.0, 1e-3, 0.05, 11.0])
+    alone = jax.jit(js.temperature)(x, t)
+    for extreme_t, extreme_x in [(0.0, 1.0), (1e-30, 1.0), (3e38, 1.0), (jnp.inf, 1.0), (jnp.nan, 1.0), (1.0, 1e38)]:
+        xs = jnp.concatenate([x, jnp.full((1, 257), extreme_x)])
+        got = jax.jit(js.temperature)(xs, jnp.concatenate([t, jnp.array([extreme_t])]))
+        np.testing.assert_array_equal(got[:-1], alone, err_msg=f"t={extreme_t}, x={extreme_x}")
+        assert bool(jnp.isfinite(got[-1]).any()) and not bool(jnp.isnan(got[-1]).any())

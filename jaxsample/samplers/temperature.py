@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+from jax import lax
 
 from jaxsample import _candidates, _fastpath, _math, _validate
 from jaxsample._candidates import Candidates
@@ -21,16 +22,28 @@ from jaxsample.chain import Param, Stage
 
 
 def _scale(x: Array, t: Array) -> Array:
-    """``x [*B, V] / t [*B, 1]`` per row; rows with ``t <= 0`` keep only their first maximal logit."""
-    # inf / inf (an infinite temperature) is NaN; a row that overflows to -inf everywhere (a tiny
-    # temperature) keeps its first maximum, the t -> 0 limit.
-    # NaN is off (1): such rows are scaled by 1 in both branches, whatever the rest of the batch.
-    scaled = _math.nonempty(_math.clean(x / jnp.where(t > 0, t, 1.0)), x)
+    """``x [*B, V] / t [*B, 1]`` per row; rows with ``t <= 0`` keep only their first maximal logit.
 
-    def with_greedy_rows():
-        return jnp.where(t <= 0, _math.keep(x, _math.first_max_mask(x)), scaled)
+    ``x`` may hold NaN (read as ``-inf``). A batch of ordinary rows (temperatures in ``[2**-64, 2**64]``,
+    a finite logit below ``2**63`` in magnitude) is one fused division after one reduction; other
+    batches take the guarded path, which gives the same values in ordinary rows.
+    """
 
-    return _math.if_any(t <= 0, with_greedy_rows, lambda: scaled)
+    def guarded():
+        # inf / inf (an infinite temperature) is NaN; a row that overflows to -inf everywhere (a tiny
+        # temperature) keeps its first maximum, the t -> 0 limit.
+        # NaN is off (1): such rows are scaled by 1 in both branches, whatever the rest of the batch.
+        y = _math.clean(x)
+        scaled = _math.nonempty(_math.clean(y / jnp.where(t > 0, t, 1.0)), y)
+        return _math.if_any(t <= 0, lambda: jnp.where(t <= 0, _math.keep(y, _math.first_max_mask(y)), scaled),
+                            lambda: scaled)
+
+    # The plain division is the guarded path's value wherever it yields no NaN (XLA may divide by
+    # multiplying with 1 / t, so inf * 0 once 1 / t underflows) and leaves a finite logit. Both hold
+    # with a wide margin for 2**-64 <= t <= 2**64 and a finite logit below 2**63 in magnitude.
+    smallest = jnp.min(jnp.where(jnp.isfinite(x), jnp.abs(x), jnp.inf), axis=-1, keepdims=True)
+    plain = (t >= 2.0**-64) & (t <= 2.0**64) & (smallest < 2.0**63)
+    return lax.cond(jnp.all(plain), lambda: _math.clean(x) / t, guarded)
 
 
 def _dynamic_temperature(x: Array, temp: Array, delta: Array, exponent: Array) -> Array:
@@ -67,7 +80,7 @@ def temperature(logits: Float["*B V"], temp: Float["*B"] | float) -> Float["*B V
     >>> temperature(jnp.array([1.0, 3.0, 3.0]), 0.0).tolist()
     [-inf, 3.0, -inf]
     """
-    x, dtype = _math.prepare(logits)
+    x, dtype = _math.prepare(logits, map_nan=False)  # _scale reads NaN as -inf in its own pass
     return _math.restore(_scale(x, _validate.param(temp, x.shape[:-1], "temp")[..., None]), dtype)
 
 
