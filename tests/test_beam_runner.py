@@ -1,6 +1,7 @@
 """``wakong build --runner beam`` on Apache Beam's DirectRunner: the same dataset as the in-process build
 (byte-identical shards, equal manifests but for timing) from several worker processes, every source
-type, and faults: a killed launcher, failed or repeated shard tasks, changed inputs, Ctrl-C.
+type, and faults: a killed launcher (the rerun keeps the shards a killed Beam or in-process build
+finished), failed or repeated shard tasks, changed inputs, Ctrl-C.
 
 Tests that run a pipeline need ``apache_beam`` (``pip install 'jaxsample[beam]'``; CI installs it) and
 are skipped without it; the others check the runner's plumbing and run everywhere.
@@ -512,8 +513,17 @@ def test_shard_tasks_leave_the_summaries_of_the_in_process_build(tmp_path, input
         assert (staging / name).read_bytes() == (local / name).read_bytes()
     reused, built = beam._reused(job.config, done), beam._sum_states(job.config, states)
     assert reused["shards"] == built["shards"] and reused["started"] is None
-    for total in (reused, built):
-        assert Tally(job.config).merge(total).state() == Tally(job.config).merge(built).state()
+    assert Tally(job.config).merge(reused).state() == Tally(job.config).merge(built).state()
+
+
+def _staging_of_a_killed_build(out, source, config, tokenizer):  # noqa: F811
+    """``out``'s staging directory as a Beam run ``old`` of this part leaves it when killed before any shard
+    (progress.json, its marker), and that run's job (its tasks)."""
+    staging = records.staging_dir(str(out), 0, 1)
+    pipeline.open_staging(staging)
+    pipeline.write_progress(staging, pipeline.part_identity(source, config, tokenizer))
+    open(os.path.join(staging, beam._marker("old")), "w").close()
+    return staging, beam._Job(source, config, tokenizer, staging, "old", {})
 
 
 @pytest.mark.parametrize("runner", [pytest.param("beam", marks=needs_beam), "in process"])
@@ -526,14 +536,10 @@ def test_a_rerun_keeps_the_shards_a_killed_build_finished(tmp_path, inputs, toke
     config = load_config(overrides=SETTINGS + ["output.num_shards=4", "seed=2"])
     multihost.build(source, tmp_path / "fresh", config, tokenizer=tokenizer)
     out = tmp_path / "data"
-    staging = records.staging_dir(str(out), 0, 1)
-    pipeline.open_staging(staging)
-    pipeline.write_progress(staging, pipeline.part_identity(source, config, tokenizer))
-    leftovers = [beam._marker("old"), ".part-00000-of-00001-shard-00003-of-00004.array_record.tmp-9-0a1b2c3d",
-                 "tokenizer.json.tmp-9-0a1b2c3d"]
-    for name in leftovers:
+    staging, old = _staging_of_a_killed_build(out, source, config, tokenizer)
+    for name in (".part-00000-of-00001-shard-00003-of-00004.array_record.tmp-9-0a1b2c3d",
+                 "tokenizer.json.tmp-9-0a1b2c3d"):
         open(os.path.join(staging, name), "w").close()
-    old = beam._Job(source, config, tokenizer, staging, "old", {})
     for shard in (0, 2):
         list(beam._build_shard(shard, old))
     shards.ShardJob(source, config, tokenizer, staging, old.prefix, range(len(source)))(1)
@@ -557,6 +563,22 @@ def test_a_rerun_keeps_the_shards_a_killed_build_finished(tmp_path, inputs, toke
     assert len(seen) == 1 and [n.startswith(".beam-run-") for n in seen[0]] == ([True] if runner == "beam" else [])
     assert manifest["timing"].get("runner") == ("DirectRunner" if runner == "beam" else None)
     _same_dataset(out, tmp_path / "fresh")
+
+
+@needs_beam
+def test_a_rerun_after_every_shard_finished_builds_none(tmp_path, tokenizer):  # noqa: F811
+    """Killed after its last shard, before the part manifest: the rerun's pipeline has no shard task; the
+    combiner sums the finished shards' tallies alone."""
+    source = _texts(9)
+    config = load_config(overrides=SETTINGS + ["output.num_shards=3", "seed=6"])
+    multihost.build(source, tmp_path / "fresh", config, tokenizer=tokenizer)
+    staging, old = _staging_of_a_killed_build(tmp_path / "data", source, config, tokenizer)
+    for shard in range(3):
+        list(beam._build_shard(shard, old))
+    with _building_only_missing_shards(staging, shards.finished(staging, 3), len(source), num_shards=3):
+        manifest = beam.build(source, tmp_path / "data", config, tokenizer=tokenizer)
+    assert manifest["timing"]["loop_seconds"] == 0.0
+    _same_dataset(tmp_path / "data", tmp_path / "fresh")
 
 
 def test_a_task_of_an_abandoned_run_stops_before_writing(tmp_path, inputs, tokenizer):  # noqa: F811

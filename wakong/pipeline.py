@@ -29,7 +29,8 @@ masks are left out (counted as ``inserted_masks_dropped``; no text is lost).
 
 Kills: every finished shard leaves its summary in the staging directory, so rerunning the same
 command after a kill keeps the finished shards (sha256 checked) and builds the rest
-(:func:`wakong.shards.finished`).
+(:func:`wakong.shards.finished`); ``--runner beam`` (:mod:`wakong.beam`) writes the same files, so
+either runner resumes the other's killed build.
 
 Interruptions: Ctrl-C raises ``KeyboardInterrupt`` and is also remembered
 (:func:`wakong.records.catching_interrupts`), so one swallowed on the way (Python only prints a
