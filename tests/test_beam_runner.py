@@ -21,6 +21,7 @@ import time
 import pytest
 
 from tests._helpers import dataset_files
+from tests.test_build_inputs import sp_model  # noqa: F401  (fixture)
 from tests.test_pipeline import tokenizer  # noqa: F401  (fixture)
 from wakong import beam, multihost, pipeline, records, shards
 from wakong.accounting import Tally
@@ -310,6 +311,20 @@ def test_a_source_without_files_is_shipped_to_the_workers(tmp_path, tokenizer, m
     _same_dataset(tmp_path / "beam", tmp_path / "local")
     assert manifest["counts"]["records_dropped"] == {**dict.fromkeys(pipeline.DROP_REASONS, 0), "empty": 1,
                                                      "too_short": 1}
+
+
+@needs_beam
+def test_a_sentencepiece_tokenizer_is_staged_under_its_own_name(tmp_path, sp_model):  # noqa: F811
+    """The staged tokenizer is ``tokenizer.model`` as the manifest names it (it was once staged as
+    ``tokenizer.json``: the commit dropped it and the dataset had no tokenizer)."""
+    from wakong.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(sp_model[0])
+    config = load_config(overrides=SETTINGS + ["output.num_shards=2", "seed=5"])
+    multihost.build(_texts(9), tmp_path / "local", config, tokenizer=tok)
+    beam.build(_texts(9), tmp_path / "beam", config, tokenizer=tok)
+    _same_dataset(tmp_path / "beam", tmp_path / "local")
+    assert "tokenizer.model" in os.listdir(tmp_path / "beam")
 
 
 @needs_beam
