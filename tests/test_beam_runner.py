@@ -1,11 +1,13 @@
 """``wakong build --runner beam`` on Apache Beam's DirectRunner: the same dataset as the in-process build
 (byte-identical shards, equal manifests but for timing) from several worker processes, every source
-type, and faults: a killed launcher, failed or repeated shard tasks, changed inputs, Ctrl-C.
+type, and faults: a killed launcher (the rerun keeps the shards a killed Beam or in-process build
+finished), failed or repeated shard tasks, changed inputs, Ctrl-C.
 
 Tests that run a pipeline need ``apache_beam`` (``pip install 'jaxsample[beam]'``; CI installs it) and
 are skipped without it; the others check the runner's plumbing and run everywhere.
 """
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -19,6 +21,7 @@ import time
 import pytest
 
 from tests._helpers import dataset_files
+from tests.test_build_inputs import sp_model  # noqa: F401  (fixture)
 from tests.test_pipeline import tokenizer  # noqa: F401  (fixture)
 from wakong import beam, multihost, pipeline, records, shards
 from wakong.accounting import Tally
@@ -34,18 +37,19 @@ FLAGS = ["--split", "paragraph", "--num-shards", "4", "--no-progress", "--no-plo
          *(arg for s in SETTINGS for arg in ("--set", s))]
 MULTIPROCESS = ["--runner", "beam", "--workers", "2"]  # DirectRunner, multi_processing, 2 SDK worker processes
 IN_MEMORY = ["--runner", "beam"]  # DirectRunner in this process
-# A launcher whose _phase(name) kills it (SIGKILL) at the phase named by argv[1]; the replacement is
-# defined in __main__, so Beam pickles it by value into the worker processes too ("shard").
+# A launcher whose wakong.<argv[1]>._phase(name) (beam, or pipeline: the in-process build) kills it
+# (SIGKILL) at the phase named by argv[2]; the replacement is defined in __main__, so Beam pickles it by
+# value into the worker processes too ("shard").
 KILL = """
-import os, signal, sys
-from wakong import beam
-launcher, phase = os.getpid(), sys.argv[1]
+import importlib, os, signal, sys
+module = importlib.import_module("wakong." + sys.argv[1])
+launcher, phase = os.getpid(), sys.argv[2]
 def kill(name):
     if name == phase:
         os.kill(launcher, signal.SIGKILL)
-beam._phase = kill
+module._phase = kill
 from wakong.cli import main
-sys.exit(main(sys.argv[2:]))
+sys.exit(main(sys.argv[3:]))
 """
 
 
@@ -310,6 +314,20 @@ def test_a_source_without_files_is_shipped_to_the_workers(tmp_path, tokenizer, m
 
 
 @needs_beam
+def test_a_sentencepiece_tokenizer_is_staged_under_its_own_name(tmp_path, sp_model):  # noqa: F811
+    """The staged tokenizer is ``tokenizer.model`` as the manifest names it (it was once staged as
+    ``tokenizer.json``: the commit dropped it and the dataset had no tokenizer)."""
+    from wakong.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(sp_model[0])
+    config = load_config(overrides=SETTINGS + ["output.num_shards=2", "seed=5"])
+    multihost.build(_texts(9), tmp_path / "local", config, tokenizer=tok)
+    beam.build(_texts(9), tmp_path / "beam", config, tokenizer=tok)
+    _same_dataset(tmp_path / "beam", tmp_path / "local")
+    assert "tokenizer.model" in os.listdir(tmp_path / "beam")
+
+
+@needs_beam
 def test_workers_reach_the_files_through_worker_paths(tmp_path, inputs, tok_file, reference, monkeypatch):
     """Workers that see the launcher's files elsewhere (a bucket the launcher mounts): they copy the input
     files they read and write shards and the manifest through Beam's FileSystems. Here the launcher's
@@ -329,7 +347,8 @@ def test_workers_reach_the_files_through_worker_paths(tmp_path, inputs, tok_file
     _same_dataset(view / "data", reference / "seed2")
     assert sorted(set(calls["fetch"])) == [str(real / "a.txt"), str(real / "b.txt")]  # the empty file holds no record
     staging = records.staging_dir(str(real / "data"), 0, 1)
-    assert sorted(calls["put"]) == [(staging, records.manifest_name(0, 1))] + [
+    assert sorted(calls["put"]) == [(staging, f"done-shard-{k:05d}-of-00004.json") for k in range(4)] + [
+        (staging, records.manifest_name(0, 1))] + [
         (staging, f"part-00000-of-00001-shard-{k:05d}-of-00004.array_record") for k in range(4)]
     assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(("wakong-input-", "wakong-stage-"))]
 
@@ -356,9 +375,10 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _killed(phase, argv):
-    """Runs ``wakong`` ARGV in a launcher that is SIGKILLed at ``phase``; waits for its workers to end."""
-    launcher = subprocess.Popen([sys.executable, "-c", KILL, phase, *argv], cwd=ROOT, start_new_session=True,
+def _killed(phase, argv, module="beam"):
+    """Runs ``wakong`` ARGV in a launcher that is SIGKILLed at ``phase`` (of ``wakong.<module>._phase``);
+    waits for its workers to end."""
+    launcher = subprocess.Popen([sys.executable, "-c", KILL, module, phase, *argv], cwd=ROOT, start_new_session=True,
                                 env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
     try:
@@ -377,6 +397,7 @@ def _killed(phase, argv):
 @needs_beam
 def test_killed_multiprocess_build_keeps_the_old_dataset_and_a_rerun_finishes_it(tmp_path, inputs, tok_file,
                                                                                    reference):
+    """Killed when a worker finished a shard; the rerun (Beam again) builds only the shards not finished."""
     out, before = _old(tmp_path, reference)
     _killed("shard", _argv(inputs, out, tok_file, 2, "--overwrite", *MULTIPROCESS))  # killed by a worker
     staging = records.staging_dir(str(out), 0, 1)
@@ -385,8 +406,41 @@ def test_killed_multiprocess_build_keeps_the_old_dataset_and_a_rerun_finishes_it
     assert {k: v for k, v in dataset_files(out).items() if not k.startswith(".staging-")} == before
     old = records.read_manifests(str(out))
     assert _timeless(old) == {**_timeless(records.read_manifests(str(reference / "seed1"))), "files": old["files"]}
-    assert main(_argv(inputs, out, tok_file, 2, "--overwrite", *IN_MEMORY)) == 0  # the same build, any runner
+    done = shards.finished(staging, 4)
+    assert done  # at least the shard whose task killed the launcher (others may have finished as well)
+    with _building_only_missing_shards(staging, done, 32):
+        assert main(_argv(inputs, out, tok_file, 2, "--overwrite", *IN_MEMORY)) == 0
     _same_dataset(out, reference / "seed2")
+
+
+@needs_beam
+def test_killed_in_process_build_is_resumed_by_beam(tmp_path, inputs, tok_file, reference):
+    out = tmp_path / "data"
+    _killed("shards", _argv(inputs, out, tok_file, 2), module="pipeline")  # halfway: shards 0 and 1 finished
+    staging = records.staging_dir(str(out), 0, 1)
+    done = shards.finished(staging, 4)
+    assert sorted(done) == [0, 1]
+    with _building_only_missing_shards(staging, done, 32):
+        assert main(_argv(inputs, out, tok_file, 2, *IN_MEMORY)) == 0
+    _same_dataset(out, reference / "seed2")
+
+
+@contextlib.contextmanager
+def _building_only_missing_shards(staging, done, n_records, num_shards=4):
+    """The build in the block (in this process: Beam's in-memory DirectRunner or the in-process build) must
+    make exactly the records of the shards not ``done`` (each once) and commit the finished shards' files
+    as they are (the same inodes and mtimes) into the dataset directory, ``staging``'s parent."""
+    files = {r["files"][0]["file"]: os.stat(os.path.join(staging, r["files"][0]["file"])) for r in done.values()}
+    built = []
+    make = shards.make_outcomes
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shards, "make_outcomes", lambda *args: built.extend(args[3]) or make(*args))
+        yield
+    ranges = shards.shard_ranges(n_records, num_shards)
+    assert sorted(built) == [i for k in range(num_shards) if k not in done for i in ranges[k]]
+    for name, before in files.items():
+        after = os.stat(os.path.join(os.path.dirname(staging), name))
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
 @needs_beam
@@ -437,7 +491,7 @@ def test_failed_and_repeated_shard_tasks_leave_one_complete_shard(tmp_path, inpu
     monkeypatch.undo()
     assert (staging / name).read_bytes() == data  # the failed attempt left the shard and no temporary file
     (again,) = beam._build_shard(1, job)  # a retry, or a duplicated task
-    assert sorted(os.listdir(staging)) == sorted([beam._marker("r1"), name])
+    assert sorted(os.listdir(staging)) == sorted([beam._marker("r1"), name, "done-shard-00001-of-00004.json"])
     assert (staging / name).read_bytes() == data
     assert {k: v for k, v in again.items() if k not in ("started", "finished")} == \
         {k: v for k, v in first.items() if k not in ("started", "finished")}
@@ -454,6 +508,92 @@ def test_shard_tally_sums_to_the_in_process_accounting(tmp_path, inputs, tokeniz
     assert [total["shards"][str(k)] for k in range(3)] == manifest["shards"]
     with pytest.raises(RuntimeError, match=r"shards \[1\] were counted twice"):
         beam._sum_states(job.config, [states[1], states[1]])
+
+
+def test_shard_tasks_leave_the_summaries_of_the_in_process_build(tmp_path, inputs, tokenizer):  # noqa: F811
+    """Each task stages its shard's summary as the in-process build does (same name, same bytes), so either
+    runner's rerun reuses the shards of the other; their tallies sum as the tasks' own."""
+    job, staging = _job(tmp_path, inputs, tokenizer)
+    states = [s for k in (0, 2) for s in beam._build_shard(k, job)]
+    local = tmp_path / "local"
+    local.mkdir()
+    in_process = shards.ShardJob(TextSource(inputs, "paragraph"), job.config, tokenizer, str(local), job.prefix,
+                                 range(job.n))
+    for k in (0, 2):
+        in_process(k)
+    done = shards.finished(str(staging), 4)
+    assert sorted(done) == [0, 2] and done == shards.finished(str(local), 4)
+    for k in (0, 2):
+        name = f"done-shard-{k:05d}-of-00004.json"
+        assert (staging / name).read_bytes() == (local / name).read_bytes()
+    reused, built = beam._reused(job.config, done), beam._sum_states(job.config, states)
+    assert reused["shards"] == built["shards"] and reused["started"] is None
+    assert Tally(job.config).merge(reused).state() == Tally(job.config).merge(built).state()
+
+
+def _staging_of_a_killed_build(out, source, config, tokenizer):  # noqa: F811
+    """``out``'s staging directory as a Beam run ``old`` of this part leaves it when killed before any shard
+    (progress.json, its marker), and that run's job (its tasks)."""
+    staging = records.staging_dir(str(out), 0, 1)
+    pipeline.open_staging(staging)
+    pipeline.write_progress(staging, pipeline.part_identity(source, config, tokenizer))
+    open(os.path.join(staging, beam._marker("old")), "w").close()
+    return staging, beam._Job(source, config, tokenizer, staging, "old", {})
+
+
+@pytest.mark.parametrize("runner", [pytest.param("beam", marks=needs_beam), "in process"])
+def test_a_rerun_keeps_the_shards_a_killed_build_finished(tmp_path, inputs, tokenizer, monkeypatch,  # noqa: F811
+                                                          runner):
+    """A staging directory as a killed build leaves it: shard 0 by a Beam task, 1 by the in-process build, 2
+    damaged, 3 cut short (a temporary file), an abandoned Beam run's marker. The rerun, with either runner,
+    removes the marker and temporaries, builds shards 2 and 3 only and writes the dataset of a fresh build."""
+    source = TextSource(inputs, "paragraph")
+    config = load_config(overrides=SETTINGS + ["output.num_shards=4", "seed=2"])
+    multihost.build(source, tmp_path / "fresh", config, tokenizer=tokenizer)
+    out = tmp_path / "data"
+    staging, old = _staging_of_a_killed_build(out, source, config, tokenizer)
+    for name in (".part-00000-of-00001-shard-00003-of-00004.array_record.tmp-9-0a1b2c3d",
+                 "tokenizer.json.tmp-9-0a1b2c3d"):
+        open(os.path.join(staging, name), "w").close()
+    for shard in (0, 2):
+        list(beam._build_shard(shard, old))
+    shards.ShardJob(source, config, tokenizer, staging, old.prefix, range(len(source)))(1)
+    damaged = os.path.join(staging, shards.finished(staging, 4)[2]["files"][0]["file"])
+    data = open(damaged, "rb").read()
+    with open(damaged, "wb") as f:
+        f.write(data[:-1] + bytes([data[-1] ^ 1]))  # same size, another sha256
+    done = shards.finished(staging, 4)
+    assert sorted(done) == [0, 1]
+    seen = []
+
+    def phase(name):  # when the rerun starts building: only its own marker is left
+        if name in ("pipeline", "staging"):
+            seen.append(sorted(n for n in os.listdir(staging) if n.startswith(".") or ".tmp-" in n))
+            with pytest.raises(beam.BeamBuildError, match="no longer belongs to this build"):
+                old.check_run()  # the abandoned run's tasks stop
+
+    monkeypatch.setattr(beam if runner == "beam" else pipeline, "_phase", phase)
+    with _building_only_missing_shards(staging, done, len(source)):
+        manifest = (beam.build if runner == "beam" else multihost.build)(source, out, config, tokenizer=tokenizer)
+    assert len(seen) == 1 and [n.startswith(".beam-run-") for n in seen[0]] == ([True] if runner == "beam" else [])
+    assert manifest["timing"].get("runner") == ("DirectRunner" if runner == "beam" else None)
+    _same_dataset(out, tmp_path / "fresh")
+
+
+@needs_beam
+def test_a_rerun_after_every_shard_finished_builds_none(tmp_path, tokenizer):  # noqa: F811
+    """Killed after its last shard, before the part manifest: the rerun's pipeline has no shard task; the
+    combiner sums the finished shards' tallies alone."""
+    source = _texts(9)
+    config = load_config(overrides=SETTINGS + ["output.num_shards=3", "seed=6"])
+    multihost.build(source, tmp_path / "fresh", config, tokenizer=tokenizer)
+    staging, old = _staging_of_a_killed_build(tmp_path / "data", source, config, tokenizer)
+    for shard in range(3):
+        list(beam._build_shard(shard, old))
+    with _building_only_missing_shards(staging, shards.finished(staging, 3), len(source), num_shards=3):
+        manifest = beam.build(source, tmp_path / "data", config, tokenizer=tokenizer)
+    assert manifest["timing"]["loop_seconds"] == 0.0
+    _same_dataset(tmp_path / "data", tmp_path / "fresh")
 
 
 def test_a_task_of_an_abandoned_run_stops_before_writing(tmp_path, inputs, tokenizer):  # noqa: F811

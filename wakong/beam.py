@@ -4,10 +4,12 @@ The launcher (this process) does what :func:`wakong.multihost.build` does on one
 checks, :func:`wakong.pipeline.prepare_dir`, then :func:`wakong.pipeline.commit_part` and the dataset
 manifest -- and hands the records to Beam in between::
 
-    Create(range(num_shards)) | Reshuffle          one task per output shard
+    Create(shards to build) | Reshuffle            one task per output shard not finished by a killed run
       | FlatMap(_build_shard)                      records shard_ranges(n, num_shards)[shard]:
-                                                   shards.fill_shard (make_outcomes, ShardWriter) -> staged shard
-      | CombineGlobally(_sum_states)               Tally states (counts, drops, events, mask stats), shard list
+                                                   shards.fill_shard (make_outcomes, ShardWriter) -> staged
+                                                   shard, then its summary (shards.write_summary)
+    (that, Create([reused shards' tally sum]))     the shards shards.finished found (_reused)
+      | Flatten | CombineGlobally(_sum_states)     Tally states (counts, drops, events, mask stats), shard list
       | Map(_write_manifest)                       checks the accounting, writes the part manifest last
 
 The part is the one-process build's part 0 of 1: same record ranges per shard, same transform
@@ -20,11 +22,17 @@ machine, or a filesystem mounted on every node: NFS, Filestore, Lustre, Cloud St
 elsewhere through Beam's FileSystems as ``worker_paths`` maps them (Dataflow: ``gs://``).
 
 Faults: a task writes its shard under a unique temporary name and renames it into the staging
-directory, so a failed, retried or duplicated task leaves exactly one complete shard (the bytes do
-not depend on the attempt). Nothing outside the staging directory changes before every shard and the
-part manifest are there; a killed launcher leaves the old dataset (or its finished part) as the
-in-process build does, and the same command run again finishes or redoes the job. Tasks of an
-abandoned run stop before they write into a newer run's staging directory (each run marks its own).
+directory, then its summary, so a failed, retried or duplicated task leaves exactly one complete shard
+(the bytes do not depend on the attempt). Nothing outside the staging directory changes before every
+shard and the part manifest are there. A killed launcher leaves the old dataset (or its finished part)
+and the staging directory, as the in-process build does (the same files: progress.json with the part's
+identity, shards with their summaries); the same command run again, with either runner, keeps the
+shards whose size and sha256 still match their summaries (:func:`wakong.shards.finished`), runs tasks
+for the others only, counts each kept shard's tally once and writes the same dataset as a build that
+was never killed; killed after the pipeline, the rerun only commits. Each run marks the staging
+directory as its own and a rerun removes the older marker, so tasks of an abandoned run stop before
+they write into it. As in process, a failed pipeline or Ctrl-C removes the staging directory, finished
+shards included: only a killed build leaves shards to reuse.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 from wakong import multihost, pipeline, records
 from wakong.accounting import Tally
 from wakong.config import BuildConfig
-from wakong.shards import fill_shard, shard_ranges
+from wakong.shards import fill_shard, finished, shard_ranges, write_summary
 from wakong.sources import ArrayRecordSource, TextSource
 from wakong.tokenizer import TextTokenizer
 
@@ -211,7 +219,9 @@ class _Job:
 
     def stage(self, write: Callable[[str], str]) -> Any:
         """Runs ``write(directory)`` (it leaves one file there and returns its name) on the staging
-        directory, or on a local one whose file is then copied there (``remote``)."""
+        directory, or on a local one whose file is then copied there (``remote``); only while the staging
+        directory belongs to this run (:meth:`check_run`)."""
+        self.check_run()
         if not self.remote:
             return write(self.staging)
         local = tempfile.mkdtemp(prefix="wakong-stage-")
@@ -225,8 +235,9 @@ class _Job:
 
 
 def _phase(name: str) -> None:
-    """Marks a phase: ``pipeline`` (launcher, before the run), ``shard`` (a task, after its shard is in
-    the staging directory), ``staged`` (launcher, after the run). Tests replace it to inject faults."""
+    """Marks a phase: ``pipeline`` (launcher, before the run), ``shard`` (a task, after its shard and its
+    summary are in the staging directory), ``staged`` (launcher, after the run). Tests replace it to
+    inject faults."""
 
 
 def _marker(run: str) -> str:
@@ -234,7 +245,8 @@ def _marker(run: str) -> str:
 
 
 def _build_shard(shard: int, job: _Job):
-    """One output shard: its records' outcomes, written to the staging directory; yields its tally."""
+    """One output shard: its records' outcomes, written to the staging directory with its summary (as the
+    in-process build's, :func:`wakong.shards.finished`: a rerun after a kill reuses it); yields its tally."""
     started, num_shards = time.time(), job.config.output.num_shards
     span, tally = shard_ranges(job.n, num_shards)[shard], Tally(job.config)
     written = {}
@@ -253,10 +265,18 @@ def _build_shard(shard: int, job: _Job):
                 source.close()
         return written[str(shard)]["file"]
 
-    job.check_run()
     job.stage(write)
+    state = tally.state()
+    job.stage(lambda directory: write_summary(directory, shard, num_shards,  # after the shard, as in process
+                                              {"files": [written[str(shard)]], "tally": state}))
     job.phase("shard")
-    yield {**tally.state(), "shards": written, "started": started, "finished": time.time()}
+    yield {**state, "shards": written, "started": started, "finished": time.time()}
+
+
+def _reused(config: BuildConfig, done: Mapping[int, dict]) -> dict:
+    """The sum of the tallies of the shards ``done`` (:func:`wakong.shards.finished`) a killed build left."""
+    return _sum_states(config, [{**result["tally"], "shards": {str(k): result["files"][0]}, "started": None,
+                                 "finished": None} for k, result in done.items()])
 
 
 def _sum_states(config: BuildConfig, states) -> dict:
@@ -292,7 +312,7 @@ def _write_manifest(total: dict, job: _Job, runner: str) -> None:
         "mask_stats": tally.stats.state(),
         "timing": {
             "seconds": seconds,
-            "loop_seconds": total["finished"] - total["started"],
+            "loop_seconds": total["finished"] - total["started"] if total["started"] is not None else 0.0,
             "tokens_per_second": c["tokens"] / max(seconds, 1e-9),
             "workers": 0,
             "runner": runner,
@@ -350,17 +370,22 @@ def _failure(err: Exception) -> BeamBuildError:
     return BeamBuildError(f"the Beam pipeline failed: {reason[:500]}")
 
 
-def _run(beam, options, job: _Job) -> dict:
-    """Runs the pipeline; returns the part manifest it staged."""
+def _run(beam, options, job: _Job, done: Mapping[int, dict]) -> dict:
+    """Runs the pipeline: tasks for the shards not ``done``, whose tallies join theirs; returns the part
+    manifest it staged."""
     from apache_beam.runners.runner import PipelineState
 
     runner = runner_name(options)
     p = beam.Pipeline(options=options)
-    (
+    built = (
         p
-        | "shards" >> beam.Create(range(job.config.output.num_shards))
+        | "shards" >> beam.Create([k for k in range(job.config.output.num_shards) if k not in done])
         | "spread" >> beam.Reshuffle()
         | "build" >> beam.FlatMap(_build_shard, job)
+    )
+    (
+        (built, p | "reused" >> beam.Create([_reused(job.config, done)]))
+        | "all" >> beam.Flatten()
         | "sum" >> beam.CombineGlobally(functools.partial(_sum_states, job.config))
         | "manifest" >> beam.Map(_write_manifest, job, runner)
     )
@@ -401,6 +426,9 @@ def build(
         FileSystems (they copy each input file they read, and write each shard locally first).
       tokenizer_progress: called per record read to train a tokenizer (see ``resolve_tokenizer``).
 
+    A build of this part that was killed (same settings, tokenizer and input; either runner) left its
+    finished shards in the staging directory: they are kept and only the others are built.
+
     Raises:
       BeamBuildError: the pipeline failed (nothing replaced; the staging directory is removed).
       records.DatasetWriteError, FileExistsError, ValueError: as the in-process build.
@@ -415,22 +443,21 @@ def build(
     part = pipeline.prepare_dir(out_dir, 0, 1, overwrite, identity, resume=True)
     if part is None:
         staging, run = records.staging_dir(out_dir, 0, 1), secrets.token_hex(8)
-        # what a killed in-process build of this part left for its own rerun: Beam starts afresh
-        shutil.rmtree(staging, ignore_errors=True)
+        pipeline.open_staging(staging)  # kept with its finished shards if a killed build of this part left it
         try:
-            os.makedirs(staging)
-            open(os.path.join(staging, _marker(run)), "w").close()
+            open(os.path.join(staging, _marker(run)), "w").close()  # the old run's marker is gone
         except OSError as err:
             raise records.write_error(staging, err) from err
         try:
+            pipeline.write_progress(staging, identity)
             try:
-                tok.save(os.path.join(staging, "tokenizer.json"))
+                tok.save(os.path.join(staging, tok.file_name))
             except OSError as err:
-                raise records.write_error(os.path.join(staging, "tokenizer.json"), err) from err
+                raise records.write_error(os.path.join(staging, tok.file_name), err) from err
             job = _Job(source, config, tok, staging, run, pipeline.part_manifest(source, config, tok, 0, 1), paths)
-            part = _run(beam, options, job)
+            part = _run(beam, options, job, finished(staging, config.output.num_shards))
             _phase("staged")
-        except BaseException:  # a failure or an interruption: the old dataset is untouched
+        except BaseException:  # a failure or an interruption, as in process: the old dataset is untouched
             shutil.rmtree(staging, ignore_errors=True)
             raise
         pipeline.commit_part(out_dir, staging, part)

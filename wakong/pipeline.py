@@ -29,7 +29,8 @@ masks are left out (counted as ``inserted_masks_dropped``; no text is lost).
 
 Kills: every finished shard leaves its summary in the staging directory, so rerunning the same
 command after a kill keeps the finished shards (sha256 checked) and builds the rest
-(:func:`wakong.shards.finished`).
+(:func:`wakong.shards.finished`); ``--runner beam`` (:mod:`wakong.beam`) writes the same files, so
+either runner resumes the other's killed build.
 
 Interruptions: Ctrl-C raises ``KeyboardInterrupt`` and is also remembered
 (:func:`wakong.records.catching_interrupts`), so one swallowed on the way (Python only prints a
@@ -73,11 +74,13 @@ __all__ = [  # the pipeline's entry points, including those that live in sibling
     "open_dataset",
     "open_source",
     "commit_part",
+    "open_staging",
     "prepare_dir",
     "resolve_tokenizer",
     "shard_ranges",
     "train_tokenizer",
     "training_texts",
+    "write_progress",
 ]
 
 #: Longest piece of a word fed to tokenizer training: BPE training time grows with the square of a
@@ -277,6 +280,27 @@ def prepare_dir(
 _PROGRESS = "progress.json"
 
 
+def open_staging(staging: str) -> None:
+    """Creates the staging directory, or keeps the one a killed build of this very part left (with its
+    finished shards: :func:`prepare_dir` removed any other) without what cut-short writes left there:
+    temporary files and hidden files (a Beam run's marker, so that its abandoned tasks stop)."""
+    try:
+        os.makedirs(staging, exist_ok=True)
+        for name in os.listdir(staging):
+            path = os.path.join(staging, name)
+            if (name.startswith(".") or ".tmp-" in name) and not os.path.isdir(path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+    except OSError as err:
+        raise records.write_error(staging, err) from err
+
+
+def write_progress(staging: str, identity: dict) -> None:
+    """Records in ``staging`` which part is built there (``identity``), so that :func:`prepare_dir` keeps it
+    for a rerun of the same command, which reuses its finished shards (:func:`wakong.shards.finished`)."""
+    records.write_json_atomic(os.path.join(staging, _PROGRESS), {"identity": identity})
+
+
 def _as_json(data):
     return json.loads(json.dumps(data))
 
@@ -383,12 +407,9 @@ def _build(source, out_dir, config, tokenizer, workers, process_index, process_c
     if reused is not None:
         return reused
     staging = records.staging_dir(out_dir, process_index, process_count)
+    open_staging(staging)
     try:
-        os.makedirs(staging, exist_ok=True)  # it exists when a killed build of this part left shards
-    except OSError as err:
-        raise records.write_error(staging, err) from err
-    try:
-        records.write_json_atomic(os.path.join(staging, _PROGRESS), {"identity": _identity(manifest)})
+        write_progress(staging, _identity(manifest))
         _phase("staging")
         try:
             tok.save(os.path.join(staging, tok.file_name))

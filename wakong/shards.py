@@ -78,12 +78,20 @@ class ShardJob:
             fill_shard(writer, shard, self.source, config, self.tokenizer, indices, tally, self.progress)
             files = writer.commit()
         result = {"files": files, "tally": tally.state()}
-        records.write_json_atomic(os.path.join(self.staging, _done_name(shard, num_shards)), result)
+        write_summary(self.staging, shard, num_shards, result)
         return result
 
 
 def _done_name(shard: int, num_shards: int) -> str:
     return f"done-shard-{shard:05d}-of-{num_shards:05d}.json"
+
+
+def write_summary(directory: str, shard: int, num_shards: int, result: dict) -> str:
+    """Writes the summary of a finished shard (``{"files": [its description], "tally": Tally state}``, what
+    :func:`finished` reads back) into ``directory``, after the shard itself; returns its file name."""
+    name = _done_name(shard, num_shards)
+    records.write_json_atomic(os.path.join(directory, name), result)
+    return name
 
 
 def finished(staging: str, num_shards: int) -> dict[int, dict]:
