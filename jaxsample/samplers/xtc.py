@@ -1,8 +1,10 @@
 """XTC, exclude top choices (llama.cpp ``xtc``): with a given probability, remove the most probable tokens.
 
 Sharding/TPU: rows are independent; shard the batch axis. One uniform per row from the row's key,
-one softmax and a few passes over the vocabulary; skipping batches where no row draws the filter
-is a batch-level ``lax.cond`` (an all-reduce of one bool under GSPMD; both branches under ``vmap``).
+one ``logsumexp`` pass, the ``K`` largest logits (they hold every removed token unless the threshold
+is about ``1 / K`` or less; those rows take a softmax over the row) and one masking pass; skipping
+batches where no row draws the filter and the softmax are batch-level ``lax.cond``s (an all-reduce
+of one bool under GSPMD; both branches under ``vmap``).
 """
 
 from __future__ import annotations
@@ -11,9 +13,39 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxsample import _fastpath, _math, _noise, _validate
+from jaxsample import _candidates, _fastpath, _math, _noise, _validate
+from jaxsample._candidates import DEFAULT_CANDIDATES
 from jaxsample._types import Array, Float, Int, Key
 from jaxsample.chain import MIN_KEEP, Param, Stage
+
+
+def _removed(x: Array, thr: Array) -> tuple[Array, Array]:
+    """``(least float32[*B, 1], n float32[*B])``: the least logit of probability ``>= thr [*B, 1]``
+    (``inf`` if none) and how many tokens lie above it (the ones XTC removes).
+
+    Every such token is among the ``K`` largest logits when the ``K``-th has probability below
+    ``thr`` (probabilities are monotone in the logit): those rows read their candidates, with
+    probabilities computed as :func:`jaxsample._math.softmax` computes them; others the whole row.
+    """
+    vals, _ = _candidates.top(x, DEFAULT_CANDIDATES)
+    m = _math.row_max(x)
+    safe_m = jnp.where(jnp.isfinite(m), m, 0.0)
+    lse = jnp.log(jnp.sum(jnp.exp(x - safe_m), axis=-1, keepdims=True))
+    probs = jnp.where(vals > -jnp.inf, jnp.exp((vals - safe_m) - lse), 0.0)  # log_softmax, then exp
+    fits = (probs[..., -1:] < thr) | (vals[..., -1:] == -jnp.inf)
+    covered = (fits & jnp.isfinite(m))[..., 0]  # rows with +inf logits: the dense path
+
+    def on_candidates():
+        least = jnp.min(jnp.where((vals > -jnp.inf) & (probs >= thr), vals, jnp.inf), axis=-1, keepdims=True)
+        return jnp.concatenate([least, jnp.sum(vals > least, axis=-1, keepdims=True, dtype=jnp.float32)], -1)
+
+    def dense():
+        above = (x > -jnp.inf) & (_math.softmax(x) >= thr)
+        least = jnp.min(jnp.where(above, x, jnp.inf), axis=-1, keepdims=True)
+        return jnp.concatenate([least, jnp.sum(above & (x > least), axis=-1, keepdims=True, dtype=jnp.float32)], -1)
+
+    out = _candidates.choose(covered, on_candidates, dense)
+    return out[..., :1], out[..., 1]
 
 
 def _xtc(keys: Array, x: Array, probability: Array, threshold: Array, min_keep: Array) -> Array:
@@ -23,14 +55,10 @@ def _xtc(keys: Array, x: Array, probability: Array, threshold: Array, min_keep: 
     drawn = (chance > 0) & (_noise.uniform(keys) <= chance) & (threshold <= 0.5)
 
     def apply():
-        finite = x > -jnp.inf
-        above = finite & (_math.softmax(x) >= thr)
-        least = jnp.min(jnp.where(above, x, jnp.inf), axis=-1, keepdims=True)
-        removed = above & (x > least)
-        n_finite = jnp.sum(finite, axis=-1, dtype=jnp.float32)
-        n_left = n_finite - jnp.sum(removed, axis=-1, dtype=jnp.float32)
-        active = drawn & (n_finite >= 2) & (n_left >= min_keep)
-        return _math.keep(x, ~(active[..., None] & removed))
+        n_finite = jnp.sum(x > -jnp.inf, axis=-1, dtype=jnp.float32)
+        least, n_removed = _removed(x, thr)
+        active = drawn & (n_finite >= 2) & (n_finite - n_removed >= min_keep)
+        return _math.keep(x, ~(active[..., None] & (x > least)))
 
     return _math.if_any(drawn, apply, lambda: x)
 
