@@ -124,6 +124,57 @@ def _merge(fin: Finished, new: Finished) -> Finished:
     return Finished(*(jnp.take_along_axis(x, j.reshape(j.shape + (1,) * (x.ndim - 2)), axis=1) for x in both))
 
 
+def _finish_at_length(fin: Finished, ended: Array, scores: Array, tokens: Array, gen, beams: Array) -> Finished:
+    """``fin`` with the running beams ``ended [B, S]`` added as ``gen``-token hypotheses cut by length.
+
+    ``scores [B, S]`` are already divided by the length penalty; ``tokens``, ``beams``: ``[B, S, N]``.
+    """
+    shape = ended.shape
+    length = jnp.full(shape, gen, jnp.int32)
+    reason = jnp.full(shape, int(FinishReason.LENGTH))
+    return _merge(fin, Finished(jnp.where(ended, scores, -jnp.inf), tokens, length, reason, ended, beams))
+
+
+def _is_done(fin: Finished, best, gen, alpha, stops: Stops, early_stopping, normalization: str, plen=0,
+             legacy: bool = True) -> Array:
+    """``bool[B]``: no running beam can beat the finished ones (HF ``BeamHypotheses.is_done`` if
+    ``legacy``, else ``_check_early_stop_heuristic``); ``best [B]`` is the best running score."""
+    hyp_len = gen
+    if early_stopping == "never":
+        hyp_len = jnp.where(alpha > 0, stops.max_new_tokens, gen)
+    best_possible = best / _penalty(hyp_len, alpha, normalization, plen)
+    full = jnp.all(fin.flag, axis=1)
+    if legacy:
+        cannot_improve = full & (jnp.min(fin.scores, axis=1) >= best_possible)
+    else:
+        worst = jnp.where(fin.flag, jnp.min(fin.scores, axis=1, keepdims=True), _BIG)
+        cannot_improve = ~jnp.any(best_possible[:, None] > worst, axis=1)
+    return cannot_improve | (full & (early_stopping is True))
+
+
+def _expand(run_tokens: Array, run_beams: Array, idx: Array, v: int, row0: Array, t, stops: Stops):
+    """The candidates ``idx [B, C]`` (``parent * V + token``) of the running beams ``[B, S, N]`` at step ``t``.
+
+    Returns ``parent, token int32[B, C]``, the candidates' ``tokens`` and ``beam_indices [B, C, N]``
+    (``row0 [B]``: each prompt's first row), and ``eos, stop bool[B, C]``: the candidate ends with
+    an EOS id / a stop sequence (never before ``min_new_tokens``; ``stop`` excludes ``eos``).
+    """
+    b, c = idx.shape
+    n = run_tokens.shape[-1]
+    parent, token = (idx // v).astype(jnp.int32), (idx % v).astype(jnp.int32)
+    now = jnp.arange(n) == t
+    seqs = jnp.where(now, token[..., None], jnp.take_along_axis(run_tokens, parent[..., None], axis=1))
+    beams = jnp.take_along_axis(run_beams, parent[..., None], axis=1)
+    beams = jnp.where(now, (row0[:, None] + parent)[..., None], beams)
+    gen = t + 1
+    may_stop = (gen >= stops.min_new_tokens)[:, None]
+    eos = may_stop & _stopping.is_eos(token, stops.eos_ids[:, None, :])
+    width = _stopping.window_width(stops)
+    window = _stopping.last_tokens(seqs.reshape(b * c, n), jnp.full((b * c,), gen), width).reshape(b, c, width)
+    stop = may_stop & ~eos & _stopping.stop_hits(window, stops, stops.stop_sequences[:, None], target_axis=True)
+    return parent, token, seqs, beams, eos, stop
+
+
 class _GroupStep(NamedTuple):
     parent: Array  # int32[B, S]: parent beam (within the group) of each new running beam
     token: Array  # int32[B, S]
@@ -149,20 +200,8 @@ def _group_step(
         noisy = jnp.where(acc > -jnp.inf, acc + _noise.gumbel_all(key, s * v), -jnp.inf)
         _, idx = lax.top_k(noisy, c)
         cand = jnp.take_along_axis(acc, idx, axis=1)
-    parent, token = idx // v, (idx % v).astype(jnp.int32)
-    seqs = jnp.take_along_axis(run_tokens, parent[..., None], axis=1)
-    seqs = jnp.where(jnp.arange(n) == t, token[..., None], seqs)  # [B, C, N]
-    beams = jnp.take_along_axis(run_beams, parent[..., None], axis=1)
-    beams = jnp.where(jnp.arange(n) == t, (row0[:, None] + parent)[..., None], beams)  # [B, C, N]
-
+    parent, token, seqs, beams, eos, stop = _expand(run_tokens, run_beams, idx, v, row0, t, stops)
     gen = t + 1
-    may_stop = (gen >= stops.min_new_tokens)[:, None]
-    eos = may_stop & _stopping.is_eos(token, stops.eos_ids[:, None, :])
-    width = _stopping.window_width(stops)
-    window = _stopping.last_tokens(seqs.reshape(b * c, n), jnp.full((b * c,), gen), width).reshape(
-        b, c, width
-    )
-    stop = may_stop & ~eos & _stopping.stop_hits(window, stops, stops.stop_sequences[:, None], target_axis=True)
     terminal = eos | stop
     at_last = (gen >= stops.max_new_tokens)[:, None]
     reason = jnp.where(
@@ -189,35 +228,14 @@ def _group_step(
         )
         best = new_scores[:, 0]
 
-    hyp_len = gen
-    if cfg.early_stopping == "never":
-        hyp_len = jnp.where(alpha > 0, stops.max_new_tokens, gen)
-    best_possible = best / _penalty(hyp_len, alpha, cfg.normalization, plen)
-    full = jnp.all(fin.flag, axis=1)
-    if legacy:  # BeamHypotheses.is_done
-        cannot_improve = full & (jnp.min(fin.scores, axis=1) >= best_possible)
-    else:  # _check_early_stop_heuristic
-        worst = jnp.where(fin.flag, jnp.min(fin.scores, axis=1, keepdims=True), _BIG)
-        cannot_improve = ~jnp.any(best_possible[:, None] > worst, axis=1)
-    done = cannot_improve | (full & (cfg.early_stopping is True))
+    done = _is_done(fin, best, gen, alpha, stops, cfg.early_stopping, cfg.normalization, plen, legacy)
     new_parent = jnp.take_along_axis(parent, j, axis=1)
     new_token = jnp.take_along_axis(token, j, axis=1)
     new_tokens = jnp.take_along_axis(seqs, j[..., None], axis=1)
     new_beams = jnp.take_along_axis(beams, j[..., None], axis=1)
     if legacy:  # at max length the running beams of groups still open become hypotheses
-        last = at_last & ~done[:, None]
-        ended = jnp.broadcast_to(last, (b, s))
-        fin = _merge(
-            fin,
-            Finished(
-                jnp.where(ended, new_scores / pen_run, -jnp.inf),
-                new_tokens,
-                gen_c[:, :s],
-                jnp.full((b, s), int(FinishReason.LENGTH)),
-                ended,
-                new_beams,
-            ),
-        )
+        ended = jnp.broadcast_to(at_last & ~done[:, None], (b, s))
+        fin = _finish_at_length(fin, ended, new_scores / pen_run, new_tokens, gen, new_beams)
         done = done | at_last[:, 0]
     else:
         done = done | jnp.all(hits, axis=1)
