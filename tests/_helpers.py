@@ -1,8 +1,10 @@
-"""Test utilities: trace counting, sort-free-vs-reference comparisons, small logits factories, wakong dataset reading and unmasking."""
+"""Test utilities: trace counting (functions, decoding models), sort-free-vs-reference comparisons, small logits factories, sequence
+chi-square tests, wakong dataset reading and unmasking."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +58,36 @@ def renormalised(x):
     m = np.max(x, axis=-1, keepdims=True)
     e = np.where(np.isfinite(x), np.exp(x - m), 0.0)
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def bigram_sequence_probs(table, start: int, n: int) -> dict:
+    """Exact probability of every ``n``-token continuation of ``start`` under the bigram ``softmax(table [V, V])``."""
+    probs = np.asarray(jax.nn.softmax(jnp.asarray(table)), np.float64)
+    out = {}
+    for seq in itertools.product(range(probs.shape[0]), repeat=n):
+        p, prev = 1.0, start
+        for t in seq:
+            p, prev = p * probs[prev, t], t
+        out[seq] = p
+    return out
+
+
+def assert_sequences_follow(tokens, expected: dict) -> None:
+    """Chi-square test (p > 1e-3) that the rows of ``tokens [R, n]`` are draws from ``expected`` (sequence -> p).
+
+    Cells with an expected count below 5 are merged into one (the test's validity condition).
+    """
+    from scipy import stats
+
+    seqs = [tuple(r) for r in np.asarray(tokens)]
+    n_rows, keys = len(seqs), sorted(expected)
+    counts = np.array([seqs.count(s) for s in keys])
+    p = np.array([expected[s] for s in keys])
+    small = n_rows * p < 5
+    counts = np.append(counts[~small], counts[small].sum())
+    p = np.append(p[~small], p[small].sum())
+    p /= p.sum()
+    assert stats.chisquare(counts, n_rows * p).pvalue > 1e-3
 
 
 def dataset_records(path: str) -> list[dict]:
