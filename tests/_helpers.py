@@ -1,5 +1,5 @@
-"""Test utilities: trace counting (functions, decoding models), sort-free-vs-reference comparisons, small logits factories, sequence
-chi-square tests, wakong dataset reading and unmasking."""
+"""Test utilities: trace counting (functions, decoding models), sort-free-vs-reference comparisons,
+small logits factories, sequence chi-square tests, wakong dataset reading and unmasking."""
 
 from __future__ import annotations
 
@@ -40,6 +40,18 @@ def assert_single_trace(fn, calls):
     outs = [jax.block_until_ready(counted(*args)) for args in calls]
     assert counted.traces == 1, f"{counted.traces} traces for {len(calls)} calls with new values"
     return outs
+
+
+def counting_model(model):
+    """``(counted, traces)``: ``model`` (a decoding ``Model``) whose ``apply_step`` appends the shape of its
+    ``tokens`` to the list ``traces`` each time it is traced."""
+    traces = []
+
+    def apply(params, tokens, positions, cache):
+        traces.append(tokens.shape)
+        return model.apply_step(params, tokens, positions, cache)
+
+    return model._replace(apply_step=apply), traces
 
 
 def probs_logits(probs, dtype=jnp.float32):

@@ -15,12 +15,12 @@ from jaxsample import stages
 from jaxsample.decoding import (
     BIGRAM,
     FinishReason,
-    Model,
     TinyDecoder,
     beam_sample,
     beam_search,
     group_beam_search,
 )
+from tests._helpers import counting_model
 
 EOS = 0
 V, N = 3, 3
@@ -207,15 +207,7 @@ def test_prompt_results_do_not_depend_on_the_batch():
     assert np.all(np.diff(np.asarray(full.scores), axis=1) <= 0)
 
 
-_TRACES = []
-
-
-def _counting_apply(params, tokens, positions, cache):
-    _TRACES.append(1)
-    return BIGRAM.apply_step(params, tokens, positions, cache)
-
-
-COUNTING = Model(_counting_apply, BIGRAM.init_cache)
+COUNTING, _TRACES = counting_model(BIGRAM)
 
 
 def test_new_values_never_recompile():

@@ -10,6 +10,7 @@ from scipy import stats
 import jaxsample as js
 from jaxsample import stages
 from jaxsample.decoding import BIGRAM, FinishReason, Model, TinyDecoder, generate, sample_and_rank, stream
+from tests._helpers import counting_model
 
 V = 7
 TABLE = np.random.default_rng(0).standard_normal((V, V)).astype(np.float32) * 2.0
@@ -192,15 +193,7 @@ def test_first_token_distribution_matches_tempered_softmax():
     assert stats.chisquare(counts, n * p).pvalue > 1e-3
 
 
-_TRACES = []
-
-
-def _counting_apply(params, tokens, positions, cache):
-    _TRACES.append(tokens.shape)
-    return BIGRAM.apply_step(params, tokens, positions, cache)
-
-
-COUNTING = Model(_counting_apply, BIGRAM.init_cache)
+COUNTING, _TRACES = counting_model(BIGRAM)
 
 
 def test_new_values_never_recompile():
