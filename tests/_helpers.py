@@ -113,6 +113,26 @@ def dataset_records(path: str) -> list[dict]:
     return [records.decode_record(source[i]) for i in range(len(source))]
 
 
+def failing_writer(error, after: int):
+    """A stand-in for ``wakong.records._array_record_writer`` that creates its file and raises ``error``
+    (an exception or its class) at every write after the first ``after``."""
+
+    class Writer:
+        def __init__(self, path):
+            self.writes = 0
+            open(path, "wb").close()
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes > after:
+                raise error
+
+        def close(self):
+            pass
+
+    return Writer
+
+
 def dataset_files(path) -> dict:
     """sha256 of every file under a dataset directory ``path`` (hidden ones included), the report aside."""
     import hashlib

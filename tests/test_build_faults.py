@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests._helpers import dataset_files
+from tests._helpers import dataset_files, failing_writer
 from tests.test_pipeline import SMALL, corpus, tokenizer  # noqa: F401  (fixtures)
 from wakong import pipeline, records
 from wakong.cli import main
@@ -118,18 +118,9 @@ def test_failure_before_the_replacement_keeps_the_old_dataset(tmp_path, corpus, 
 
 
 def test_write_error_names_the_real_cause(tmp_path, corpus, tok_file, reference, monkeypatch):  # noqa: F811
-    class Failing:
-        def __init__(self, path):
-            open(path, "wb").close()
-
-        def write(self, data):
-            raise OSError(errno.EACCES, "Permission denied")
-
-        def close(self):
-            pass
-
     out, before = _old(tmp_path, reference)
-    monkeypatch.setattr(records, "_array_record_writer", Failing)
+    denied = failing_writer(OSError(errno.EACCES, "Permission denied"), 0)
+    monkeypatch.setattr(records, "_array_record_writer", denied)
     with pytest.raises(records.DatasetWriteError) as info:
         pipeline.build(TextSource([corpus], "paragraph"), out, load_config(overrides=SMALL + ["seed=2"]),
                        overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))
@@ -137,28 +128,10 @@ def test_write_error_names_the_real_cause(tmp_path, corpus, tok_file, reference,
     assert "disk" not in str(info.value) and dataset_files(out) == before
 
 
-def _failing_writer(error: BaseException):
-    """A record writer class whose third write raises ``error``."""
-    class Writer:
-        def __init__(self, path):
-            self.writes = 0
-            open(path, "wb").close()
-
-        def write(self, data):
-            self.writes += 1
-            if self.writes == 3:
-                raise error
-
-        def close(self):
-            pass
-
-    return Writer
-
-
 def test_ctrl_c_is_an_interruption_not_a_full_disk(tmp_path, corpus, tok_file, reference, monkeypatch, capsys):  # noqa: F811
     out, before = _old(tmp_path, reference)
 
-    monkeypatch.setattr(records, "_array_record_writer", _failing_writer(KeyboardInterrupt))
+    monkeypatch.setattr(records, "_array_record_writer", failing_writer(KeyboardInterrupt, 2))
     source, config = TextSource([corpus], "paragraph"), load_config(overrides=SMALL + ["seed=2"])
     with pytest.raises(KeyboardInterrupt):  # not DatasetWriteError
         pipeline.build(source, out, config, overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))
@@ -320,8 +293,8 @@ def test_write_cut_short_by_a_signal_is_an_interruption(tmp_path, corpus, tok_fi
     """ArrayRecord reports a write interrupted by Ctrl-C (EINTR) as a RuntimeError: not a disk error."""
     out, before = _old(tmp_path, reference)
 
-    monkeypatch.setattr(records, "_array_record_writer", _failing_writer(
-        RuntimeError("riegeli: write() failed: Interrupted system call [type.googleapis.com/...]")))
+    monkeypatch.setattr(records, "_array_record_writer", failing_writer(
+        RuntimeError("riegeli: write() failed: Interrupted system call [type.googleapis.com/...]"), 2))
     with pytest.raises(KeyboardInterrupt):
         pipeline.build(TextSource([corpus], "paragraph"), out, load_config(overrides=SMALL + ["seed=2"]),
                        overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))
