@@ -102,6 +102,29 @@ def assert_sequences_follow(tokens, expected: dict) -> None:
     assert stats.chisquare(counts, n_rows * p).pvalue > 1e-3
 
 
+def sample_noise(parts: tuple, rows: int, steps: int, vocab: int, key: int, seed_offset: int = 0, **init):
+    """``int32[rows, steps]`` drawn by ``chain(*parts, categorical)`` (row seeds ``arange(rows) + seed_offset``)
+    from fresh ``N(0, 2^2)`` logits ``[rows, vocab]`` at each step ``t`` (key ``fold_in(key(key), t)``);
+    ``init``: the sampler's ``init`` keywords besides ``vocab_size``."""
+    from jaxsample import stages
+    from jaxsample.chain import chain
+
+    sampler = chain(*parts, select=stages.categorical())
+    params = sampler.params((rows,), seed=jnp.arange(rows) + seed_offset)
+    state = sampler.init(params, vocab_size=vocab, **init)
+
+    @jax.jit
+    def run(state):
+        def step(state, t):
+            logits = 2.0 * jax.random.normal(jax.random.fold_in(jax.random.key(key), t), (rows, vocab))
+            tokens, _, state = sampler.sample(logits, state, params)
+            return state, tokens
+
+        return jax.lax.scan(step, state, jnp.arange(steps))[1].T
+
+    return np.asarray(run(state))
+
+
 def dataset_records(path: str) -> list[dict]:
     """Every record of a built wakong dataset, decoded, in shard order."""
     import grain
