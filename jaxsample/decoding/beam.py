@@ -175,6 +175,41 @@ def _expand(run_tokens: Array, run_beams: Array, idx: Array, v: int, row0: Array
     return parent, token, seqs, beams, eos, stop
 
 
+def _start(model, sampler, dc: Config, params, prompt: Array, lengths: Array, cache, sparams, k: int):
+    """Prefills ``prompt [B, P]`` and repeats each prompt's row for its ``k`` beams (rows ``b * k + i``).
+
+    Returns ``(logits float32[B * K, V], cache, sampler params, sampler state)``, all ``B * K`` rows.
+    """
+    logits, cache, _ = prefill(model, params, prompt, lengths, cache, dc.cache_len, dc.batch_sharding)
+    logits, cache, rows_prompt, rows_len = repeat_rows((logits, cache, prompt, lengths), k)
+    rows_params = repeat_params(sampler, sparams, k)
+    history = jnp.where(jnp.arange(prompt.shape[1]) < rows_len[:, None], rows_prompt, -1)
+    sst = sampler.init(rows_params, vocab_size=logits.shape[-1], prompt=history, history_size=dc.history_size)
+    return logits, cache, rows_params, sst
+
+
+def _no_hypotheses(b: int, k: int, n: int, pad_id: int) -> Finished:
+    """``k`` empty hypothesis slots ``[B, K]`` per prompt, for ``n``-token sequences."""
+    return Finished(
+        jnp.full((b, k), _BIG),
+        jnp.full((b, k, n), pad_id, jnp.int32),
+        jnp.zeros((b, k), jnp.int32),
+        jnp.zeros((b, k), jnp.int32),
+        jnp.zeros((b, k), bool),
+        jnp.full((b, k, n), -1, jnp.int32),
+    )
+
+
+def _best(fin: Finished, r: int) -> BeamOutput:
+    """The ``r`` best hypotheses ``[B, R]`` of each prompt, best first (empty slots: ``NOT_FINISHED``)."""
+    scores, j = lax.top_k(fin.scores, r)
+    pick = lambda x: jnp.take_along_axis(x, j.reshape(j.shape + (1,) * (x.ndim - 2)), axis=1)  # noqa: E731
+    reason = jnp.where(pick(fin.flag), pick(fin.reason), int(FinishReason.NOT_FINISHED))
+    length = pick(fin.length)
+    beams = jnp.where(jnp.arange(fin.tokens.shape[-1]) < length[..., None], pick(fin.beams), -1)
+    return BeamOutput(pick(fin.tokens), length, scores, reason, beams)
+
+
 class _GroupStep(NamedTuple):
     parent: Array  # int32[B, S]: parent beam (within the group) of each new running beam
     token: Array  # int32[B, S]
@@ -359,22 +394,11 @@ def _search(
     dc = cfg.decode
     k, s = cfg.num_beams, cfg.num_beams // cfg.num_groups
     b = prompt.shape[0]
-    logits, cache, _ = prefill(model, params, prompt, lengths, cache, dc.cache_len, dc.batch_sharding)
-    logits, cache, rows_prompt, rows_len = repeat_rows((logits, cache, prompt, lengths), k)
-    rows_params = repeat_params(sampler, sparams, k)
-    history = jnp.where(jnp.arange(prompt.shape[1]) < rows_len[:, None], rows_prompt, -1)
-    sst = sampler.init(rows_params, vocab_size=logits.shape[-1], prompt=history, history_size=dc.history_size)
+    logits, cache, rows_params, sst = _start(model, sampler, dc, params, prompt, lengths, cache, sparams, k)
     n = dc.max_tokens
     # only the first beam of each group starts alive, so the group's beams do not all pick the same tokens
     run_scores = jnp.where(jnp.arange(k) % s == 0, 0.0, _BIG) * jnp.ones((b, 1))
-    finished = Finished(
-        jnp.full((b, k), _BIG),
-        jnp.full((b, k, n), dc.pad_id, jnp.int32),
-        jnp.zeros((b, k), jnp.int32),
-        jnp.zeros((b, k), jnp.int32),
-        jnp.zeros((b, k), bool),
-        jnp.full((b, k, n), -1, jnp.int32),
-    )
+    finished = _no_hypotheses(b, k, n, dc.pad_id)
     empty = jnp.broadcast_to((stops.max_new_tokens <= 0)[:, None], (b, cfg.num_groups))
     state = BeamState(
         jnp.int32(0),
@@ -392,13 +416,7 @@ def _search(
     # prompt-leading ([B, ...]) and row-leading ([B * K, ...]) leaves both split along the batch
     keep = lambda st: sharding.constrain(sharding.constrain(st, dc.batch_sharding, b), dc.batch_sharding, b * k)  # noqa: E731
     state = lax.while_loop(lambda st: ~jnp.all(st.done), lambda st: keep(step(st)), keep(state))
-    fin = state.finished
-    scores, j = lax.top_k(fin.scores, cfg.num_return)
-    pick = lambda x: jnp.take_along_axis(x, j.reshape(j.shape + (1,) * (x.ndim - 2)), axis=1)  # noqa: E731
-    reason = jnp.where(pick(fin.flag), pick(fin.reason), int(FinishReason.NOT_FINISHED))
-    length = pick(fin.length)
-    beams = jnp.where(jnp.arange(n) < length[..., None], pick(fin.beams), -1)
-    return BeamOutput(pick(fin.tokens), length, scores, reason, beams)
+    return _best(state.finished, cfg.num_return)
 
 
 _search_jit = jax.jit(_search, static_argnums=(0, 1, 2))

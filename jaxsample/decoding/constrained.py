@@ -65,15 +65,18 @@ from jaxsample.decoding.beam import (
     _BIG,
     BeamOutput,
     Finished,
+    _best,
     _expand,
     _finish_at_length,
     _is_done,
     _merge,
+    _no_hypotheses,
     _penalty,
+    _start,
 )
-from jaxsample.decoding.loop import Config, fill_pad, prefill, prepare
+from jaxsample.decoding.loop import Config, fill_pad, prepare
 from jaxsample.decoding.options import DecodingOptions
-from jaxsample.decoding.model import Model, repeat_params, repeat_rows, take_rows, where_rows
+from jaxsample.decoding.model import Model, take_rows, where_rows
 
 class ConstrainedConfig(NamedTuple):
     decode: Config
@@ -248,22 +251,11 @@ def _prompt_state(tb: Tries, prompt: Array, lengths: Array) -> ConstraintState:
 def _search(model, sampler, cfg: ConstrainedConfig, params, prompt, lengths, cache, sparams, stops, alpha):
     dc, k = cfg.decode, cfg.num_beams
     b = prompt.shape[0]
-    logits, cache, _ = prefill(model, params, prompt, lengths, cache, dc.cache_len)
-    logits, cache, rows_prompt, rows_len = repeat_rows((logits, cache, prompt, lengths), k)
-    rows_params = repeat_params(sampler, sparams, k)
-    history = jnp.where(jnp.arange(prompt.shape[1]) < rows_len[:, None], rows_prompt, -1)
-    sst = sampler.init(rows_params, vocab_size=logits.shape[-1], prompt=history, history_size=dc.history_size)
+    logits, cache, rows_params, sst = _start(model, sampler, dc, params, prompt, lengths, cache, sparams, k)
     n = dc.max_tokens
     cst = _prompt_state(cfg.tables, prompt, lengths)
     cst = ConstraintState(*(jnp.repeat(x[:, None], k, axis=1) for x in cst))
-    finished = Finished(
-        jnp.full((b, k), _BIG),
-        jnp.full((b, k, n), dc.pad_id, jnp.int32),
-        jnp.zeros((b, k), jnp.int32),
-        jnp.zeros((b, k), jnp.int32),
-        jnp.zeros((b, k), bool),
-        jnp.full((b, k, n), -1, jnp.int32),
-    )
+    finished = _no_hypotheses(b, k, n, dc.pad_id)
     state = ConstrainedState(
         jnp.int32(0),
         logits,
@@ -279,12 +271,7 @@ def _search(model, sampler, cfg: ConstrainedConfig, params, prompt, lengths, cac
     )
     body = functools.partial(_step, model, sampler, cfg, params, rows_params, stops, alpha)
     state = lax.while_loop(lambda st: ~jnp.all(st.done), body, state)
-    fin = state.finished
-    scores, j = lax.top_k(fin.scores, cfg.num_return)
-    reason = jnp.where(_take(fin.flag, j), _take(fin.reason, j), int(FinishReason.NOT_FINISHED))
-    lengths = _take(fin.length, j)
-    beams = jnp.where(jnp.arange(n) < lengths[..., None], _take(fin.beams, j), -1)
-    return BeamOutput(_take(fin.tokens, j), lengths, scores, reason, beams)
+    return _best(state.finished, cfg.num_return)
 
 
 _search_jit = jax.jit(_search, static_argnums=(0, 1, 2))
