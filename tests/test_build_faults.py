@@ -99,16 +99,21 @@ def test_failing_overwrite_keeps_the_old_dataset(tmp_path, corpus, tok_file, ref
     records.read_manifests(str(out))
 
 
+def _fail_at(phase: str, error: BaseException):
+    """A stand-in for ``pipeline._phase`` that raises ``error`` when the build reaches ``phase``."""
+
+    def fail(name):
+        if name == phase:
+            raise error
+
+    return fail
+
+
 @pytest.mark.parametrize("phase", ["staging", "shards", "staged"])
 def test_failure_before_the_replacement_keeps_the_old_dataset(tmp_path, corpus, tok_file, reference,  # noqa: F811
                                                                monkeypatch, capsys, phase):
     out, before = _old(tmp_path, reference)
-
-    def fail(name):
-        if name == phase:
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(pipeline, "_phase", fail)
+    monkeypatch.setattr(pipeline, "_phase", _fail_at(phase, OSError(errno.ENOSPC, "No space left on device")))
     assert main(_argv(corpus, out, tok_file, 2, "--overwrite")) == 1
     assert "No space left on device" in capsys.readouterr().err
     assert dataset_files(out) == before  # staging removed, nothing replaced
@@ -149,12 +154,7 @@ def test_ctrl_c_is_an_interruption_not_a_full_disk(tmp_path, corpus, tok_file, r
 def test_failure_while_replacing_is_finished_by_a_rerun(tmp_path, corpus, tok_file, reference, monkeypatch,  # noqa: F811
                                                         capsys, phase):
     out, _ = _old(tmp_path, reference)
-
-    def fail(name):
-        if name == phase:
-            raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(pipeline, "_phase", fail)
+    monkeypatch.setattr(pipeline, "_phase", _fail_at(phase, OSError(errno.EIO, "Input/output error")))
     assert main(_argv(corpus, out, tok_file, 2, "--overwrite")) == 1
     monkeypatch.undo()
     if phase == "replacing":
