@@ -84,6 +84,16 @@ def bigram_sequence_probs(table, start: int, n: int) -> dict:
     return out
 
 
+def assert_draws_follow(tokens, p) -> None:
+    """Chi-square test (p > 1e-3) that ``tokens int[R]`` are draws from the probabilities ``p [V]`` (renormalised)."""
+    from scipy import stats
+
+    p = np.asarray(p, np.float64)
+    tokens = np.asarray(tokens).reshape(-1)
+    counts = np.bincount(tokens, minlength=p.size)
+    assert stats.chisquare(counts, tokens.size * p / p.sum()).pvalue > 1e-3
+
+
 def assert_sequences_follow(tokens, expected: dict) -> None:
     """Chi-square test (p > 1e-3) that the rows of ``tokens [R, n]`` are draws from ``expected`` (sequence -> p).
 
