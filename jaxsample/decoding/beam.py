@@ -226,7 +226,6 @@ def _group_step(
 ):
     """One beam step of one group: ``logp [B, S, V]`` processed log-probs of its running beams."""
     b, s, v = logp.shape
-    n = run_tokens.shape[-1]
     c = min(max(2, 1 + cfg.num_eos) * s, s * v)  # HF: (1 + n_eos) * S candidates, at least 2 * S
     acc = (logp + run_scores[..., None]).reshape(b, s * v)
     if key is None:
