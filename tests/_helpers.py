@@ -1,8 +1,10 @@
-"""Test utilities: trace counting, sort-free-vs-reference comparisons, small logits factories, wakong dataset reading and unmasking."""
+"""Test utilities: trace counting (functions, decoding models), sort-free-vs-reference comparisons,
+small logits factories, sequence chi-square tests, wakong dataset reading and unmasking."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +42,18 @@ def assert_single_trace(fn, calls):
     return outs
 
 
+def counting_model(model):
+    """``(counted, traces)``: ``model`` (a decoding ``Model``) whose ``apply_step`` appends the shape of its
+    ``tokens`` to the list ``traces`` each time it is traced."""
+    traces = []
+
+    def apply(params, tokens, positions, cache):
+        traces.append(tokens.shape)
+        return model.apply_step(params, tokens, positions, cache)
+
+    return model._replace(apply_step=apply), traces
+
+
 def probs_logits(probs, dtype=jnp.float32):
     """Logits ``log(p)`` from a list of probabilities, as the llama.cpp tests build them."""
     return jnp.log(jnp.asarray(probs, jnp.float32)).astype(dtype)
@@ -58,6 +72,69 @@ def renormalised(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def bigram_sequence_probs(table, start: int, n: int) -> dict:
+    """Exact probability of every ``n``-token continuation of ``start`` under the bigram ``softmax(table [V, V])``."""
+    probs = np.asarray(jax.nn.softmax(jnp.asarray(table)), np.float64)
+    out = {}
+    for seq in itertools.product(range(probs.shape[0]), repeat=n):
+        p, prev = 1.0, start
+        for t in seq:
+            p, prev = p * probs[prev, t], t
+        out[seq] = p
+    return out
+
+
+def assert_draws_follow(tokens, p) -> None:
+    """Chi-square test (p > 1e-3) that ``tokens int[R]`` are draws from the probabilities ``p [V]`` (renormalised)."""
+    from scipy import stats
+
+    p = np.asarray(p, np.float64)
+    tokens = np.asarray(tokens).reshape(-1)
+    counts = np.bincount(tokens, minlength=p.size)
+    assert stats.chisquare(counts, tokens.size * p / p.sum()).pvalue > 1e-3
+
+
+def assert_sequences_follow(tokens, expected: dict) -> None:
+    """Chi-square test (p > 1e-3) that the rows of ``tokens [R, n]`` are draws from ``expected`` (sequence -> p).
+
+    Cells with an expected count below 5 are merged into one (the test's validity condition).
+    """
+    from scipy import stats
+
+    seqs = [tuple(r) for r in np.asarray(tokens)]
+    n_rows, keys = len(seqs), sorted(expected)
+    counts = np.array([seqs.count(s) for s in keys])
+    p = np.array([expected[s] for s in keys])
+    small = n_rows * p < 5
+    counts = np.append(counts[~small], counts[small].sum())
+    p = np.append(p[~small], p[small].sum())
+    p /= p.sum()
+    assert stats.chisquare(counts, n_rows * p).pvalue > 1e-3
+
+
+def sample_noise(parts: tuple, rows: int, steps: int, vocab: int, key: int, seed_offset: int = 0, **init):
+    """``int32[rows, steps]`` drawn by ``chain(*parts, categorical)`` (row seeds ``arange(rows) + seed_offset``)
+    from fresh ``N(0, 2^2)`` logits ``[rows, vocab]`` at each step ``t`` (key ``fold_in(key(key), t)``);
+    ``init``: the sampler's ``init`` keywords besides ``vocab_size``."""
+    from jaxsample import stages
+    from jaxsample.chain import chain
+
+    sampler = chain(*parts, select=stages.categorical())
+    params = sampler.params((rows,), seed=jnp.arange(rows) + seed_offset)
+    state = sampler.init(params, vocab_size=vocab, **init)
+
+    @jax.jit
+    def run(state):
+        def step(state, t):
+            logits = 2.0 * jax.random.normal(jax.random.fold_in(jax.random.key(key), t), (rows, vocab))
+            tokens, _, state = sampler.sample(logits, state, params)
+            return state, tokens
+
+        return jax.lax.scan(step, state, jnp.arange(steps))[1].T
+
+    return np.asarray(run(state))
+
+
 def dataset_records(path: str) -> list[dict]:
     """Every record of a built wakong dataset, decoded, in shard order."""
     import grain
@@ -67,6 +144,26 @@ def dataset_records(path: str) -> list[dict]:
     info = records.read_manifests(path)
     source = grain.sources.ArrayRecordDataSource(info["files"])
     return [records.decode_record(source[i]) for i in range(len(source))]
+
+
+def failing_writer(error, after: int):
+    """A stand-in for ``wakong.records._array_record_writer`` that creates its file and raises ``error``
+    (an exception or its class) at every write after the first ``after``."""
+
+    class Writer:
+        def __init__(self, path):
+            self.writes = 0
+            open(path, "wb").close()
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes > after:
+                raise error
+
+        def close(self):
+            pass
+
+    return Writer
 
 
 def dataset_files(path) -> dict:

@@ -8,19 +8,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 import jaxsample as js
 from jaxsample import stages
 from jaxsample.decoding import (
     BIGRAM,
     FinishReason,
-    Model,
     TinyDecoder,
     beam_sample,
     beam_search,
     group_beam_search,
 )
+from tests._helpers import assert_draws_follow, counting_model
 
 EOS = 0
 V, N = 3, 3
@@ -154,9 +153,7 @@ def test_beam_sample_first_draw_follows_the_processed_distribution():
         sampler=TEMP,
         sampler_params={"temperature": 0.8, "seed": jnp.arange(n)},
     )
-    counts = np.bincount(np.asarray(out.tokens[:, 0, 0]), minlength=BIG_V)
-    p = np.asarray(jax.nn.softmax(jnp.asarray(BIG_TABLE[6]) / 0.8), np.float64)
-    assert stats.chisquare(counts, n * p / p.sum()).pvalue > 1e-3
+    assert_draws_follow(out.tokens[:, 0, 0], jax.nn.softmax(jnp.asarray(BIG_TABLE[6]) / 0.8))
 
 
 def test_group_beam_search_diversity_penalty_spreads_groups():
@@ -207,15 +204,7 @@ def test_prompt_results_do_not_depend_on_the_batch():
     assert np.all(np.diff(np.asarray(full.scores), axis=1) <= 0)
 
 
-_TRACES = []
-
-
-def _counting_apply(params, tokens, positions, cache):
-    _TRACES.append(1)
-    return BIGRAM.apply_step(params, tokens, positions, cache)
-
-
-COUNTING = Model(_counting_apply, BIGRAM.init_cache)
+COUNTING, _TRACES = counting_model(BIGRAM)
 
 
 def test_new_values_never_recompile():

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests._helpers import dataset_files
+from tests._helpers import dataset_files, failing_writer
 from tests.test_pipeline import SMALL, corpus, tokenizer  # noqa: F401  (fixtures)
 from wakong import pipeline, records
 from wakong.cli import main
@@ -99,16 +99,21 @@ def test_failing_overwrite_keeps_the_old_dataset(tmp_path, corpus, tok_file, ref
     records.read_manifests(str(out))
 
 
+def _fail_at(phase: str, error: BaseException):
+    """A stand-in for ``pipeline._phase`` that raises ``error`` when the build reaches ``phase``."""
+
+    def fail(name):
+        if name == phase:
+            raise error
+
+    return fail
+
+
 @pytest.mark.parametrize("phase", ["staging", "shards", "staged"])
 def test_failure_before_the_replacement_keeps_the_old_dataset(tmp_path, corpus, tok_file, reference,  # noqa: F811
                                                                monkeypatch, capsys, phase):
     out, before = _old(tmp_path, reference)
-
-    def fail(name):
-        if name == phase:
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(pipeline, "_phase", fail)
+    monkeypatch.setattr(pipeline, "_phase", _fail_at(phase, OSError(errno.ENOSPC, "No space left on device")))
     assert main(_argv(corpus, out, tok_file, 2, "--overwrite")) == 1
     assert "No space left on device" in capsys.readouterr().err
     assert dataset_files(out) == before  # staging removed, nothing replaced
@@ -118,18 +123,9 @@ def test_failure_before_the_replacement_keeps_the_old_dataset(tmp_path, corpus, 
 
 
 def test_write_error_names_the_real_cause(tmp_path, corpus, tok_file, reference, monkeypatch):  # noqa: F811
-    class Failing:
-        def __init__(self, path):
-            open(path, "wb").close()
-
-        def write(self, data):
-            raise OSError(errno.EACCES, "Permission denied")
-
-        def close(self):
-            pass
-
     out, before = _old(tmp_path, reference)
-    monkeypatch.setattr(records, "_array_record_writer", Failing)
+    denied = failing_writer(OSError(errno.EACCES, "Permission denied"), 0)
+    monkeypatch.setattr(records, "_array_record_writer", denied)
     with pytest.raises(records.DatasetWriteError) as info:
         pipeline.build(TextSource([corpus], "paragraph"), out, load_config(overrides=SMALL + ["seed=2"]),
                        overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))
@@ -137,28 +133,10 @@ def test_write_error_names_the_real_cause(tmp_path, corpus, tok_file, reference,
     assert "disk" not in str(info.value) and dataset_files(out) == before
 
 
-def _failing_writer(error: BaseException):
-    """A record writer class whose third write raises ``error``."""
-    class Writer:
-        def __init__(self, path):
-            self.writes = 0
-            open(path, "wb").close()
-
-        def write(self, data):
-            self.writes += 1
-            if self.writes == 3:
-                raise error
-
-        def close(self):
-            pass
-
-    return Writer
-
-
 def test_ctrl_c_is_an_interruption_not_a_full_disk(tmp_path, corpus, tok_file, reference, monkeypatch, capsys):  # noqa: F811
     out, before = _old(tmp_path, reference)
 
-    monkeypatch.setattr(records, "_array_record_writer", _failing_writer(KeyboardInterrupt))
+    monkeypatch.setattr(records, "_array_record_writer", failing_writer(KeyboardInterrupt, 2))
     source, config = TextSource([corpus], "paragraph"), load_config(overrides=SMALL + ["seed=2"])
     with pytest.raises(KeyboardInterrupt):  # not DatasetWriteError
         pipeline.build(source, out, config, overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))
@@ -176,12 +154,7 @@ def test_ctrl_c_is_an_interruption_not_a_full_disk(tmp_path, corpus, tok_file, r
 def test_failure_while_replacing_is_finished_by_a_rerun(tmp_path, corpus, tok_file, reference, monkeypatch,  # noqa: F811
                                                         capsys, phase):
     out, _ = _old(tmp_path, reference)
-
-    def fail(name):
-        if name == phase:
-            raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(pipeline, "_phase", fail)
+    monkeypatch.setattr(pipeline, "_phase", _fail_at(phase, OSError(errno.EIO, "Input/output error")))
     assert main(_argv(corpus, out, tok_file, 2, "--overwrite")) == 1
     monkeypatch.undo()
     if phase == "replacing":
@@ -320,8 +293,8 @@ def test_write_cut_short_by_a_signal_is_an_interruption(tmp_path, corpus, tok_fi
     """ArrayRecord reports a write interrupted by Ctrl-C (EINTR) as a RuntimeError: not a disk error."""
     out, before = _old(tmp_path, reference)
 
-    monkeypatch.setattr(records, "_array_record_writer", _failing_writer(
-        RuntimeError("riegeli: write() failed: Interrupted system call [type.googleapis.com/...]")))
+    monkeypatch.setattr(records, "_array_record_writer", failing_writer(
+        RuntimeError("riegeli: write() failed: Interrupted system call [type.googleapis.com/...]"), 2))
     with pytest.raises(KeyboardInterrupt):
         pipeline.build(TextSource([corpus], "paragraph"), out, load_config(overrides=SMALL + ["seed=2"]),
                        overwrite=True, tokenizer=pipeline.load_tokenizer(tok_file))

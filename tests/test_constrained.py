@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from jaxsample import presets
-from jaxsample.decoding import BIGRAM, Model, beam_search, constrained_beam_search
+from jaxsample.decoding import BIGRAM, beam_search, constrained_beam_search
 from jaxsample.decoding.constraints import add, as_constraints, bank, build_tries, disjunctive, init_state, phrasal
+from tests._helpers import counting_model
 
 
 # ----------------------------------------------------------------------------- HF reference (Python)
@@ -305,24 +306,16 @@ def test_preset_wiring():
     assert presets.stack([p, p]).strategy == p.strategy
 
 
-_TRACES = []
-
-
-def _counting(params, tokens, positions, cache):
-    _TRACES.append(1)
-    return BIGRAM.apply_step(params, tokens, positions, cache)
-
-
 def test_new_values_never_recompile_and_batch_rows_are_independent():
     table = _bigram(12, 5)
-    model = Model(_counting, BIGRAM.init_cache)
+    model, traces = counting_model(BIGRAM)
     counts, outs = [], []
     for lp, max_new, eos in [(1.0, [6, 3], [0, 1]), (0.2, [2, 6], [1, -1]), (2.0, [6, 6], [0, 0])]:
         out = constrained_beam_search(model, {"logits": jnp.asarray(table)}, [[1], [2]], num_beams=3,
                                       force_words_ids=[[4, 5]], max_new_tokens=jnp.array(max_new), max_tokens=6,
                                       length_penalty=jnp.array([lp, lp]), eos_ids=jnp.array(eos)[:, None])
         jax.block_until_ready(out)
-        counts.append(len(_TRACES))
+        counts.append(len(traces))
         outs.append(out)
     assert counts[0] > 0 and counts[0] == counts[1] == counts[2]
     one = constrained_beam_search(BIGRAM, {"logits": jnp.asarray(table)}, [[2]], num_beams=3,

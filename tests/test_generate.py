@@ -5,11 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 import jaxsample as js
 from jaxsample import stages
 from jaxsample.decoding import BIGRAM, FinishReason, Model, TinyDecoder, generate, sample_and_rank, stream
+from tests._helpers import assert_draws_follow, counting_model
 
 V = 7
 TABLE = np.random.default_rng(0).standard_normal((V, V)).astype(np.float32) * 2.0
@@ -186,21 +186,10 @@ def test_first_token_distribution_matches_tempered_softmax():
         sampler=SAMPLER,
         sampler_params={"seed": jnp.arange(n), "temperature": 1.5},
     )
-    counts = np.bincount(np.asarray(out.tokens[:, 0]), minlength=V)
-    p = np.asarray(jax.nn.softmax(TABLE[3] / 1.5), np.float64)
-    p /= p.sum()
-    assert stats.chisquare(counts, n * p).pvalue > 1e-3
+    assert_draws_follow(out.tokens[:, 0], jax.nn.softmax(TABLE[3] / 1.5))
 
 
-_TRACES = []
-
-
-def _counting_apply(params, tokens, positions, cache):
-    _TRACES.append(tokens.shape)
-    return BIGRAM.apply_step(params, tokens, positions, cache)
-
-
-COUNTING = Model(_counting_apply, BIGRAM.init_cache)
+COUNTING, _TRACES = counting_model(BIGRAM)
 
 
 def test_new_values_never_recompile():

@@ -153,28 +153,9 @@ def _assert_same_hypotheses(ours, hf, hf_scores, r, hf_beam_indices=None):
 def test_beam_search_matches_hf(case):
     seed, k, lp, early, r, n = case
     table = _table(seed, scale=1.0)
-    hf, out = _hf(
-        table,
-        PROMPTS,
-        num_beams=k,
-        length_penalty=lp,
-        early_stopping=early,
-        num_return_sequences=r,
-        max_new_tokens=n,
-        eos_token_id=EOS,
-    )
-    ours = beam_search(
-        BIGRAM,
-        {"logits": jnp.asarray(table)},
-        PROMPTS,
-        num_beams=k,
-        length_penalty=lp,
-        early_stopping=early,
-        num_return_sequences=r,
-        max_new_tokens=n,
-        eos_ids=EOS,
-        pad_id=PAD,
-    )
+    kw = dict(num_beams=k, length_penalty=lp, early_stopping=early, num_return_sequences=r, max_new_tokens=n)
+    hf, out = _hf(table, PROMPTS, eos_token_id=EOS, **kw)
+    ours = beam_search(BIGRAM, {"logits": jnp.asarray(table)}, PROMPTS, eos_ids=EOS, pad_id=PAD, **kw)
     # beam_indices name beam slots; in case 5 running beams tie exactly (bigram paths permuting the same
     # transitions) and torch.topk orders ties differently from lax.top_k, so slots differ there
     idx = out.beam_indices.numpy() if seed != 5 else None
@@ -210,30 +191,10 @@ def test_beam_search_with_two_eos_ids_and_min_new_tokens_matches_hf(seed):
 def test_group_beam_search_matches_hf(case):
     seed, k, g, div, lp, early, r, n = case
     table = _table(seed, scale=1.0)
-    hf, out = _hf(
-        table,
-        PROMPTS,
-        num_beams=k,
-        num_beam_groups=g,
-        diversity_penalty=div,
-        length_penalty=lp,
-        early_stopping=early,
-        num_return_sequences=r,
-        max_new_tokens=n,
-        eos_token_id=EOS,
+    kw = dict(
+        num_beams=k, num_beam_groups=g, diversity_penalty=div, length_penalty=lp, early_stopping=early,
+        num_return_sequences=r, max_new_tokens=n,
     )
-    ours = group_beam_search(
-        BIGRAM,
-        {"logits": jnp.asarray(table)},
-        PROMPTS,
-        num_beams=k,
-        num_beam_groups=g,
-        diversity_penalty=div,
-        length_penalty=lp,
-        early_stopping=early,
-        num_return_sequences=r,
-        max_new_tokens=n,
-        eos_ids=EOS,
-        pad_id=PAD,
-    )
+    hf, out = _hf(table, PROMPTS, eos_token_id=EOS, **kw)
+    ours = group_beam_search(BIGRAM, {"logits": jnp.asarray(table)}, PROMPTS, eos_ids=EOS, pad_id=PAD, **kw)
     _assert_same_hypotheses(ours, hf, out.sequences_scores.numpy(), r)

@@ -1,18 +1,16 @@
 """Prompt-lookup decoding: the proposer against vLLM's rule (brute force) and HF's generator, greedy
 output == greedy decoding, sampled output distributed as the target, no recompiles, row independence."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 import jaxsample as js
 from jaxsample import stages
 from jaxsample.decoding import BIGRAM, TinyDecoder, generate, lookup
 from jaxsample.decoding.lookup import prompt_lookup_generate, propose
+from tests._helpers import assert_sequences_follow, bigram_sequence_probs
 
 
 def _vllm_propose(tokens, min_n, max_n, k):
@@ -121,17 +119,6 @@ TABLE = jnp.asarray(np.random.default_rng(12).standard_normal((V, V)), jnp.float
 SAMPLER = js.chain(stages.temperature(1.0), select=stages.categorical())
 
 
-def _sequence_probs(table, start, n):
-    probs = np.asarray(jax.nn.softmax(table), np.float64)
-    out = {}
-    for seq in itertools.product(range(V), repeat=n):
-        p, prev = 1.0, start
-        for t in seq:
-            p, prev = p * probs[prev, t], t
-        out[seq] = p
-    return out
-
-
 def test_sampled_output_is_distributed_as_the_target():
     n_rows, n_new = 4000, 3
     prompt = jnp.tile(jnp.array([[1, 2, 1, 3, 1]]), (n_rows, 1))  # "1" occurs earlier: drafts from step 1
@@ -139,16 +126,7 @@ def test_sampled_output_is_distributed_as_the_target():
         BIGRAM, {"logits": TABLE}, prompt, num_draft_tokens=2, max_new_tokens=n_new, sampler=SAMPLER,
         sampler_params={"seed": jnp.arange(n_rows)},
     )
-    expected = _sequence_probs(np.asarray(TABLE), 1, n_new)
-    seqs = [tuple(r) for r in np.asarray(out.tokens)]
-    keys = sorted(expected)
-    counts = np.array([seqs.count(s) for s in keys])
-    p = np.array([expected[s] for s in keys])
-    small = n_rows * p < 5
-    counts = np.append(counts[~small], counts[small].sum())
-    p = np.append(p[~small], p[small].sum())
-    p /= p.sum()
-    assert stats.chisquare(counts, n_rows * p).pvalue > 1e-3
+    assert_sequences_follow(out.tokens, bigram_sequence_probs(TABLE, 1, n_new))
     acc = np.asarray(out.num_accepted).sum() / np.asarray(out.num_drafted).sum()
     assert 0.05 < acc < 0.95  # drafts are proposed, and some are rejected
 

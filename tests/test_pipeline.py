@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests._helpers import dataset_records as _records
+from tests._helpers import failing_writer
 from wakong import records
 from wakong.config import load_config
 from wakong.infilling import NoiseConfig, infill
@@ -365,20 +366,8 @@ def test_full_disk_raises_and_commits_nothing(tmp_path, corpus, tokenizer, monke
 
 
 def test_write_error_midway_raises_and_commits_nothing(tmp_path, corpus, tokenizer, monkeypatch):
-    class Failing:
-        def __init__(self, path):
-            self.writes = 0
-            open(path, "wb").close()
-
-        def write(self, data):
-            self.writes += 1
-            if self.writes > 5:
-                raise OSError(errno.ENOSPC, "No space left on device")
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(records, "_array_record_writer", Failing)
+    full = failing_writer(OSError(errno.ENOSPC, "No space left on device"), 5)
+    monkeypatch.setattr(records, "_array_record_writer", full)
     with pytest.raises(records.DatasetWriteError) as info:
         build(TextSource([corpus], "paragraph"), tmp_path, load_config(overrides=SMALL), tokenizer=tokenizer)
     assert info.value.errno == errno.ENOSPC and "(the disk is full)" in str(info.value)

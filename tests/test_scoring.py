@@ -10,6 +10,7 @@ import jaxsample as js
 from jaxsample import stages
 from jaxsample.decoding import BIGRAM, Model, TinyDecoder, generate
 from jaxsample.scoring import score_continuations, score_tokens
+from tests._helpers import counting_model
 
 V = 7
 TABLE = jax.random.normal(jax.random.key(1), (V, V)) * 2
@@ -71,13 +72,7 @@ def test_scores_of_generated_tokens_equal_generate_logprobs(tiny):
 
 
 def test_new_lengths_starts_and_temperatures_never_recompile():
-    traces = []
-
-    def apply(p, t, pos, c):
-        traces.append(1)
-        return BIGRAM.apply_step(p, t, pos, c)
-
-    counting = Model(apply, BIGRAM.init_cache)
+    counting, traces = counting_model(BIGRAM)
     for start, temp, lengths in [(1, 1.0, [6, 2, 3]), ([2, 1, 1], [0.5, 2.0, 1.0], [3, 3, 1]), (3, 0.1, [6, 6, 6])]:
         score_tokens(counting, {"logits": TABLE}, jnp.maximum(TOKENS, 0), jnp.array(lengths), start=start, temperature=temp)
     assert len(traces) == 1

@@ -2,17 +2,15 @@
 EOS inside accepted runs), sampled output distribution == the target's, identical draft accepts
 everything, temperature 0 rows are greedy."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 import jaxsample as js
 from jaxsample import stages
 from jaxsample.decoding import BIGRAM, TinyDecoder, generate, speculative_generate
+from tests._helpers import assert_sequences_follow, bigram_sequence_probs
 
 TARGET_NET = TinyDecoder(vocab_size=12, d_model=16, num_layers=2, num_heads=2)
 DRAFT_NET = TinyDecoder(vocab_size=12, d_model=8, num_layers=1, num_heads=2)
@@ -62,17 +60,6 @@ def test_greedy_bigram_with_eos_inside_an_accepted_run_stops_there():
     np.testing.assert_array_equal(out.num_accepted, out.num_drafted)
 
 
-def _sequence_probs(table, start, n):
-    probs = np.asarray(jax.nn.softmax(table), np.float64)
-    out = {}
-    for seq in itertools.product(range(V), repeat=n):
-        p, prev = 1.0, start
-        for t in seq:
-            p, prev = p * probs[prev, t], t
-        out[seq] = p
-    return out
-
-
 @pytest.mark.parametrize(
     "draft_sampler,k", [("sampled", 2), pytest.param("greedy", 1, marks=pytest.mark.slow)]
 )
@@ -92,17 +79,7 @@ def test_sampled_output_is_distributed_as_the_target(draft_sampler, k):
         draft_sampler=dsampler,
         draft_sampler_params={"seed": jnp.arange(n_rows)},
     )
-    expected = _sequence_probs(np.asarray(TARGET["logits"]), 1, n_new)
-    seqs = [tuple(r) for r in np.asarray(out.tokens)]
-    keys = sorted(expected)
-    counts = np.array([seqs.count(s) for s in keys])
-    p = np.array([expected[s] for s in keys])
-    # merge cells with small expectation into one (chi-square validity)
-    small = n_rows * p < 5
-    counts = np.append(counts[~small], counts[small].sum())
-    p = np.append(p[~small], p[small].sum())
-    p /= p.sum()
-    assert stats.chisquare(counts, n_rows * p).pvalue > 1e-3
+    assert_sequences_follow(out.tokens, bigram_sequence_probs(TARGET["logits"], 1, n_new))
     acc = np.asarray(out.num_accepted).sum() / np.asarray(out.num_drafted).sum()
     assert 0.05 < acc < 0.98  # the drafts are neither always rejected nor always accepted
 

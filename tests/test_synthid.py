@@ -12,6 +12,7 @@ import pytest
 import jaxsample
 from jaxsample import _torch_rng, stages
 from jaxsample.chain import chain
+from tests._helpers import sample_noise
 
 CFG = jaxsample.synthid_config(ngram_len=3, keys=[654, 400, -836, 2**62 + 9], sampling_table_size=1000,
                                sampling_table_seed=7, context_history_size=4)
@@ -144,20 +145,7 @@ STAT = jaxsample.synthid_config(ngram_len=4, keys=list(range(101, 111)), context
 @functools.lru_cache(maxsize=None)
 def _generate(watermarked, rows=48, steps=64, vocab=500):
     parts = (stages.synthid_watermark(**STAT._asdict()),) if watermarked else ()
-    sampler = chain(*parts, select=stages.categorical())
-    params = sampler.params((rows,), seed=jnp.arange(rows) + 1000 * watermarked)
-    state = sampler.init(params, vocab_size=vocab, history_size=8)
-
-    @jax.jit
-    def run(state):
-        def step(state, t):
-            logits = 2.0 * jax.random.normal(jax.random.fold_in(jax.random.key(3), t), (rows, vocab))
-            tokens, _, state = sampler.sample(logits, state, params)
-            return state, tokens
-
-        return jax.lax.scan(step, state, jnp.arange(steps))[1].T
-
-    return np.asarray(run(state))
+    return sample_noise(parts, rows, steps, vocab, 3, 1000 * watermarked, history_size=8)
 
 
 @pytest.mark.slow

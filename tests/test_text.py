@@ -11,6 +11,7 @@ import pytest
 from jaxsample.decoding import BIGRAM, Model, beam_search, contrastive_search, generate, sample_and_rank
 from jaxsample.decoding import speculative_generate, stop_strings
 from jaxsample.text import IncrementalText, TextTokenizer, as_tokenizer, generate_text, score_text, stream_text
+from tests._helpers import counting_model
 
 # ------------------------------------------------------------------ a scripted tokenizer and model
 # id 0 = EOS; the bigram table walks 1 -> 2 -> ... -> 8 -> 0.
@@ -132,13 +133,7 @@ def test_new_stop_strings_never_recompile_and_rows_are_independent():
 
 
 def test_generate_with_new_stop_strings_does_not_recompile():
-    traces = []
-
-    def apply(p, t, pos, c):
-        traces.append(1)
-        return BIGRAM.apply_step(p, t, pos, c)
-
-    counting = Model(apply, BIGRAM.init_cache)
+    counting, traces = counting_model(BIGRAM)
     seen = []
     for stop in ("\n\n", ["orld", "caf"], None):
         generate_text(counting, PARAMS, TOK, ["Hello"], stop=stop, max_tokens=12, max_stop_strings=2, max_stop_len=20)

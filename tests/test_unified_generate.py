@@ -15,7 +15,6 @@ from jaxsample import chain, stages
 from jaxsample.decoding import (
     BIGRAM,
     BeamOutput,
-    DecodingModel,
     DecodingOptions,
     RankedOutput,
     TinyDecoder,
@@ -25,6 +24,7 @@ from jaxsample.decoding import (
     sample_and_rank,
 )
 from tests._devices import eight_devices
+from tests._helpers import counting_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = TinyDecoder(vocab_size=13, d_model=16, num_layers=1, num_heads=2)
@@ -155,15 +155,7 @@ def test_hf_mapping_errors_name_the_option():
 
 
 # --------------------------------------------------------------------------------------- recompiles
-_TRACES = []
-
-
-def _counting(params, tokens, positions, cache):
-    _TRACES.append(tokens.shape)
-    return BIGRAM.apply_step(params, tokens, positions, cache)
-
-
-COUNTING = DecodingModel(_counting, BIGRAM.init_cache)
+COUNTING, _TRACES = counting_model(BIGRAM)
 
 
 @pytest.mark.parametrize("num_beams", [1, 2])

@@ -13,7 +13,7 @@ import jaxsample
 from jaxsample import _torch_rng, presets, stages
 from jaxsample.chain import chain
 from jaxsample.watermark import _lefthash_seed, _self_table, _selfhash_seed
-from tests._helpers import CountingJit
+from tests._helpers import CountingJit, sample_noise
 
 KEY = 15485863
 _wm = jax.jit(jaxsample.watermark, static_argnames=("hashing_key", "seeding_scheme", "context_width"))
@@ -234,20 +234,7 @@ def test_detector_matches_hf(scheme, width):
 def _generate(scheme, watermarked, rows=48, steps=60, vocab=500):
     """``int32[rows, steps]`` sampled from ``N(0, 2^2)`` logits, with or without the watermark."""
     parts = (stages.watermark(seeding_scheme=scheme, hashing_key=KEY),) if watermarked else ()
-    sampler = chain(*parts, select=stages.categorical())
-    params = sampler.params((rows,), seed=jnp.arange(rows) + 1000 * watermarked)
-    state = sampler.init(params, vocab_size=vocab, prompt=jnp.arange(rows)[:, None])
-
-    @jax.jit
-    def run(state):
-        def step(state, t):
-            logits = 2.0 * jax.random.normal(jax.random.fold_in(jax.random.key(7), t), (rows, vocab))
-            tokens, _, state = sampler.sample(logits, state, params)
-            return state, tokens
-
-        return jax.lax.scan(step, state, jnp.arange(steps))[1].T
-
-    return np.asarray(run(state))
+    return sample_noise(parts, rows, steps, vocab, 7, 1000 * watermarked, prompt=jnp.arange(rows)[:, None])
 
 
 @pytest.mark.slow

@@ -124,6 +124,92 @@ def _merge(fin: Finished, new: Finished) -> Finished:
     return Finished(*(jnp.take_along_axis(x, j.reshape(j.shape + (1,) * (x.ndim - 2)), axis=1) for x in both))
 
 
+def _finish_at_length(fin: Finished, ended: Array, scores: Array, tokens: Array, gen, beams: Array) -> Finished:
+    """``fin`` with the running beams ``ended [B, S]`` added as ``gen``-token hypotheses cut by length.
+
+    ``scores [B, S]`` are already divided by the length penalty; ``tokens``, ``beams``: ``[B, S, N]``.
+    """
+    shape = ended.shape
+    length = jnp.full(shape, gen, jnp.int32)
+    reason = jnp.full(shape, int(FinishReason.LENGTH))
+    return _merge(fin, Finished(jnp.where(ended, scores, -jnp.inf), tokens, length, reason, ended, beams))
+
+
+def _is_done(fin: Finished, best, gen, alpha, stops: Stops, early_stopping, normalization: str, plen=0,
+             legacy: bool = True) -> Array:
+    """``bool[B]``: no running beam can beat the finished ones (HF ``BeamHypotheses.is_done`` if
+    ``legacy``, else ``_check_early_stop_heuristic``); ``best [B]`` is the best running score."""
+    hyp_len = gen
+    if early_stopping == "never":
+        hyp_len = jnp.where(alpha > 0, stops.max_new_tokens, gen)
+    best_possible = best / _penalty(hyp_len, alpha, normalization, plen)
+    full = jnp.all(fin.flag, axis=1)
+    if legacy:
+        cannot_improve = full & (jnp.min(fin.scores, axis=1) >= best_possible)
+    else:
+        worst = jnp.where(fin.flag, jnp.min(fin.scores, axis=1, keepdims=True), _BIG)
+        cannot_improve = ~jnp.any(best_possible[:, None] > worst, axis=1)
+    return cannot_improve | (full & (early_stopping is True))
+
+
+def _expand(run_tokens: Array, run_beams: Array, idx: Array, v: int, row0: Array, t, stops: Stops):
+    """The candidates ``idx [B, C]`` (``parent * V + token``) of the running beams ``[B, S, N]`` at step ``t``.
+
+    Returns ``parent, token int32[B, C]``, the candidates' ``tokens`` and ``beam_indices [B, C, N]``
+    (``row0 [B]``: each prompt's first row), and ``eos, stop bool[B, C]``: the candidate ends with
+    an EOS id / a stop sequence (never before ``min_new_tokens``; ``stop`` excludes ``eos``).
+    """
+    b, c = idx.shape
+    n = run_tokens.shape[-1]
+    parent, token = (idx // v).astype(jnp.int32), (idx % v).astype(jnp.int32)
+    now = jnp.arange(n) == t
+    seqs = jnp.where(now, token[..., None], jnp.take_along_axis(run_tokens, parent[..., None], axis=1))
+    beams = jnp.take_along_axis(run_beams, parent[..., None], axis=1)
+    beams = jnp.where(now, (row0[:, None] + parent)[..., None], beams)
+    gen = t + 1
+    may_stop = (gen >= stops.min_new_tokens)[:, None]
+    eos = may_stop & _stopping.is_eos(token, stops.eos_ids[:, None, :])
+    width = _stopping.window_width(stops)
+    window = _stopping.last_tokens(seqs.reshape(b * c, n), jnp.full((b * c,), gen), width).reshape(b, c, width)
+    stop = may_stop & ~eos & _stopping.stop_hits(window, stops, stops.stop_sequences[:, None], target_axis=True)
+    return parent, token, seqs, beams, eos, stop
+
+
+def _start(model, sampler, dc: Config, params, prompt: Array, lengths: Array, cache, sparams, k: int):
+    """Prefills ``prompt [B, P]`` and repeats each prompt's row for its ``k`` beams (rows ``b * k + i``).
+
+    Returns ``(logits float32[B * K, V], cache, sampler params, sampler state)``, all ``B * K`` rows.
+    """
+    logits, cache, _ = prefill(model, params, prompt, lengths, cache, dc.cache_len, dc.batch_sharding)
+    logits, cache, rows_prompt, rows_len = repeat_rows((logits, cache, prompt, lengths), k)
+    rows_params = repeat_params(sampler, sparams, k)
+    history = jnp.where(jnp.arange(prompt.shape[1]) < rows_len[:, None], rows_prompt, -1)
+    sst = sampler.init(rows_params, vocab_size=logits.shape[-1], prompt=history, history_size=dc.history_size)
+    return logits, cache, rows_params, sst
+
+
+def _no_hypotheses(b: int, k: int, n: int, pad_id: int) -> Finished:
+    """``k`` empty hypothesis slots ``[B, K]`` per prompt, for ``n``-token sequences."""
+    return Finished(
+        jnp.full((b, k), _BIG),
+        jnp.full((b, k, n), pad_id, jnp.int32),
+        jnp.zeros((b, k), jnp.int32),
+        jnp.zeros((b, k), jnp.int32),
+        jnp.zeros((b, k), bool),
+        jnp.full((b, k, n), -1, jnp.int32),
+    )
+
+
+def _best(fin: Finished, r: int) -> BeamOutput:
+    """The ``r`` best hypotheses ``[B, R]`` of each prompt, best first (empty slots: ``NOT_FINISHED``)."""
+    scores, j = lax.top_k(fin.scores, r)
+    pick = lambda x: jnp.take_along_axis(x, j.reshape(j.shape + (1,) * (x.ndim - 2)), axis=1)  # noqa: E731
+    reason = jnp.where(pick(fin.flag), pick(fin.reason), int(FinishReason.NOT_FINISHED))
+    length = pick(fin.length)
+    beams = jnp.where(jnp.arange(fin.tokens.shape[-1]) < length[..., None], pick(fin.beams), -1)
+    return BeamOutput(pick(fin.tokens), length, scores, reason, beams)
+
+
 class _GroupStep(NamedTuple):
     parent: Array  # int32[B, S]: parent beam (within the group) of each new running beam
     token: Array  # int32[B, S]
@@ -140,7 +226,6 @@ def _group_step(
 ):
     """One beam step of one group: ``logp [B, S, V]`` processed log-probs of its running beams."""
     b, s, v = logp.shape
-    n = run_tokens.shape[-1]
     c = min(max(2, 1 + cfg.num_eos) * s, s * v)  # HF: (1 + n_eos) * S candidates, at least 2 * S
     acc = (logp + run_scores[..., None]).reshape(b, s * v)
     if key is None:
@@ -149,20 +234,8 @@ def _group_step(
         noisy = jnp.where(acc > -jnp.inf, acc + _noise.gumbel_all(key, s * v), -jnp.inf)
         _, idx = lax.top_k(noisy, c)
         cand = jnp.take_along_axis(acc, idx, axis=1)
-    parent, token = idx // v, (idx % v).astype(jnp.int32)
-    seqs = jnp.take_along_axis(run_tokens, parent[..., None], axis=1)
-    seqs = jnp.where(jnp.arange(n) == t, token[..., None], seqs)  # [B, C, N]
-    beams = jnp.take_along_axis(run_beams, parent[..., None], axis=1)
-    beams = jnp.where(jnp.arange(n) == t, (row0[:, None] + parent)[..., None], beams)  # [B, C, N]
-
+    parent, token, seqs, beams, eos, stop = _expand(run_tokens, run_beams, idx, v, row0, t, stops)
     gen = t + 1
-    may_stop = (gen >= stops.min_new_tokens)[:, None]
-    eos = may_stop & _stopping.is_eos(token, stops.eos_ids[:, None, :])
-    width = _stopping.window_width(stops)
-    window = _stopping.last_tokens(seqs.reshape(b * c, n), jnp.full((b * c,), gen), width).reshape(
-        b, c, width
-    )
-    stop = may_stop & ~eos & _stopping.stop_hits(window, stops, stops.stop_sequences[:, None], target_axis=True)
     terminal = eos | stop
     at_last = (gen >= stops.max_new_tokens)[:, None]
     reason = jnp.where(
@@ -189,35 +262,14 @@ def _group_step(
         )
         best = new_scores[:, 0]
 
-    hyp_len = gen
-    if cfg.early_stopping == "never":
-        hyp_len = jnp.where(alpha > 0, stops.max_new_tokens, gen)
-    best_possible = best / _penalty(hyp_len, alpha, cfg.normalization, plen)
-    full = jnp.all(fin.flag, axis=1)
-    if legacy:  # BeamHypotheses.is_done
-        cannot_improve = full & (jnp.min(fin.scores, axis=1) >= best_possible)
-    else:  # _check_early_stop_heuristic
-        worst = jnp.where(fin.flag, jnp.min(fin.scores, axis=1, keepdims=True), _BIG)
-        cannot_improve = ~jnp.any(best_possible[:, None] > worst, axis=1)
-    done = cannot_improve | (full & (cfg.early_stopping is True))
+    done = _is_done(fin, best, gen, alpha, stops, cfg.early_stopping, cfg.normalization, plen, legacy)
     new_parent = jnp.take_along_axis(parent, j, axis=1)
     new_token = jnp.take_along_axis(token, j, axis=1)
     new_tokens = jnp.take_along_axis(seqs, j[..., None], axis=1)
     new_beams = jnp.take_along_axis(beams, j[..., None], axis=1)
     if legacy:  # at max length the running beams of groups still open become hypotheses
-        last = at_last & ~done[:, None]
-        ended = jnp.broadcast_to(last, (b, s))
-        fin = _merge(
-            fin,
-            Finished(
-                jnp.where(ended, new_scores / pen_run, -jnp.inf),
-                new_tokens,
-                gen_c[:, :s],
-                jnp.full((b, s), int(FinishReason.LENGTH)),
-                ended,
-                new_beams,
-            ),
-        )
+        ended = jnp.broadcast_to(at_last & ~done[:, None], (b, s))
+        fin = _finish_at_length(fin, ended, new_scores / pen_run, new_tokens, gen, new_beams)
         done = done | at_last[:, 0]
     else:
         done = done | jnp.all(hits, axis=1)
@@ -341,22 +393,11 @@ def _search(
     dc = cfg.decode
     k, s = cfg.num_beams, cfg.num_beams // cfg.num_groups
     b = prompt.shape[0]
-    logits, cache, _ = prefill(model, params, prompt, lengths, cache, dc.cache_len, dc.batch_sharding)
-    logits, cache, rows_prompt, rows_len = repeat_rows((logits, cache, prompt, lengths), k)
-    rows_params = repeat_params(sampler, sparams, k)
-    history = jnp.where(jnp.arange(prompt.shape[1]) < rows_len[:, None], rows_prompt, -1)
-    sst = sampler.init(rows_params, vocab_size=logits.shape[-1], prompt=history, history_size=dc.history_size)
+    logits, cache, rows_params, sst = _start(model, sampler, dc, params, prompt, lengths, cache, sparams, k)
     n = dc.max_tokens
     # only the first beam of each group starts alive, so the group's beams do not all pick the same tokens
     run_scores = jnp.where(jnp.arange(k) % s == 0, 0.0, _BIG) * jnp.ones((b, 1))
-    finished = Finished(
-        jnp.full((b, k), _BIG),
-        jnp.full((b, k, n), dc.pad_id, jnp.int32),
-        jnp.zeros((b, k), jnp.int32),
-        jnp.zeros((b, k), jnp.int32),
-        jnp.zeros((b, k), bool),
-        jnp.full((b, k, n), -1, jnp.int32),
-    )
+    finished = _no_hypotheses(b, k, n, dc.pad_id)
     empty = jnp.broadcast_to((stops.max_new_tokens <= 0)[:, None], (b, cfg.num_groups))
     state = BeamState(
         jnp.int32(0),
@@ -374,13 +415,7 @@ def _search(
     # prompt-leading ([B, ...]) and row-leading ([B * K, ...]) leaves both split along the batch
     keep = lambda st: sharding.constrain(sharding.constrain(st, dc.batch_sharding, b), dc.batch_sharding, b * k)  # noqa: E731
     state = lax.while_loop(lambda st: ~jnp.all(st.done), lambda st: keep(step(st)), keep(state))
-    fin = state.finished
-    scores, j = lax.top_k(fin.scores, cfg.num_return)
-    pick = lambda x: jnp.take_along_axis(x, j.reshape(j.shape + (1,) * (x.ndim - 2)), axis=1)  # noqa: E731
-    reason = jnp.where(pick(fin.flag), pick(fin.reason), int(FinishReason.NOT_FINISHED))
-    length = pick(fin.length)
-    beams = jnp.where(jnp.arange(n) < length[..., None], pick(fin.beams), -1)
-    return BeamOutput(pick(fin.tokens), length, scores, reason, beams)
+    return _best(state.finished, cfg.num_return)
 
 
 _search_jit = jax.jit(_search, static_argnums=(0, 1, 2))

@@ -48,7 +48,6 @@ from jax import lax
 from jaxsample import _math, _validate
 from jaxsample._types import Array, ArrayLike
 from jaxsample.chain import Sampler, SamplerState
-from jaxsample.decoding import _stopping
 from jaxsample.decoding._stopping import FinishReason, Stops
 from jaxsample.decoding.constraints import (
     ConstraintState,
@@ -62,10 +61,22 @@ from jaxsample.decoding.constraints import (
     init_state,
     proposal_states,
 )
-from jaxsample.decoding.beam import _BIG, BeamOutput, Finished, _merge, _penalty
-from jaxsample.decoding.loop import Config, fill_pad, prefill, prepare
+from jaxsample.decoding.beam import (
+    _BIG,
+    BeamOutput,
+    Finished,
+    _best,
+    _expand,
+    _finish_at_length,
+    _is_done,
+    _merge,
+    _no_hypotheses,
+    _penalty,
+    _start,
+)
+from jaxsample.decoding.loop import Config, fill_pad, prepare
 from jaxsample.decoding.options import DecodingOptions
-from jaxsample.decoding.model import Model, repeat_params, repeat_rows, take_rows, where_rows
+from jaxsample.decoding.model import Model, take_rows, where_rows
 
 class ConstrainedConfig(NamedTuple):
     decode: Config
@@ -135,16 +146,9 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
     # 1. the C best continuations; EOS among the first K finishes a hypothesis if constraints are met
     c = min(max(2, 1 + cfg.num_eos) * k, k * v)
     cand, idx = lax.top_k(acc.reshape(b, k * v), c)
-    parent, token = (idx // v).astype(jnp.int32), (idx % v).astype(jnp.int32)
-    seqs = jnp.where(jnp.arange(n) == t, token[..., None], _take(state.run_tokens, parent))  # [B, C, N]
-    row0 = (jnp.arange(b) * k)[:, None]
-    beams = jnp.where(jnp.arange(n) == t, (row0 + parent)[..., None], _take(state.run_beams, parent))
+    row0 = jnp.arange(b) * k
+    parent, token, seqs, beams, eos, stop = _expand(state.run_tokens, state.run_beams, idx, v, row0, t, stops)
     gen = t + 1
-    may_stop = (gen >= stops.min_new_tokens)[:, None]
-    eos = may_stop & _stopping.is_eos(token, stops.eos_ids[:, None, :])
-    width = _stopping.window_width(stops)
-    window = _stopping.last_tokens(seqs.reshape(b * c, n), jnp.full((b * c,), gen), width).reshape(b, c, width)
-    stop = may_stop & ~eos & _stopping.stop_hits(window, stops, stops.stop_sequences[:, None], target_axis=True)
     terminal = eos | stop
     parent_state = _take_state(state.constraint, parent)
     child_state = add(tb, parent_state, token)
@@ -192,29 +196,16 @@ def _step(model: Model, sampler: Sampler, cfg: ConstrainedConfig, params, sparam
         k,
     )
     new_tokens = jnp.where(jnp.arange(n) == t, new_token[..., None], _take(state.run_tokens, new_parent))
-    new_beams = jnp.where(jnp.arange(n) == t, (row0 + new_parent)[..., None], _take(state.run_beams, new_parent))
+    new_beams = jnp.where(
+        jnp.arange(n) == t, (row0[:, None] + new_parent)[..., None], _take(state.run_beams, new_parent)
+    )
 
     # 4. HF BeamHypotheses.is_done, then finalize at max_new_tokens
-    hyp_len = gen
-    if cfg.early_stopping == "never":
-        hyp_len = jnp.where(alpha > 0, stops.max_new_tokens, gen)
-    full = jnp.all(fin.flag, axis=1)
-    cannot_improve = full & (jnp.min(fin.scores, axis=1) >= cand[:, 0] / _penalty(hyp_len, alpha, cfg.normalization))
-    done = cannot_improve | (full & (cfg.early_stopping is True))
+    done = _is_done(fin, cand[:, 0], gen, alpha, stops, cfg.early_stopping, cfg.normalization)
     ok = completed(new_state)
     at_last = (gen >= stops.max_new_tokens) & ~done
     ended = at_last[:, None] & (ok | (jnp.sum(ok, axis=1, keepdims=True) < cfg.num_return))
-    fin = _merge(
-        fin,
-        Finished(
-            jnp.where(ended, new_scores / pen_now, -jnp.inf),
-            new_tokens,
-            gen_c[:, :k],
-            jnp.full((b, k), int(FinishReason.LENGTH)),
-            ended,
-            new_beams,
-        ),
-    )
+    fin = _finish_at_length(fin, ended, new_scores / pen_now, new_tokens, gen, new_beams)
     done = done | (gen >= stops.max_new_tokens)
 
     # frozen prompts keep everything
@@ -260,22 +251,11 @@ def _prompt_state(tb: Tries, prompt: Array, lengths: Array) -> ConstraintState:
 def _search(model, sampler, cfg: ConstrainedConfig, params, prompt, lengths, cache, sparams, stops, alpha):
     dc, k = cfg.decode, cfg.num_beams
     b = prompt.shape[0]
-    logits, cache, _ = prefill(model, params, prompt, lengths, cache, dc.cache_len)
-    logits, cache, rows_prompt, rows_len = repeat_rows((logits, cache, prompt, lengths), k)
-    rows_params = repeat_params(sampler, sparams, k)
-    history = jnp.where(jnp.arange(prompt.shape[1]) < rows_len[:, None], rows_prompt, -1)
-    sst = sampler.init(rows_params, vocab_size=logits.shape[-1], prompt=history, history_size=dc.history_size)
+    logits, cache, rows_params, sst = _start(model, sampler, dc, params, prompt, lengths, cache, sparams, k)
     n = dc.max_tokens
     cst = _prompt_state(cfg.tables, prompt, lengths)
     cst = ConstraintState(*(jnp.repeat(x[:, None], k, axis=1) for x in cst))
-    finished = Finished(
-        jnp.full((b, k), _BIG),
-        jnp.full((b, k, n), dc.pad_id, jnp.int32),
-        jnp.zeros((b, k), jnp.int32),
-        jnp.zeros((b, k), jnp.int32),
-        jnp.zeros((b, k), bool),
-        jnp.full((b, k, n), -1, jnp.int32),
-    )
+    finished = _no_hypotheses(b, k, n, dc.pad_id)
     state = ConstrainedState(
         jnp.int32(0),
         logits,
@@ -291,12 +271,7 @@ def _search(model, sampler, cfg: ConstrainedConfig, params, prompt, lengths, cac
     )
     body = functools.partial(_step, model, sampler, cfg, params, rows_params, stops, alpha)
     state = lax.while_loop(lambda st: ~jnp.all(st.done), body, state)
-    fin = state.finished
-    scores, j = lax.top_k(fin.scores, cfg.num_return)
-    reason = jnp.where(_take(fin.flag, j), _take(fin.reason, j), int(FinishReason.NOT_FINISHED))
-    lengths = _take(fin.length, j)
-    beams = jnp.where(jnp.arange(n) < lengths[..., None], _take(fin.beams, j), -1)
-    return BeamOutput(_take(fin.tokens, j), lengths, scores, reason, beams)
+    return _best(state.finished, cfg.num_return)
 
 
 _search_jit = jax.jit(_search, static_argnums=(0, 1, 2))

@@ -307,18 +307,12 @@ def hf(config: Any = None, /, **fields: Any) -> Preset:
         if value is not None and not any(value is o or value == o for o in off):
             raise ValueError(f"{name}: {_MORE_REASONS.get(name) or _UNSUPPORTED[name]}")
     f = {k: v for k, v in data.items() if v is not None and k not in INERT_FIELDS and k not in _OFF}
-    for name in _FLOATS:
-        if name in f:
-            f[name] = _fields.number(name, f[name])
-    for name in _INTS:
-        if name in f:
-            f[name] = _fields.integer(name, f[name])
-    for name in _FLAGS:
-        if name in f:
-            f[name] = _fields.flag(name, f[name])
-    for name in _TOKEN_IDS:
-        if name in f:
-            f[name] = _fields.ids(name, f[name])
+    for names, convert in (
+        (_FLOATS, _fields.number), (_INTS, _fields.integer), (_FLAGS, _fields.flag), (_TOKEN_IDS, _fields.ids)
+    ):
+        for name in names:
+            if name in f:
+                f[name] = convert(name, f[name])
     for name in ("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id"):
         if name in f and len(f[name]) != 1:
             raise ValueError(f"{name} must be one token id, got {data[name]!r}")

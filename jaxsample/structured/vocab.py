@@ -124,26 +124,42 @@ class Vocabulary(NamedTuple):
           eos_ids: end-of-sequence/stop ids; defaults to the tokenizer's ``eos_token_id`` when it has one.
           size: the model's logits width when it is larger than the tokenizer (padded vocabularies).
         """
-        backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-        spec = json.loads(backend.to_str())
-        kind = detect_kind(spec)
-        vocab = backend.get_vocab(with_added_tokens=True)
-        pieces: list[str | None] = [None] * (max(vocab.values()) + 1)
-        for piece, i in vocab.items():
-            pieces[i] = piece
-        special = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
-        raw_added = {t["id"]: t["content"] for t in spec.get("added_tokens", []) if not t.get("special")}
+        hf = hf_vocab(tokenizer)
         if eos_ids is None:
             eid = getattr(tokenizer, "eos_token_id", None)
             eos_ids = [] if eid is None else [eid]
-        voc = cls.from_pieces(pieces, kind=kind, special_ids=special, eos_ids=eos_ids, size=size)
-        if raw_added:  # added (non-special) tokens are stored as plain text whatever the model kind
+        voc = cls.from_pieces(hf.pieces, kind=hf.kind, special_ids=hf.special, eos_ids=eos_ids, size=size)
+        if hf.added:  # added (non-special) tokens are stored as plain text whatever the model kind
             tb = list(voc.token_bytes)
-            for i, content in raw_added.items():
+            for i, content in hf.added.items():
                 if i not in voc.eos_ids:
                     tb[i] = content.encode("utf-8") or None
             voc = voc._replace(token_bytes=tuple(tb))
         return voc
+
+
+class HFVocab(NamedTuple):
+    """The ids of a HuggingFace tokenizer, as its ``tokenizer.json`` lists them."""
+
+    spec: dict  # the parsed tokenizer.json
+    kind: str  # one of KINDS (detect_kind)
+    pieces: list  # [str | None] * (largest id + 1): each id's piece, None for ids without one
+    special: set  # ids of the added tokens flagged special
+    added: dict  # id -> text of the other added tokens (plain text, whatever the kind)
+
+
+def hf_vocab(tokenizer: Any) -> HFVocab:
+    """Reads a ``tokenizers.Tokenizer`` or a fast ``transformers`` tokenizer (its backend)."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    spec = json.loads(backend.to_str())
+    vocab = backend.get_vocab(with_added_tokens=True)
+    pieces: list[str | None] = [None] * (max(vocab.values()) + 1)
+    for piece, i in vocab.items():
+        pieces[i] = piece
+    added = spec.get("added_tokens", [])
+    special = {t["id"] for t in added if t.get("special")}
+    plain = {t["id"]: t["content"] for t in added if not t.get("special")}
+    return HFVocab(spec, detect_kind(spec), pieces, special, plain)
 
 
 def detect_kind(spec: dict) -> str:

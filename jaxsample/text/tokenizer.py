@@ -23,7 +23,7 @@ import json
 import os
 from typing import Any, Callable, NamedTuple, Sequence
 
-from jaxsample.structured.vocab import detect_kind, piece_bytes
+from jaxsample.structured.vocab import hf_vocab, piece_bytes
 
 _UNSUPPORTED_DECODERS = ("WordPiece", "BPEDecoder", "CTC")
 
@@ -80,29 +80,22 @@ def _sized(token_bytes: list, size: int | None, eos: tuple[int, ...], source: st
 def _from_hf(tok: Any, eos_ids, size, add_special_tokens: bool) -> TextTokenizer:
     backend = getattr(tok, "backend_tokenizer", tok)
     source = type(tok).__name__
-    spec = json.loads(backend.to_str())
-    decoder_types = json.dumps(spec.get("decoder"))
+    hf = hf_vocab(backend)
+    decoder_types = json.dumps(hf.spec.get("decoder"))
     for name in _UNSUPPORTED_DECODERS:
         if f'"type": "{name}"' in decoder_types:
             raise ValueError(
                 f"tokenizer ({source}) uses a {name} decoder, whose pieces do not spell their text; "
                 "the text layer supports byte-level BPE, SentencePiece/Metaspace and plain-text vocabularies"
             )
-    kind = detect_kind(spec)
-    vocab = backend.get_vocab(with_added_tokens=True)
-    pieces: list[str | None] = [None] * (max(vocab.values()) + 1)
-    for piece, i in vocab.items():
-        pieces[i] = piece
-    special = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
-    added = {t["id"]: t["content"] for t in spec.get("added_tokens", []) if not t.get("special")}
     tb: list[bytes | None] = []
-    for i, p in enumerate(pieces):
-        if p is None or i in special:
+    for i, p in enumerate(hf.pieces):
+        if p is None or i in hf.special:
             tb.append(None)
-        elif i in added:
-            tb.append(added[i].encode("utf-8"))
+        elif i in hf.added:
+            tb.append(hf.added[i].encode("utf-8"))
         else:
-            tb.append(piece_bytes(p, kind))
+            tb.append(piece_bytes(p, hf.kind))
     eos = _eos(eos_ids, getattr(tok, "eos_token_id", None), source)
     if backend is tok:  # tokenizers.Tokenizer
 
