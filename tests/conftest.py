@@ -33,10 +33,10 @@ jax.config.update("jax_enable_x64", False)
 def pytest_xdist_make_scheduler(config, log):
     """``-n N`` without ``--dist``: work stealing instead of xdist's default ``load``.
 
-    ``load`` deals the collection out in slices, so most modules run partly on each worker and both
-    workers pay for the module's imports, fixtures and compiled programs (freed per module below).
-    Work stealing gives each worker one contiguous half and moves only the tail of a busy worker's
-    queue to an idle one, so a module is split at most a few times near the end of the run.
+    ``load`` hands the collection out in consecutive slices, so a module that straddles two slices runs
+    partly on each worker, and both workers pay for its module-scoped fixtures and compiled programs
+    (freed per module below). Work stealing gives each worker one contiguous half and moves only the
+    tail of a busy worker's queue to an idle one, so modules are split only a few times, near the end.
     """
     args = config.invocation_params.args
     if config.getvalue("dist") == "load" and not any(a == "-d" or a.startswith("--dist") for a in args):
