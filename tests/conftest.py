@@ -29,6 +29,23 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 jax.config.update("jax_enable_x64", False)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N`` without ``--dist``: work stealing instead of xdist's default ``load``.
+
+    ``load`` hands the collection out in consecutive slices, so a module that straddles two slices runs
+    partly on each worker, and both workers pay for its module-scoped fixtures and compiled programs
+    (freed per module below). Work stealing gives each worker one contiguous half and moves only the
+    tail of a busy worker's queue to an idle one, so modules are split only a few times, near the end.
+    """
+    args = config.invocation_params.args
+    if config.getvalue("dist") == "load" and not any(a == "-d" or a.startswith("--dist") for a in args):
+        from xdist.scheduler import WorkStealingScheduling
+
+        return WorkStealingScheduling(config, log)
+    return None
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """Frees each test module's compiled programs when the module is done.

@@ -37,6 +37,11 @@ def test_threefry_is_jax_threefry_and_noise_is_addressed_by_id():
     np.testing.assert_array_equal(_noise.bits_at(keys, ids), jnp.take_along_axis(expected, ids, axis=-1))
 
 
+# One compilation per shape (and candidates) shared by the tests below: an eager call compiles its
+# lax.cond anew on every call. Eager calls: the key, empty-row and batch-size tests.
+CATEGORICAL = jax.jit(js.categorical, static_argnames="candidates")
+
+
 def _reference_gumbel_max(keys, x):
     g = _noise.gumbel_all(_noise.row_keys(keys, x.shape[:-1]), x.shape[-1])
     return jnp.argmax(jnp.where(x > -jnp.inf, x + g, -jnp.inf), axis=-1)
@@ -48,19 +53,19 @@ def test_candidate_and_full_paths_agree_with_gumbel_max(n_finite):
     x = jnp.where(jnp.arange(300) < n_finite, x, -jnp.inf)
     keys = jax.random.split(jax.random.key(1), 8)
     expected = _reference_gumbel_max(keys, x)
-    np.testing.assert_array_equal(js.categorical(keys, x), expected)
-    np.testing.assert_array_equal(js.categorical(keys, x, candidates=4), expected)
+    np.testing.assert_array_equal(CATEGORICAL(keys, x), expected)
+    np.testing.assert_array_equal(CATEGORICAL(keys, x, candidates=4), expected)
 
 
 def test_mixed_covered_rows_are_batch_invariant():
     x = jax.random.normal(jax.random.key(2), (6, 200))
     x = x.at[::2, 10:].set(-jnp.inf)  # even rows covered, odd rows take the full path
     keys = jax.random.split(jax.random.key(3), 6)
-    batched = js.categorical(keys, x)
+    batched = CATEGORICAL(keys, x)
     for i in range(6):
-        assert js.categorical(keys[i], x[i]) == batched[i]
+        assert CATEGORICAL(keys[i], x[i]) == batched[i]
     # a covered row alone or next to uncovered rows gives the same token
-    assert js.categorical(keys[::2], x[::2]).tolist() == batched[::2].tolist()
+    assert CATEGORICAL(keys[::2], x[::2]).tolist() == batched[::2].tolist()
 
 
 def test_raw_and_typed_keys_agree():
@@ -104,10 +109,13 @@ def test_bad_key_shape_raises():
         js.categorical(jax.random.split(jax.random.key(0), 3), jnp.zeros((2, 4)))
 
 
-@given(st.lists(st.sampled_from([-jnp.inf, jnp.nan, 0.0, 1.0, 2.5]), min_size=1, max_size=8), st.integers(0, 2**30))
-def test_always_returns_a_finite_token(values, seed):
+# Row lengths: below, at and above candidates=2, and a longer row (3..8 take the same path).
+@given(st.lists(st.sampled_from([-jnp.inf, jnp.nan, 0.0, 1.0, 2.5]), min_size=8, max_size=8),
+       st.sampled_from([1, 2, 3, 8]), st.integers(0, 2**30))
+def test_always_returns_a_finite_token(values, length, seed):
+    values = values[:length]
     x = jnp.array(values, jnp.float32)
-    tok = int(js.categorical(jax.random.key(seed), x, candidates=2))
+    tok = int(CATEGORICAL(jax.random.key(seed), x, candidates=2))
     assert 0 <= tok < len(values)
     if np.isfinite(np.asarray(values, np.float32)).any():
         assert np.isfinite(values[tok])

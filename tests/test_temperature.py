@@ -58,15 +58,21 @@ def test_dynamic_temperature_zero_result_is_greedy():
     assert kept(out).tolist() == [False, True, False]
 
 
+# Jitted, one compilation per shape shared by the tests below: eagerly, every call compiles its
+# lax.cond anew (eager calls: test_bf16_in_bf16_out and the doctests).
+TEMPERATURE = jax.jit(js.temperature)
+DYNAMIC_TEMPERATURE = jax.jit(js.dynamic_temperature)
+
+
 def test_per_row_equals_single_row():
     x = jax.random.normal(jax.random.key(0), (4, 9))
     temps = jnp.array([0.0, 0.5, 1.0, 2.0])
     deltas = jnp.array([0.0, 0.3, 0.6, 1.0])
-    batched = js.temperature(x, temps)
-    dyn = js.dynamic_temperature(x, temps, deltas, 1.5)
+    batched = TEMPERATURE(x, temps)
+    dyn = DYNAMIC_TEMPERATURE(x, temps, deltas, 1.5)
     for i in range(4):
-        np.testing.assert_array_equal(batched[i], js.temperature(x[i], temps[i]))
-        np.testing.assert_allclose(dyn[i], js.dynamic_temperature(x[i], temps[i], deltas[i], 1.5), rtol=1e-6)
+        np.testing.assert_array_equal(batched[i], TEMPERATURE(x[i], temps[i]))
+        np.testing.assert_allclose(dyn[i], DYNAMIC_TEMPERATURE(x[i], temps[i], deltas[i], 1.5), rtol=1e-6)
 
 
 def test_no_retrace_when_values_change():
@@ -97,7 +103,7 @@ def test_bad_values_raise():
 @given(st.lists(st.sampled_from([-jnp.inf, jnp.nan, 0.0, 1.5, -3.0]), min_size=1, max_size=6), st.floats(-2, 3))
 def test_never_nan_and_never_empties_a_row(values, t):
     x = jnp.array(values, jnp.float32)
-    for out in (js.temperature(x, t), js.dynamic_temperature(x, t, 0.5)):
+    for out in (TEMPERATURE(x, jnp.float32(t)), DYNAMIC_TEMPERATURE(x, jnp.float32(t), 0.5)):
         assert not np.isnan(np.asarray(out)).any()
         assert kept(out).any() == bool(np.any(np.isfinite(np.asarray(values))))
 
