@@ -122,7 +122,7 @@ def restore_order(c: Candidates) -> Candidates:
         _, ids, vals = lax.sort((key, c.ids, c.vals), dimension=c.vals.ndim - 1, num_keys=2)
         return Candidates(vals, ids)
 
-    return lax.cond(jnp.any(disordered), sort, lambda: c)
+    return _math.cond(jnp.any(disordered), sort, lambda: c)
 
 
 def choose(covered: Array, fast: Callable[[], Array], full: Callable[[], Array]) -> Array:
@@ -143,4 +143,4 @@ def choose(covered: Array, fast: Callable[[], Array], full: Callable[[], Array])
         c = covered.reshape(covered.shape + (1,) * (f.ndim - covered.ndim))
         return jnp.where(c, f, g)
 
-    return lax.cond(jnp.all(covered), fast, both)
+    return _math.cond(jnp.all(covered), fast, both)

@@ -31,7 +31,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jaxsample import _candidates, _math
 from jaxsample._candidates import Candidates
@@ -145,7 +144,7 @@ def _dense(sampler, i: int, x: Array, states: tuple, state, params):
         if _is_entry(sampler, j, vocab):
             c, ok, dense = _enter(sampler, j, x, tuple(states), state, params)
             frozen = tuple(states)
-            return lax.cond(
+            return _math.cond(
                 jnp.all(ok),
                 lambda: _forms(sampler, j + 1, c, frozen, state, params, vocab),
                 lambda: _dense(sampler, j + 1, dense(), frozen, state, params),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -121,13 +122,22 @@ def logsumexp(x: Array) -> Array:
     return jnp.where(jnp.isfinite(m), lse, m)
 
 
+def cond(pred: Array, true_fn: Callable, false_fn: Callable, *operands):
+    """``lax.cond``, except that a concrete ``pred`` (an eager call, outside ``jit``) runs its branch
+    directly: ``lax.cond`` would compile both branches again on every eager call, since each call
+    builds new branch functions."""
+    if not isinstance(pred, jax.core.Tracer):
+        return true_fn(*operands) if bool(pred) else false_fn(*operands)
+    return lax.cond(pred, true_fn, false_fn, *operands)
+
+
 def if_any(on: Array, compute: Callable[[], Array], otherwise: Callable[[], Array]) -> Array:
     """``compute()`` if any row is ``on``, else ``otherwise()``: a batch-level skip of idle work.
 
     Rows stay independent of their batch only if ``compute()`` equals ``otherwise()`` in every row
     that is not ``on`` (e.g. a filter whose parameter is "off" there, and ``otherwise`` the input).
     """
-    return lax.cond(jnp.any(on), compute, otherwise)
+    return cond(jnp.any(on), compute, otherwise)
 
 
 def valid_ids(ids: Array, vocab_size: int) -> Array:

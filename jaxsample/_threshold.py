@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxsample import _candidates
+from jaxsample import _candidates, _math
 from jaxsample._types import Array
 
 #: Relative tolerance under which a float32 mass equals its target (4 ulps of float32).
@@ -261,7 +261,7 @@ def _probability_search(
     # Unrolled: a while loop would carry (and copy) x and w; a skipped cond costs nothing.
     carry = (lo, hi, jnp.ones_like(lse), m_hi)
     for _ in range(_SEARCH_STEPS):
-        carry = lax.cond(jnp.all(small(*carry)), lambda c: c, step, carry)
+        carry = _math.cond(jnp.all(small(*carry)), lambda c: c, step, carry)
     lo, hi, m_lo, m_hi = carry
     vals, ids = _candidates.top(jnp.where((x >= lo[..., None]) & (x < hi[..., None]), x, -jnp.inf), k)
     cum = m_hi[..., None] + jnp.cumsum(jnp.take_along_axis(w, ids, axis=-1), axis=-1)
@@ -281,7 +281,7 @@ def kth_largest(
 
     Batches where every ``k <= 1`` (the usual ``min_keep``) cost one max reduction (none with ``top``).
     """
-    return lax.cond(
+    return _math.cond(
         jnp.all(k <= 1),
         lambda: jnp.max(keys, axis=-1) if top is None else top[0][..., 0],
         lambda: cutoff(keys, min_count=k, candidates=candidates, top=top),
@@ -340,6 +340,6 @@ def first_k(
             m = lax.fori_loop(0, vocab.bit_length(), body, jnp.zeros(kk.shape, jnp.int32))
             return greater | (tied & (iota <= m[..., None]))
 
-        return lax.cond(jnp.all(exact | covered), lambda: above, split_ties)
+        return _math.cond(jnp.all(exact | covered), lambda: above, split_ties)
 
     return _candidates.choose(covered, fast, full)

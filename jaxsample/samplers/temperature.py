@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
-from jax import lax
 
 from jaxsample import _candidates, _fastpath, _math, _validate
 from jaxsample._candidates import Candidates
@@ -43,7 +42,7 @@ def _scale(x: Array, t: Array) -> Array:
     # with a wide margin for 2**-64 <= t <= 2**64 and a finite logit below 2**63 in magnitude.
     smallest = jnp.min(jnp.where(jnp.isfinite(x), jnp.abs(x), jnp.inf), axis=-1, keepdims=True)
     plain = (t >= 2.0**-64) & (t <= 2.0**64) & (smallest < 2.0**63)
-    return lax.cond(jnp.all(plain), lambda: _math.clean(x) / t, guarded)
+    return _math.cond(jnp.all(plain), lambda: _math.clean(x) / t, guarded)
 
 
 def _dynamic_temperature(x: Array, temp: Array, delta: Array, exponent: Array) -> Array:
