@@ -8,7 +8,7 @@ Run from the repository root::
 Prints one table: milliseconds per call (median of ``--repeats`` rounds; every round times each
 case once, interleaved with one ``jax.nn.logsumexp`` pass over the same logits, so machine load hits
 both alike) for the jaxsample function and its reference, the speed-up, and the function's time in
-``logsumexp`` passes (the median of its per-round ratios: the cost floor of any filter that needs
+``logsumexp`` passes (its median over the pass's median: the cost floor of any filter that needs
 probabilities, and the unit of issue 13's goal of at most 4 passes per function). The references
 are the sort-based filters of ``tests/reference_samplers.py`` and, for the draw,
 ``jax.random.categorical``. Two logit sets are used:

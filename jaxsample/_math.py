@@ -84,13 +84,19 @@ def row_max(x: Array) -> Array:
     return jnp.max(x, axis=-1, keepdims=True)
 
 
+def shifted_normaliser(x: Array) -> tuple[Array, Array, Array]:
+    """``(m, shift, log_sum)``, each ``float32[..., 1]``: the row maximum, that maximum where finite
+    (else 0), and ``log(sum(exp(x - shift)))``. A finite logit's log-probability is
+    ``(x - shift) - log_sum`` exactly as :func:`log_softmax` computes it."""
+    m = row_max(x)
+    shift = jnp.where(jnp.isfinite(m), m, 0.0)
+    return m, shift, jnp.log(jnp.sum(jnp.exp(x - shift), axis=-1, keepdims=True))
+
+
 def log_softmax(x: Array) -> Array:
     """Log-probabilities ``[..., V]`` that stay NaN-free for empty rows and ``+inf`` logits."""
-    m = row_max(x)
-    safe_m = jnp.where(jnp.isfinite(m), m, 0.0)
-    shifted = x - safe_m
-    lse = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
-    out = jnp.where(x > NEG_INF, shifted - lse, NEG_INF)
+    m, shift, lse = shifted_normaliser(x)
+    out = jnp.where(x > NEG_INF, (x - shift) - lse, NEG_INF)
 
     def certain():
         posinf = x == jnp.inf
@@ -116,10 +122,8 @@ def entropy(logp: Array) -> tuple[Array, Array]:
 
 def logsumexp(x: Array) -> Array:
     """``float32[..., 1]`` log-normaliser (``-inf`` for empty rows, ``+inf`` with ``+inf`` logits)."""
-    m = row_max(x)
-    safe_m = jnp.where(jnp.isfinite(m), m, 0.0)
-    lse = safe_m + jnp.log(jnp.sum(jnp.exp(x - safe_m), axis=-1, keepdims=True))
-    return jnp.where(jnp.isfinite(m), lse, m)
+    m, shift, log_sum = shifted_normaliser(x)
+    return jnp.where(jnp.isfinite(m), shift + log_sum, m)
 
 
 def cond(pred: Array, true_fn: Callable, false_fn: Callable, *operands):

@@ -28,10 +28,8 @@ def _removed(x: Array, thr: Array) -> tuple[Array, Array]:
     probabilities computed as :func:`jaxsample._math.softmax` computes them; others the whole row.
     """
     vals, _ = _candidates.top(x, DEFAULT_CANDIDATES)
-    m = _math.row_max(x)
-    safe_m = jnp.where(jnp.isfinite(m), m, 0.0)
-    lse = jnp.log(jnp.sum(jnp.exp(x - safe_m), axis=-1, keepdims=True))
-    probs = jnp.where(vals > -jnp.inf, jnp.exp((vals - safe_m) - lse), 0.0)  # log_softmax, then exp
+    m, shift, lse = _math.shifted_normaliser(x)
+    probs = jnp.where(vals > -jnp.inf, jnp.exp((vals - shift) - lse), 0.0)  # log_softmax, then exp
     fits = (probs[..., -1:] < thr) | (vals[..., -1:] == -jnp.inf)
     covered = (fits & jnp.isfinite(m))[..., 0]  # rows with +inf logits: the dense path
 
