@@ -406,12 +406,20 @@ def _replacements(n_masks: int, rng: random.Random, ratio: float, tok: TextToken
     non-special id (the draws of :func:`~wakong.infilling.replace_random`)."""
     if not ratio:
         return [tok.mask_id] * n_masks
-    vocab = tok.random_ids
+    vocab, mask_id = tok.random_ids, tok.mask_id
     if not len(vocab):
         raise ValueError("random_ratio > 0 needs a non-empty vocabulary of replacement ids")
+    uniform, bits, size = rng.random, rng.getrandbits, len(vocab)
+    b = size.bit_length()
     out = []
     for _ in range(n_masks):
-        out.append(int(vocab[rng.randrange(len(vocab))]) if rng.random() < ratio else tok.mask_id)
+        if uniform() < ratio:
+            j = bits(b)  # rng.randrange(size), inlined
+            while j >= size:
+                j = bits(b)
+            out.append(int(vocab[j]))
+        else:
+            out.append(mask_id)
     return out
 
 
