@@ -343,7 +343,7 @@ def _draws(examples, layout, config: BuildConfig, tok: TextTokenizer):
     _, per_example, _, _, _, n_tokens, n_words = layout
     body, word_unit, permute, ratio = (config.examples.max_source_len - 2, noise.unit == "word",
                                        noise.permute_sentences, noise.random_ratio)
-    args = (spec.budget_rate, spec.max_span_len, spec.cdfs())
+    infill, rate, top, cdfs = noise.infill, spec.budget_rate, spec.max_span_len, spec.cdfs()
     order, schemes, values = ([] if permute else None), [], ([] if ratio else None)
     at = 0
     for (outcome, rng, chunk), count, n, n_unit in zip(examples, per_example.tolist(), n_tokens.tolist(),
@@ -353,15 +353,15 @@ def _draws(examples, layout, config: BuildConfig, tok: TextTokenizer):
             if count > 1:
                 local = permute_sentences(list(local), rng, permute)
             order.extend([at + k for k in local])
-        at += count
-        scheme = _scheme(rng, n_unit, *args) if noise.infill and n_unit >= 2 else []
+            at += count
+        scheme = _scheme(rng, n_unit, rate, top, cdfs) if infill and n_unit >= 2 else []
         if n + len(scheme) > body:
             scheme, dropped = _fit(scheme, n, body, [chunk[k] for k in local] if word_unit else None)
             _count(outcome.events, "inserted_masks_dropped", dropped)
         schemes.append(scheme)
         if ratio:
             values.extend(_replacements(len(scheme), rng, ratio, tok))
-        if noise.infill:
+        if infill:
             outcome.schemes.append((n_unit, scheme))
     return order, schemes, values
 

@@ -131,6 +131,19 @@ def _scheme(rng: random.Random, n: int, rate: float, max_span_len: int, cdfs) ->
         length = bisect.bisect_right(cdf, uniform() * (cdf[-1] + 0.0), 0, budget)
         lengths.append(length)
         budget -= length + 1
+    if len(lengths) <= 1:  # most short sequences: nothing to shuffle, one pick (or none) from the slots
+        if not lengths:
+            uniform()  # the shift, drawn for nothing
+            return []
+        (length,) = lengths
+        slots = n - length  # n - sum(lengths) - len(lengths) + 1
+        if slots < 1:
+            raise ValueError("Sample larger than population or is negative")
+        b = slots.bit_length()
+        j = bits(b)
+        while j >= slots:
+            j = bits(b)
+        return [(j + (uniform() < 0.5), length)]
     _shuffle(bits, lengths)
     slots = sorted(_sample(bits, n - sum(lengths) - len(lengths) + 1, len(lengths)))
     offset = uniform() < 0.5
