@@ -285,18 +285,18 @@ def _sentences(lengths: np.ndarray, sizes: list[list[int]], outcomes: list[Outco
         return
     word_at = _starts(flat)
     kept = lengths > 0
-    kept_words = np.add.reduceat(kept.astype(np.int64), word_at).tolist()
+    kept_words = np.add.reduceat(kept.astype(np.int64), word_at)
+    kept_at = _starts(kept_words)
     tokens_at = _starts(np.add.reduceat(lengths.astype(np.int64), word_at)).tolist()
-    kept_at = _starts(kept_words).tolist()
+    without = np.concatenate([[0], np.cumsum(flat - kept_words)]).tolist()  # words without tokens, cumulated
     nonzero = lengths[kept].tolist()
+    kept_at, kept_end = kept_at.tolist(), (kept_at + kept_words).tolist()
     s = 0
     for outcome, record in zip(outcomes, sizes):
-        sentences = []
-        for k in range(s, s + len(record)):
-            if kept_words[k]:
-                sentences.append((tokens_at[k], nonzero[kept_at[k] : kept_at[k] + kept_words[k]]))
-        _count(outcome.events, "words_without_tokens", sum(record) - sum(kept_words[s : s + len(record)]))
-        s += len(record)
+        e = s + len(record)
+        sentences = [(t, nonzero[a:b]) for t, a, b in zip(tokens_at[s:e], kept_at[s:e], kept_end[s:e]) if a < b]
+        _count(outcome.events, "words_without_tokens", without[e] - without[s])
+        s = e
         yield sentences
 
 
