@@ -14,7 +14,9 @@ from wakong._distribution import span_length_cdfs
 from wakong.infilling import (
     NoiseConfig,
     SpanSpec,
+    _sample,
     _scheme,
+    _shuffle,
     apply_span_masks,
     delete_units,
     infill,
@@ -53,6 +55,68 @@ def test_generalised_algorithm_with_reference_tables_is_bit_exact():
         for n in (2, 3, 5, 17, 40, 100, 257, 1250):
             a, b = random.Random(seed), random.Random(seed)
             assert _scheme(a, n, 0.188, 10, cdfs) == wakong.generate_mask_scheme(b, n)
+            assert a.getstate() == b.getstate()
+
+
+def _plain_scheme(rng: random.Random, n: int, spec: SpanSpec) -> list:
+    """The algorithm written with random.Random's own choices / shuffle / sample (no inlining)."""
+    x = n * spec.budget_rate
+    budget = min(int(x) + (rng.random() < x - float(int(x))), n // 2)
+    lengths = []
+    while budget > 0:
+        cap = min(spec.max_span_len, budget)
+        lengths.append(rng.choices(range(cap + 1), cum_weights=spec.cdfs()[cap - 1])[0])
+        budget -= lengths[-1] + 1
+    rng.shuffle(lengths)
+    slots = sorted(rng.sample(range(n - sum(lengths) - len(lengths) + 1), len(lengths)))
+    offset, scheme = rng.random() < 0.5, []
+    for slot, length in zip(slots, lengths):
+        scheme.append((slot + offset, length))
+        offset += length + 1
+    return scheme
+
+
+@pytest.mark.parametrize("which", range(len(SPECS)))
+def test_inlined_draws_equal_random_methods_for_every_spec(which):
+    """_scheme inlines choices / shuffle / sample: same schemes and generator states for any constants."""
+    spec = SPECS[which]
+    for seed in range(60):
+        for n in (2, 3, 4, 9, 22, 61, 200, 510, 1500):
+            a, b = random.Random(seed), random.Random(seed)
+            assert _scheme(a, n, spec.budget_rate, spec.max_span_len, spec.cdfs()) == _plain_scheme(b, n, spec)
+            assert a.getstate() == b.getstate()
+
+
+def test_inlined_shuffle_and_sample_equal_random_methods():
+    """Both of sample's paths (a pool for small populations, a set of picks for large ones), rejection
+    at every bit length, picks in draw order."""
+    for seed in range(20):
+        for n, k in [(0, 0), (1, 1), (2, 1), (5, 5), (21, 3), (22, 3), (30, 6), (100, 6), (300, 40), (5000, 40),
+                     (2**20 + 3, 7), (64, 64), (65, 64), (1000, 1)]:
+            a, b = random.Random(seed), random.Random(seed)
+            assert _sample(a.getrandbits, n, k) == b.sample(range(n), k)
+            assert a.getstate() == b.getstate()
+        for n in (0, 1, 2, 3, 17, 64, 65, 300):
+            a, b = random.Random(seed), random.Random(seed)
+            x, y = list(range(n)), list(range(n))
+            _shuffle(a.getrandbits, x)
+            b.shuffle(y)
+            assert x == y and a.getstate() == b.getstate()
+    with pytest.raises(ValueError):
+        _sample(random.Random(0).getrandbits, 3, 4)
+
+
+def test_permute_and_replace_draw_as_random_methods():
+    for seed in range(30):
+        for n, ratio in [(1, 1.0), (2, 1.0), (7, 1.0), (40, 0.5), (300, 1.0)]:
+            a, b = random.Random(seed), random.Random(seed)
+            chosen = b.sample(range(n), math.ceil(n * ratio))
+            moved = chosen[:]
+            b.shuffle(moved)
+            order = list(range(n))
+            for dst, src in zip(chosen, moved):
+                order[dst] = src
+            assert permute_sentences(list(range(n)), a, ratio) == order
             assert a.getstate() == b.getstate()
 
 

@@ -144,3 +144,25 @@ def test_word_cache_equals_whole_text_encoding(messy, tokenizer):  # noqa: F811
             tok._cache = cache
         for got in (cached, again):
             assert np.array_equal(got[0], whole[0]) and np.array_equal(got[1], whole[1]), name
+
+
+def test_word_cache_tables_grow_and_clear_without_changing_results(messy, tokenizer, monkeypatch):  # noqa: F811
+    """Batches that add words to the flat tables, batches of empty records, and clearing at the limit
+    mid-stream (a tiny LIMIT) all give the whole-text encoding."""
+    from wakong.tokenizer import WordCache
+
+    texts = [messy[i].decode("utf-8", "replace") for i in range(len(messy))]
+    records_ = [t.split() for t in texts] + [[], ["x"], [], ["'s", "don't", "x"]]
+    cache, tokenizer._cache = tokenizer._cache, None
+    try:
+        whole = [tokenizer.encode_records([r]) for r in records_]
+    finally:
+        tokenizer._cache = cache
+    monkeypatch.setattr(WordCache, "LIMIT", 7)
+    fresh = TextTokenizer(tokenizer.json_text)
+    for batch in ([records_[-4:]] + [records_[k : k + 3] for k in range(0, len(records_), 3)] + [[[], []]]):
+        ids, lengths = fresh.encode_records(batch)
+        expected = [whole[records_.index(r)] for r in batch]
+        assert np.array_equal(ids, np.concatenate([np.zeros(0, np.int32)] + [e[0] for e in expected]))
+        assert np.array_equal(lengths, np.concatenate([np.zeros(0, np.int32)] + [e[1] for e in expected]))
+        assert ids.dtype == np.int32 and lengths.dtype == np.int32

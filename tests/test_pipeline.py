@@ -524,3 +524,19 @@ def test_end_to_end_bart_recipe_on_pydoc(tmp_path, tokenizer):
     n = c["examples"]
     rows = _rows(batches(tmp_path, batch_size=32, process_index=0, process_count=1, workers=2))
     assert len(rows) == len(set(rows)) == n
+
+
+def test_write_many_writes_what_write_writes(tmp_path):
+    data = [bytes([k % 251]) * (k % 37 + 1) for k in range(300)]
+    files = {}
+    for how in ("one", "many"):
+        os.makedirs(tmp_path / how)
+        with records.ShardWriter(str(tmp_path / how), "part", 2) as writer:
+            if how == "one":
+                for k, d in enumerate(data):
+                    writer.write(k % 2, d)
+            else:
+                writer.write_many(0, data[0::2])
+                writer.write_many(1, data[1::2])
+            files[how] = writer.commit()
+    assert files["one"] == files["many"] and [f["records"] for f in files["many"]] == [150, 150]

@@ -285,18 +285,18 @@ def _sentences(lengths: np.ndarray, sizes: list[list[int]], outcomes: list[Outco
         return
     word_at = _starts(flat)
     kept = lengths > 0
-    kept_words = np.add.reduceat(kept.astype(np.int64), word_at).tolist()
+    kept_words = np.add.reduceat(kept.astype(np.int64), word_at)
+    kept_at = _starts(kept_words)
     tokens_at = _starts(np.add.reduceat(lengths.astype(np.int64), word_at)).tolist()
-    kept_at = _starts(kept_words).tolist()
+    without = np.concatenate([[0], np.cumsum(flat - kept_words)]).tolist()  # words without tokens, cumulated
     nonzero = lengths[kept].tolist()
+    kept_at, kept_end = kept_at.tolist(), (kept_at + kept_words).tolist()
     s = 0
     for outcome, record in zip(outcomes, sizes):
-        sentences = []
-        for k in range(s, s + len(record)):
-            if kept_words[k]:
-                sentences.append((tokens_at[k], nonzero[kept_at[k] : kept_at[k] + kept_words[k]]))
-        _count(outcome.events, "words_without_tokens", sum(record) - sum(kept_words[s : s + len(record)]))
-        s += len(record)
+        e = s + len(record)
+        sentences = [(t, nonzero[a:b]) for t, a, b in zip(tokens_at[s:e], kept_at[s:e], kept_end[s:e]) if a < b]
+        _count(outcome.events, "words_without_tokens", without[e] - without[s])
+        s = e
         yield sentences
 
 
@@ -343,7 +343,7 @@ def _draws(examples, layout, config: BuildConfig, tok: TextTokenizer):
     _, per_example, _, _, _, n_tokens, n_words = layout
     body, word_unit, permute, ratio = (config.examples.max_source_len - 2, noise.unit == "word",
                                        noise.permute_sentences, noise.random_ratio)
-    args = (spec.budget_rate, spec.max_span_len, spec.cdfs())
+    infill, rate, top, cdfs = noise.infill, spec.budget_rate, spec.max_span_len, spec.cdfs()
     order, schemes, values = ([] if permute else None), [], ([] if ratio else None)
     at = 0
     for (outcome, rng, chunk), count, n, n_unit in zip(examples, per_example.tolist(), n_tokens.tolist(),
@@ -353,15 +353,15 @@ def _draws(examples, layout, config: BuildConfig, tok: TextTokenizer):
             if count > 1:
                 local = permute_sentences(list(local), rng, permute)
             order.extend([at + k for k in local])
-        at += count
-        scheme = _scheme(rng, n_unit, *args) if noise.infill and n_unit >= 2 else []
+            at += count
+        scheme = _scheme(rng, n_unit, rate, top, cdfs) if infill and n_unit >= 2 else []
         if n + len(scheme) > body:
             scheme, dropped = _fit(scheme, n, body, [chunk[k] for k in local] if word_unit else None)
             _count(outcome.events, "inserted_masks_dropped", dropped)
         schemes.append(scheme)
         if ratio:
             values.extend(_replacements(len(scheme), rng, ratio, tok))
-        if noise.infill:
+        if infill:
             outcome.schemes.append((n_unit, scheme))
     return order, schemes, values
 
@@ -406,12 +406,20 @@ def _replacements(n_masks: int, rng: random.Random, ratio: float, tok: TextToken
     non-special id (the draws of :func:`~wakong.infilling.replace_random`)."""
     if not ratio:
         return [tok.mask_id] * n_masks
-    vocab = tok.random_ids
+    vocab, mask_id = tok.random_ids, tok.mask_id
     if not len(vocab):
         raise ValueError("random_ratio > 0 needs a non-empty vocabulary of replacement ids")
+    uniform, bits, size = rng.random, rng.getrandbits, len(vocab)
+    b = size.bit_length()
     out = []
     for _ in range(n_masks):
-        out.append(int(vocab[rng.randrange(len(vocab))]) if rng.random() < ratio else tok.mask_id)
+        if uniform() < ratio:
+            j = bits(b)  # rng.randrange(size), inlined
+            while j >= size:
+                j = bits(b)
+            out.append(int(vocab[j]))
+        else:
+            out.append(mask_id)
     return out
 
 

@@ -112,22 +112,40 @@ def _scheme(rng: random.Random, n: int, rate: float, max_span_len: int, cdfs) ->
     """The reference algorithm with its constants as arguments: the same draws, in the same order.
 
     ``random.Random``'s ``choices``, ``shuffle`` and ``sample`` are inlined (the same ``random()`` /
-    ``_randbelow`` calls and arithmetic; the tests compare outputs and generator states with
-    ``wakong.generate_mask_scheme``): about twice as fast.
+    ``getrandbits`` calls and arithmetic, :func:`_shuffle`, :func:`_sample`; the tests compare outputs
+    and generator states with ``wakong.generate_mask_scheme`` and ``random.Random``): about three
+    times as fast.
     """
-    uniform, below = rng.random, rng._randbelow
+    uniform, bits = rng.random, rng.getrandbits
     whole = int(n * rate)
     budget = min(whole + (uniform() < n * rate - float(whole)), n // 2)
     lengths = []
-    while budget > 0:
-        cap = min(max_span_len, budget)
-        cdf = cdfs[cap - 1]
-        lengths.append(bisect.bisect_right(cdf, uniform() * (cdf[-1] + 0.0), 0, cap))  # choices(range, cum_weights)
-        budget -= lengths[-1] + 1
-    for i in range(len(lengths) - 1, 0, -1):  # shuffle
-        j = below(i + 1)
-        lengths[i], lengths[j] = lengths[j], lengths[i]
-    slots = sorted(_sample_range(below, n - sum(lengths) - len(lengths) + 1, len(lengths)))
+    top = cdfs[max_span_len - 1]
+    top_total = top[-1] + 0.0
+    while budget >= max_span_len:  # choices(range(cap + 1), cum_weights=cdfs[cap - 1]), cap = max_span_len
+        length = bisect.bisect_right(top, uniform() * top_total, 0, max_span_len)
+        lengths.append(length)
+        budget -= length + 1
+    while budget > 0:  # the cap is the budget left
+        cdf = cdfs[budget - 1]
+        length = bisect.bisect_right(cdf, uniform() * (cdf[-1] + 0.0), 0, budget)
+        lengths.append(length)
+        budget -= length + 1
+    if len(lengths) <= 1:  # most short sequences: nothing to shuffle, one pick (or none) from the slots
+        if not lengths:
+            uniform()  # the shift, drawn for nothing
+            return []
+        (length,) = lengths
+        slots = n - length  # n - sum(lengths) - len(lengths) + 1
+        if slots < 1:
+            raise ValueError("Sample larger than population or is negative")
+        b = slots.bit_length()
+        j = bits(b)
+        while j >= slots:
+            j = bits(b)
+        return [(j + (uniform() < 0.5), length)]
+    _shuffle(bits, lengths)
+    slots = sorted(_sample(bits, n - sum(lengths) - len(lengths) + 1, len(lengths)))
     offset = uniform() < 0.5
     scheme = []
     for slot, length in zip(slots, lengths):
@@ -136,29 +154,48 @@ def _scheme(rng: random.Random, n: int, rate: float, max_span_len: int, cdfs) ->
     return scheme
 
 
-def _sample_range(below, n: int, k: int) -> list[int]:
-    """The values ``random.Random.sample(range(n), k)`` picks, with its draws (in another order)."""
+# ``random.Random._randbelow(n)`` is ``k = n.bit_length(); r = getrandbits(k)`` until ``r < n``; the
+# helpers below inline it (a Python call per draw is most of their cost).
+
+
+def _shuffle(bits, x: list) -> None:
+    """``random.Random.shuffle(x)`` given the generator's ``getrandbits``: the same draws, in place."""
+    for i in range(len(x) - 1, 0, -1):
+        k = (i + 1).bit_length()
+        j = bits(k)
+        while j > i:
+            j = bits(k)
+        x[i], x[j] = x[j], x[i]
+
+
+def _sample(bits, n: int, k: int) -> list[int]:
+    """``random.Random.sample(range(n), k)`` given the generator's ``getrandbits``: the same draws and
+    the same picks, in order."""
     if not 0 <= k <= n:
         raise ValueError("Sample larger than population or is negative")
-    if k == 1:  # the first pick from the pool is the value drawn
-        return [below(n)]
     setsize = 21  # sample's choice between a pool and a set of picks
     if k > 5:
         setsize += 4 ** math.ceil(math.log(k * 3, 4))
+    out = []
     if n <= setsize:
-        pool, out = list(range(n)), []
-        for i in range(k):
-            j = below(n - i)
+        pool = list(range(n))
+        for left in range(n, n - k, -1):
+            b = left.bit_length()
+            j = bits(b)
+            while j >= left:
+                j = bits(b)
             out.append(pool[j])
-            pool[j] = pool[n - i - 1]
+            pool[j] = pool[left - 1]
         return out
     picked: set[int] = set()
+    b = n.bit_length()
     for _ in range(k):
-        j = below(n)
-        while j in picked:
-            j = below(n)
+        j = bits(b)
+        while j >= n or j in picked:
+            j = bits(b)
         picked.add(j)
-    return list(picked)
+        out.append(j)
+    return out
 
 
 def scheme_masks(
@@ -207,9 +244,9 @@ def permute_sentences(sentences: Sequence, rng: random.Random, ratio: float = 1.
     ['s2', 's3', 's0', 's1']
     """
     _check_ratio("permute_sentences", ratio)
-    chosen = rng.sample(range(len(sentences)), math.ceil(len(sentences) * ratio))
+    chosen = _sample(rng.getrandbits, len(sentences), math.ceil(len(sentences) * ratio))
     moved = chosen[:]
-    rng.shuffle(moved)
+    _shuffle(rng.getrandbits, moved)
     order = list(range(len(sentences)))
     for dst, src in zip(chosen, moved):
         order[dst] = src

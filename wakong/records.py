@@ -278,15 +278,24 @@ class ShardWriter:
             raise
 
     def write(self, shard: int, data: bytes) -> None:
+        self.write_many(shard, (data,))
+
+    def write_many(self, shard: int, data: Sequence[bytes]) -> None:
+        """Writes the records ``data`` to ``shard``, in order."""
+        written = 0
         try:
-            self._writers[shard].write(data)
+            write = self._writers[shard].write
+            for record in data:
+                write(record)
+                written += 1
         except Exception as err:
             self.abort()
             raise write_error(self._tmp[shard], err) from err
         except BaseException:
             self.abort()
             raise
-        self.counts[shard] += 1
+        finally:
+            self.counts[shard] += written
 
     def commit(self) -> list[dict]:
         for k, writer in self._writers.items():

@@ -53,9 +53,7 @@ def fill_shard(writer: records.ShardWriter, shard: int, source, config: BuildCon
     order, made in batches of :data:`BATCH`; adds them to ``tally`` and calls ``progress`` per batch."""
     for at in range(0, len(indices), BATCH):
         outcomes = make_outcomes(source, config, tokenizer, indices[at : at + BATCH])
-        for outcome in outcomes:
-            for data in outcome.records:
-                writer.write(shard, data)
+        writer.write_many(shard, [data for outcome in outcomes for data in outcome.records])
         tally.add(outcomes)
         if progress is not None:
             progress(outcomes)

@@ -32,6 +32,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from wakong import records
+from wakong.records import _starts
 
 #: BART's special tokens, in the id order a trained tokenizer gives them.
 BART_SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
@@ -95,8 +96,9 @@ class WordCache:
 
     ``encode_first(words) -> [ids]`` encodes words that start a text; ``encode_next(words) -> [(ids,
     lead)]`` words that follow a space, ``lead`` being how many of the leading ids belong to the word
-    before (see the grouping rule in the module docstring). Ids are kept as int32 bytes, so a batch
-    is one ``bytes.join``.
+    before (see the grouping rule in the module docstring). Every encoding is an *entry* of flat
+    tables (its ids in ``flat``, where they start, how many, its lead); ``first`` and ``next`` map a
+    word to its entry, so a batch is one dictionary pass over its words and NumPy gathers.
     """
 
     #: Entries per table before it is cleared (about 200 bytes each: some 100 MB per process at most;
@@ -105,40 +107,46 @@ class WordCache:
 
     def __init__(self, encode_first, encode_next):
         self._encode_first, self._encode_next = encode_first, encode_next
-        self.first: dict[str, bytes] = {}
-        self.next: dict[str, bytes] = {}
-        self.lead: dict[str, int] = {}  # words of ``next`` whose lead is not 0
+        self._clear()
+
+    def _clear(self) -> None:
+        self.first: dict[str, int] = {}  # word -> entry, as a text's first word
+        self.next: dict[str, int] = {}  # word -> entry, after a space
+        self.flat = np.zeros(0, np.int32)  # the ids of every entry
+        self.at, self.size, self.lead = (np.zeros(0, np.int64) for _ in range(3))  # per entry
+
+    def _add(self, table: dict, words: list[str], encoded: list[tuple[Sequence[int], int]]) -> None:
+        ids = [np.asarray(i, np.int32) for i, _ in encoded]
+        size = np.fromiter(map(len, ids), np.int64, len(ids))
+        table.update(zip(words, range(len(self.size), len(self.size) + len(words))))
+        self.at = np.concatenate([self.at, len(self.flat) + _starts(size)])
+        self.flat = np.concatenate([self.flat, *ids])
+        self.size = np.concatenate([self.size, size])
+        self.lead = np.concatenate([self.lead, np.fromiter((lead for _, lead in encoded), np.int64, len(encoded))])
 
     def encode(self, records: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
         """``(ids int32[T], word_lengths int32[W])`` of every word of every record, in order."""
         words = list(itertools.chain.from_iterable(records))
         if len(self.next) > self.LIMIT or len(self.first) > self.LIMIT:
-            for table in (self.first, self.next, self.lead):
-                table.clear()
-        groups = list(map(self.next.get, words))
-        if None in groups:
-            missing = list(dict.fromkeys(w for w, g in zip(words, groups) if g is None))
-            for word, (ids, lead) in zip(missing, self._encode_next(missing)):
-                self.next[word] = np.asarray(ids, np.int32).tobytes()
-                if lead:
-                    self.lead[word] = lead
-            groups = list(map(self.next.__getitem__, words))
-        starts = list(itertools.accumulate(map(len, records), initial=0))[:-1]
-        firsts = [records[k][0] for k, start in enumerate(starts) if len(records[k])]
-        missing = list(dict.fromkeys(w for w in firsts if w not in self.first))
-        for word, ids in zip(missing, self._encode_first(missing)):
-            self.first[word] = np.asarray(ids, np.int32).tobytes()
-        for k, start in enumerate(starts):
-            if len(records[k]):
-                groups[start] = self.first[records[k][0]]
-        lengths = np.fromiter(map(len, groups), np.int32, len(groups)) // 4
-        ids = np.frombuffer(b"".join(groups), np.int32)
-        if self.lead:
-            lead = np.fromiter(map(self.lead.get, words, itertools.repeat(0)), np.int32, len(words))
-            lead[[s for k, s in enumerate(starts) if len(records[k])]] = 0
-            lengths -= lead
-            lengths[:-1] += lead[1:]
-        return ids, lengths
+            self._clear()
+        try:
+            entry = np.fromiter(map(self.next.__getitem__, words), np.int64, len(words))
+        except KeyError:
+            missing = [w for w in dict.fromkeys(words) if w not in self.next]
+            self._add(self.next, missing, self._encode_next(missing))
+            entry = np.fromiter(map(self.next.__getitem__, words), np.int64, len(words))
+        counts = np.fromiter(map(len, records), np.int64, len(records))
+        firsts = [r[0] for r in records if len(r)]
+        missing = [w for w in dict.fromkeys(firsts) if w not in self.first]
+        if missing:
+            self._add(self.first, missing, [(ids, 0) for ids in self._encode_first(missing)])
+        entry[_starts(counts)[counts > 0]] = np.fromiter(map(self.first.__getitem__, firsts), np.int64,
+                                                                 len(firsts))
+        size, lead = self.size[entry], self.lead[entry]  # a first word has no lead
+        ids = self.flat[np.repeat(self.at[entry] - _starts(size), size) + np.arange(int(size.sum()))]
+        lengths = size - lead
+        lengths[:-1] += lead[1:]
+        return ids, lengths.astype(np.int32)
 
 
 def group_by_words(ids: Sequence[int], offsets: np.ndarray, words: Sequence[str]) -> np.ndarray:
