@@ -2,11 +2,12 @@
 
 The Gumbel noise is addressed by token id (:mod:`jaxsample._noise`), so a row with at most ``K``
 finite logits draws noise for its candidates only and still returns exactly
-``argmax(logits + gumbel)`` over the whole vocabulary.
+``argmax(logits + gumbel)`` over the whole vocabulary. Other rows hash every token id but take
+the noise's logarithms for ``K`` tokens only (:func:`_dense`).
 
 Sharding/TPU: rows are independent; shard the batch axis. One ``lax.top_k`` of ``K + 1`` entries
-over a whole vocabulary row; rows with more finite logits draw noise for every token, a
-batch-level ``lax.cond`` (an all-reduce of one bool under GSPMD; both branches under ``vmap``).
+over a whole vocabulary row; rows with more finite logits hash every token id (and take a second
+``lax.top_k`` over the bounds), a batch-level ``lax.cond`` (an all-reduce of one bool under GSPMD; both branches under ``vmap``).
 """
 
 from __future__ import annotations
