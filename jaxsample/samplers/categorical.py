@@ -2,11 +2,12 @@
 
 The Gumbel noise is addressed by token id (:mod:`jaxsample._noise`), so a row with at most ``K``
 finite logits draws noise for its candidates only and still returns exactly
-``argmax(logits + gumbel)`` over the whole vocabulary.
+``argmax(logits + gumbel)`` over the whole vocabulary. Other rows hash every token id but take
+the noise's logarithms for ``K`` tokens only (:func:`_dense`).
 
 Sharding/TPU: rows are independent; shard the batch axis. One ``lax.top_k`` of ``K + 1`` entries
-over a whole vocabulary row; rows with more finite logits draw noise for every token, a
-batch-level ``lax.cond`` (an all-reduce of one bool under GSPMD; both branches under ``vmap``).
+over a whole vocabulary row; rows with more finite logits hash every token id (and take a second
+``lax.top_k`` over the bounds), a batch-level ``lax.cond`` (an all-reduce of one bool under GSPMD; both branches under ``vmap``).
 """
 
 from __future__ import annotations
@@ -39,19 +40,45 @@ def certain(x: Array) -> Array:
     return _math.if_any(posinf, lambda: jnp.where(posinf, jnp.where(x == jnp.inf, 0.0, -jnp.inf), x), lambda: x)
 
 
+def _dense(keys: Array, x: Array, k: int) -> Array:
+    """``argmax(x + gumbel)`` over every token of NaN-free ``x [*B, V]`` (``x`` after :func:`certain`).
+
+    The noise's logarithms are taken for ``k`` tokens only: the ``k + 1`` largest of ``x +``
+    :func:`jaxsample._noise.gumbel_bound` (an upper bound of every token's ``x + gumbel``, the hash
+    alone) are candidates, and the best of the first ``k`` is the row's draw as soon as its exact
+    ``x + gumbel`` exceeds the ``(k + 1)``-th bound (no other token can reach it). Rows where it does
+    not (all ``-inf``, or a near tie) take the exact draw over the whole row.
+    """
+    vocab = x.shape[-1]
+    bound = jnp.where(x > -jnp.inf, x + _noise.gumbel_bound(_noise.bits_all(keys, vocab)), -jnp.inf)
+    bounds, ids = _candidates.top(bound, k + 1)
+    vals = jnp.take_along_axis(x, ids[..., :k], axis=-1)
+    y = jnp.where(vals > -jnp.inf, vals + _noise.gumbel_at(keys, ids[..., :k]), -jnp.inf)
+    pruned = jnp.max(y, axis=-1) > bounds[..., k]
+
+    def exact():
+        return _math.argmax(jnp.where(x > -jnp.inf, x + _noise.gumbel_all(keys, vocab), -jnp.inf))
+
+    return _candidates.choose(pruned, lambda: gumbel_max(keys, vals, ids[..., :k]), exact)
+
+
 def draw(keys: Array, x: Array, candidates: int) -> Array:
     """The draw of :func:`categorical` on typed ``keys [*B]`` and NaN-free float32 ``x [*B, V]``: ``int32[*B]``
     (shared by the adaptive selectors)."""
-    x = certain(x)
     batch, vocab = x.shape[:-1], x.shape[-1]
     k = min(candidates, vocab)
     vals, ids = _candidates.top(x, min(k + 1, vocab))
+    # +inf logits come first among the candidates (ties in id order), so certain() on them is the
+    # candidates of certain(x); only rows holding +inf pay for certain() over the whole row.
+    posinf = vals[..., 0] == jnp.inf
+    vals = certain(vals)
     covered = vals[..., -1] == -jnp.inf if k < vocab else jnp.ones(batch, bool)
     vals, ids = vals[..., :k], ids[..., :k]
 
     def full():
-        y = jnp.where(x > -jnp.inf, x + _noise.gumbel_all(keys, vocab), -jnp.inf)
-        return _math.argmax(y)
+        if k >= vocab:
+            return gumbel_max(keys, vals, ids)
+        return _math.if_any(posinf, lambda: _dense(keys, certain(x), k), lambda: _dense(keys, x, k))
 
     return _candidates.choose(covered, lambda: gumbel_max(keys, vals, ids), full)
 

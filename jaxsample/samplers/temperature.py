@@ -20,12 +20,13 @@ from jaxsample._types import Array, Float
 from jaxsample.chain import Param, Stage
 
 
-def _scale(x: Array, t: Array) -> Array:
+def _scale(x: Array, t: Array, m: Array | None = None) -> Array:
     """``x [*B, V] / t [*B, 1]`` per row; rows with ``t <= 0`` keep only their first maximal logit.
 
-    ``x`` may hold NaN (read as ``-inf``). A batch of ordinary rows (temperatures in ``[2**-64, 2**64]``,
-    a finite logit below ``2**63`` in magnitude) is one fused division after one reduction; other
-    batches take the guarded path, which gives the same values in ordinary rows.
+    ``x`` may hold NaN (read as ``-inf``) unless its row maximum ``m [*B, 1]`` is given. A batch of
+    ordinary rows (temperatures in ``[2**-64, 2**64]``, a finite logit below ``2**63`` in magnitude:
+    with ``m``, the maximum itself) is one fused division; other batches take the guarded path,
+    which gives the same values in ordinary rows.
     """
 
     def guarded():
@@ -40,9 +41,40 @@ def _scale(x: Array, t: Array) -> Array:
     # The plain division is the guarded path's value wherever it yields no NaN (XLA may divide by
     # multiplying with 1 / t, so inf * 0 once 1 / t underflows) and leaves a finite logit. Both hold
     # with a wide margin for 2**-64 <= t <= 2**64 and a finite logit below 2**63 in magnitude.
-    smallest = jnp.min(jnp.where(jnp.isfinite(x), jnp.abs(x), jnp.inf), axis=-1, keepdims=True)
-    plain = (t >= 2.0**-64) & (t <= 2.0**64) & (smallest < 2.0**63)
-    return _math.cond(jnp.all(plain), lambda: _math.clean(x) / t, guarded)
+    ordinary_t = (t >= 2.0**-64) & (t <= 2.0**64)
+
+    def check():
+        smallest = jnp.min(jnp.where(jnp.isfinite(x), jnp.abs(x), jnp.inf), axis=-1, keepdims=True)
+        return _math.cond(jnp.all(ordinary_t & (smallest < 2.0**63)), lambda: _math.clean(x) / t, guarded)
+
+    if m is None:
+        return check()
+    return _math.cond(jnp.all(ordinary_t & (jnp.abs(m) < 2.0**63)), lambda: x / t, check)
+
+
+def _entropy(x: Array) -> tuple[Array, Array]:
+    """``(m, H)``, each ``float32[*B, 1]``: the row maximum and :func:`_math.entropy` of
+    :func:`_math.log_softmax` of NaN-free ``x [*B, V]``, without writing the log-probabilities.
+
+    Rows without ``+inf`` logits fuse the log-softmax into the entropy's reduction (the same
+    elementwise ops, so the same bits); a batch holding ``+inf`` takes the two functions as they are.
+    """
+    m, shift, log_sum = _math.shifted_normaliser(x)
+
+    def fused():
+        logp = jnp.where(x > -jnp.inf, (x - shift) - log_sum, -jnp.inf)
+        return _math.entropy(logp)[1]
+
+    return m, _math.cond(jnp.any(m == jnp.inf), lambda: _math.entropy(_math.log_softmax(x))[1], fused)
+
+
+def _finite_count(x: Array, m: Array) -> Array:
+    """``float32[*B, 1]``: the number of finite logits of NaN-free ``x [*B, V]`` with row maximum ``m``;
+    one ``min`` reduction when every row is free of ``-inf`` (then it is ``V``)."""
+    v = x.shape[-1]
+    full = jnp.min(x, axis=-1, keepdims=True) > -jnp.inf
+    return _math.cond(jnp.all(full), lambda: jnp.full(m.shape, v, jnp.float32),
+                      lambda: jnp.sum(x > -jnp.inf, axis=-1, keepdims=True, dtype=jnp.float32))
 
 
 def _dynamic_temperature(x: Array, temp: Array, delta: Array, exponent: Array) -> Array:
@@ -50,13 +82,13 @@ def _dynamic_temperature(x: Array, temp: Array, delta: Array, exponent: Array) -
     t, d, e = temp[..., None], delta[..., None], jnp.maximum(exponent, 0.0)[..., None]
 
     def dynamic():
-        n = jnp.sum(x > -jnp.inf, axis=-1, keepdims=True, dtype=jnp.float32)
-        _, entropy = _math.entropy(_math.log_softmax(x))
+        m, entropy = _entropy(x)
+        n = _finite_count(x, m)
         h = entropy / jnp.log(jnp.maximum(n, 2.0))
         lo_t = jnp.maximum(0.0, t - d)
         dyn_t = lo_t + (t + d - lo_t) * jnp.power(h, e)
-        scaled = _scale(x, jnp.where(d > 0, dyn_t, t))
-        return _math.nonempty(jnp.where((d > 0) & (n <= 1), x, scaled), x)
+        # _scale never empties a row, and rows with n <= 1 are x itself: no nonempty guard needed.
+        return jnp.where((d > 0) & (n <= 1), x, _scale(x, jnp.where(d > 0, dyn_t, t), m))
 
     return _math.if_any(d > 0, dynamic, lambda: _scale(x, t))
 
