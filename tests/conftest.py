@@ -46,32 +46,16 @@ def pytest_xdist_make_scheduler(config, log):
     return None
 
 
-# Resident size above which a finished module's compiled programs are freed (see below).
-_RELEASE_ABOVE_BYTES = 3 * 1024**3
-
-
-def _resident_bytes():
-    """This process's resident set size in bytes (Linux), or None where /proc is unavailable."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
-    """Frees the compiled programs when a test module is done and the worker has grown past 3 GB.
+    """Frees each test module's compiled programs when the module is done.
 
     An xdist worker runs a thousand tests and compiles several thousand programs; kept alive by JAX's
     caches, a worker grew to ~6 GB and a late compile crashed inside XLA (SIGSEGV / SIGABRT in
     ``backend_compile_and_load``, at the same test in two runs of the same order; jax-ml/jax#27201
-    reports XLA:CPU's JIT memory manager failing after many compiles). With a release after every
-    module a worker stayed near 2.4 GB and the next full runs passed. Releasing only above 3 GB keeps
-    that bound while programs shared by several modules (decoding loops, sampler chains, the eager
-    op-by-op programs of small arrays) stay compiled across modules. Without /proc: after every module.
+    reports XLA:CPU's JIT memory manager failing after many compiles). With the release a worker
+    stayed near 2.4 GB and the next full runs passed. Programs shared inside a module stay compiled
+    for the whole module.
     """
     yield
-    resident = _resident_bytes()
-    if resident is None or resident > _RELEASE_ABOVE_BYTES:
-        jax.clear_caches()
+    jax.clear_caches()
