@@ -84,10 +84,10 @@ def test_shared_index_ragged_batch_equals_rows_alone():
     assert batch == alone
 
 
-def _greedy_next(module, seq, width):
+def _greedy_next(module, seq, width=5):
     """The module's greedy next token after ``seq``, from a full (uncached) causal forward pass over ``seq``
     right-padded to ``width``: the padding comes after the read position, and one shape for every length
-    keeps the eager calls to one set of compiled ops."""
+    (in both nnx tests) keeps the eager calls to one set of compiled ops."""
     tokens = jnp.array([seq + [0] * (width - len(seq))])
     return int(jnp.argmax(module(tokens)[0, len(seq) - 1]))
 
@@ -104,7 +104,7 @@ def test_nnx_module_cached_and_uncached():
     # direct check against the module itself: greedy continuation of one prompt, recomputed in full
     seq = [4, 2]
     for _ in range(3):
-        seq.append(_greedy_next(module, seq, width=5))
+        seq.append(_greedy_next(module, seq))
     assert _rows(generate(cached, params, [[4, 2]], max_new_tokens=3))[0] == seq[2:]
 
 
@@ -116,7 +116,7 @@ def test_nnx_cached_without_a_mask_refuses_ragged_prompts_only():
         generate(nomask, params, RAGGED, max_new_tokens=2)
     seq = [1, 2]
     for _ in range(2):
-        seq.append(_greedy_next(module, seq, width=4))
+        seq.append(_greedy_next(module, seq))
     out = generate(nomask, params, [[1, 2], [1, 2]], max_new_tokens=2)
     assert _rows(out) == [seq[2:], seq[2:]]
 
