@@ -11,6 +11,25 @@ import jax.numpy as jnp
 import numpy as np
 
 
+class LazyModule:
+    """Module ``name``, imported on first attribute access: collecting a test file (which every xdist
+    worker does for every file) then costs nothing; a test that uses it skips when it is not installed.
+
+    >>> LazyModule("json").dumps([1])
+    '[1]'
+    """
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):  # probes such as doctest's __wrapped__ must not import the module
+            raise AttributeError(attr)
+        import pytest
+
+        return getattr(pytest.importorskip(self._name), attr)
+
+
 class CountingJit:
     """``jax.jit`` that counts how many times the wrapped function is traced.
 

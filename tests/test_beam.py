@@ -2,6 +2,7 @@
 beam sampling (low temperature == search; first draw ~ softmax), group diversity, batch
 invariance, no recompiles. Exactness against transformers lives in test_hf_exactness.py."""
 
+import functools
 import itertools
 
 import jax
@@ -91,7 +92,11 @@ def test_exhaustive_beam_equals_brute_force_enumeration(alpha, normalization):
 
 
 NET = TinyDecoder(vocab_size=V, d_model=16, num_layers=2, num_heads=2)
-NET_PARAMS = jax.jit(NET.init_params)(jax.random.key(4), scale=2.0)
+
+
+@functools.cache
+def net_params():
+    return jax.jit(NET.init_params)(jax.random.key(4), scale=2.0)
 
 
 def test_exhaustive_beam_on_a_transformer_reorders_its_cache_correctly():
@@ -100,13 +105,13 @@ def test_exhaustive_beam_on_a_transformer_reorders_its_cache_correctly():
     def logprob(prompt, seq):
         full = list(prompt) + list(seq)
         pos = jnp.arange(len(full))[None]
-        logits = apply(NET_PARAMS, jnp.asarray([full]), pos, NET.init_cache(1, len(full))).logits[0]
+        logits = apply(net_params(), jnp.asarray([full]), pos, NET.init_cache(1, len(full))).logits[0]
         lp = np.asarray(jax.nn.log_softmax(logits))
         return sum(lp[len(prompt) - 1 + i, t] for i, t in enumerate(seq))
 
     out = beam_search(
         NET.model,
-        NET_PARAMS,
+        net_params(),
         [[1, 2]],
         num_beams=K,
         num_return_sequences=5,

@@ -1,6 +1,7 @@
 """Contrastive search: equals a plain-Python reference (bigram with hidden states, and a transformer
 recomputed from scratch every step), alpha = 0 is greedy, stopping rules apply."""
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,7 +59,11 @@ def test_matches_reference_on_bigram_with_ragged_prompts(k, alpha):
 
 
 NET = TinyDecoder(vocab_size=11, d_model=16, num_layers=2, num_heads=2)
-NET_PARAMS = jax.jit(NET.init_params)(jax.random.key(8), scale=2.0)
+
+
+@functools.cache
+def net_params():
+    return jax.jit(NET.init_params)(jax.random.key(8), scale=2.0)
 
 
 def test_matches_full_recomputation_on_a_transformer():
@@ -70,13 +75,13 @@ def test_matches_full_recomputation_on_a_transformer():
         padded = np.zeros((1, width), np.int32)
         padded[0, : len(toks)] = toks
         pos = np.where(np.arange(width) < len(toks), np.arange(width), -1)[None]
-        o = apply(NET_PARAMS, jnp.asarray(padded), jnp.asarray(pos), NET.init_cache(1, width))
+        o = apply(net_params(), jnp.asarray(padded), jnp.asarray(pos), NET.init_cache(1, width))
         probs = np.asarray(jax.nn.softmax(o.logits[0, len(toks) - 1]))
         return probs, list(np.asarray(o.hidden[0, : len(toks)]))
 
     prompts = [[1, 2, 3, 4], [6, 6]]
     out = contrastive_search(
-        NET.model, NET_PARAMS, [[1, 2, 3, 4], [6, 6, -1, -1]], top_k=3, penalty_alpha=0.5, max_new_tokens=5
+        NET.model, net_params(), [[1, 2, 3, 4], [6, 6, -1, -1]], top_k=3, penalty_alpha=0.5, max_new_tokens=5
     )
     for b, p in enumerate(prompts):
         assert list(np.asarray(out.tokens[b])) == _reference(step, p, 3, 0.5, 5)

@@ -89,7 +89,13 @@ def test_contrast_picks_the_most_divergent_layer_by_hand():
 
 
 LM = DecoderLM(get_config("decoder", "tiny", vocab_size=40, d_model=16, d_ff=32, num_layers=6, num_heads=2))
-LM_PARAMS = jax.jit(LM.init)(jax.random.key(3))
+
+
+@functools.cache
+def lm_params():
+    return jax.jit(LM.init)(jax.random.key(3))
+
+
 DOLA_MODEL = Model(LM.apply_step, LM.init_cache, LM.early_exit)
 _WIDTH = 12
 
@@ -98,7 +104,7 @@ _WIDTH = 12
 def _exits(tokens, length, layers):
     """Early exits at the last of ``length`` tokens of ``tokens [W]``, recomputed from scratch (no cache reuse)."""
     pos = jnp.where(jnp.arange(_WIDTH) < length, jnp.arange(_WIDTH), -1)
-    o = LM.apply_step_exits(LM_PARAMS, tokens[None], pos[None], LM.init_cache(1, _WIDTH), layers)
+    o = LM.apply_step_exits(lm_params(), tokens[None], pos[None], LM.init_cache(1, _WIDTH), layers)
     return o.logits[0, length - 1], o.layer_logits[0, length - 1]
 
 
@@ -124,7 +130,7 @@ def test_greedy_matches_reference():
     prompts = [[5, 6, 7], [9]]
     padded = np.array([[5, 6, 7], [9, -1, -1]])
     with pytest.warns(UserWarning, match="repetition_penalty"):
-        out = dola_generate(DOLA_MODEL, LM_PARAMS, padded, dola_layers="high", max_new_tokens=5)
+        out = dola_generate(DOLA_MODEL, lm_params(), padded, dola_layers="high", max_new_tokens=5)
     for b, p in enumerate(prompts):
         assert np.asarray(out.tokens[b]).tolist() == _reference_greedy(p, (3, 5), 5)
 
@@ -135,7 +141,7 @@ def test_preset_with_repetition_penalty_matches_reference_without_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = dola_generate(
-            DOLA_MODEL, LM_PARAMS, [[5, 6, 7]], max_new_tokens=6, sampler=p.sampler,
+            DOLA_MODEL, lm_params(), [[5, 6, 7]], max_new_tokens=6, sampler=p.sampler,
             sampler_params=p.params((1,)), **p.strategy,
         )
     assert np.asarray(out.tokens[0]).tolist() == _reference_greedy([5, 6, 7], (3, 5), 6, penalty=1.2)
@@ -148,7 +154,7 @@ def test_preset_with_repetition_penalty_matches_reference_without_warning():
 def test_sampling_is_seeded_and_stays_in_the_relative_top():
     p = presets.hf(dola_layers="high", do_sample=True, top_k=0, repetition_penalty=1.2)
     run = lambda seed, rt: dola_generate(  # noqa: E731
-        DOLA_MODEL, LM_PARAMS, [[5, 6, 7]] * 4, max_new_tokens=1, relative_top=rt, sampler=p.sampler,
+        DOLA_MODEL, lm_params(), [[5, 6, 7]] * 4, max_new_tokens=1, relative_top=rt, sampler=p.sampler,
         sampler_params=p.params((4,), seed=np.array(seed)), **p.strategy,
     ).tokens[:, 0]
     a, b = run([1, 2, 3, 4], 0.3), run([1, 2, 3, 4], 0.3)
@@ -177,7 +183,7 @@ def test_new_relative_top_never_recompiles():
     for rt in ([0.1, 0.2], [0.5, 1.0], [0.05, 0.3]):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            jax.block_until_ready(dola_generate(model, LM_PARAMS, [[1, 2], [3, 4]], dola_layers="high",
+            jax.block_until_ready(dola_generate(model, lm_params(), [[1, 2], [3, 4]], dola_layers="high",
                                                 relative_top=jnp.array(rt), max_new_tokens=3))
         counts.append(len(_TRACES))
     assert counts[0] > 0 and counts[0] == counts[1] == counts[2]
@@ -200,8 +206,8 @@ def test_encoder_decoder_one_step_matches_reference():
 
 def test_errors():
     with pytest.raises(ValueError, match="early_exit"):
-        dola_generate(Model(LM.apply_step, LM.init_cache), LM_PARAMS, [[1]], dola_layers="high", max_new_tokens=1)
+        dola_generate(Model(LM.apply_step, LM.init_cache), lm_params(), [[1]], dola_layers="high", max_new_tokens=1)
     with pytest.raises(ValueError, match="relative_top"):
-        dola_generate(DOLA_MODEL, LM_PARAMS, [[1]], dola_layers="high", relative_top=0.0, max_new_tokens=1)
+        dola_generate(DOLA_MODEL, lm_params(), [[1]], dola_layers="high", relative_top=0.0, max_new_tokens=1)
     with pytest.raises(ValueError, match="exits"):
-        LM.apply_step_exits(LM_PARAMS, jnp.array([[1]]), jnp.array([[0]]), LM.init_cache(1, 4), (7,))
+        LM.apply_step_exits(lm_params(), jnp.array([[1]]), jnp.array([[0]]), LM.init_cache(1, 4), (7,))

@@ -1,6 +1,7 @@
 """generate / stream / sample_and_rank: exact greedy sequences, stopping rules, log-probs, caches,
 per-row seeds and batch invariance, no recompiles, streaming == generate."""
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,11 @@ TABLE = np.random.default_rng(0).standard_normal((V, V)).astype(np.float32) * 2.
 PARAMS = {"logits": jnp.asarray(TABLE)}
 SAMPLER = js.chain(stages.temperature(1.0), select=stages.categorical())
 NET = TinyDecoder(vocab_size=13, d_model=16, num_layers=2, num_heads=2)
-NET_PARAMS = jax.jit(NET.init_params)(jax.random.key(1), scale=3.0)
+
+
+@functools.cache
+def net_params():
+    return jax.jit(NET.init_params)(jax.random.key(1), scale=3.0)
 
 
 def _reference_greedy(table, prompt, max_new, eos=(), stops=(), min_new=0):
@@ -108,9 +113,9 @@ def test_kv_cache_decoding_equals_full_recomputation_on_a_transformer():
     padded = np.full((3, 5), -1)
     for i, p in enumerate(prompts):
         padded[i, : len(p)] = p
-    out = generate(NET.model, NET_PARAMS, padded, max_new_tokens=6)
+    out = generate(NET.model, net_params(), padded, max_new_tokens=6)
     for b, p in enumerate(prompts):
-        assert _rows(out)[b] == _naive_greedy(NET, NET_PARAMS, p, 6)
+        assert _rows(out)[b] == _naive_greedy(NET, net_params(), p, 6)
 
 
 def test_logprobs_raw_processed_and_top_n():

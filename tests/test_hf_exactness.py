@@ -6,43 +6,57 @@ search must return the same tokens (and beam scores) as ``transformers``' own im
 Group beam search is compared only with transformers < 4.56 (later versions moved it to the Hub).
 """
 
+import functools
+import importlib.metadata
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel  # noqa: E402
-from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
-
-from jaxsample.decoding import BIGRAM, beam_search, generate, group_beam_search  # noqa: E402
+from jaxsample.decoding import BIGRAM, beam_search, generate, group_beam_search
 
 V = 10
 EOS = 3
 PAD = V - 1  # a token the tables make impossible, so padding is never mistaken for a generated token
 
 
-class _BigramConfig(PretrainedConfig):
-    model_type = "jaxsample-bigram"
+@functools.cache
+def _torch_bigram():
+    """torch and the bigram ``PreTrainedModel`` class, built by the worker that runs these tests (importing
+    torch and transformers at collection cost every xdist worker ~7 CPU-seconds)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+    from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    def __init__(self, vocab_size=V, **kwargs):
-        super().__init__(**kwargs)
-        self.vocab_size = vocab_size
+    class _BigramConfig(PretrainedConfig):
+        model_type = "jaxsample-bigram"
+
+        def __init__(self, vocab_size=V, **kwargs):
+            super().__init__(**kwargs)
+            self.vocab_size = vocab_size
+
+    class _TorchBigram(PreTrainedModel, GenerationMixin):
+        config_class = _BigramConfig
+
+        def __init__(self, config, table):
+            super().__init__(config)
+            self.table = torch.nn.Parameter(torch.tensor(np.asarray(table)), requires_grad=False)
+
+        def forward(self, input_ids, attention_mask=None, **kwargs):
+            return CausalLMOutputWithPast(logits=self.table[input_ids])
+
+        def prepare_inputs_for_generation(self, input_ids, **kwargs):
+            return {"input_ids": input_ids}
+
+    return torch, _TorchBigram, _BigramConfig
 
 
-class _TorchBigram(PreTrainedModel, GenerationMixin):
-    config_class = _BigramConfig
-
-    def __init__(self, config, table):
-        super().__init__(config)
-        self.table = torch.nn.Parameter(torch.tensor(np.asarray(table)), requires_grad=False)
-
-    def forward(self, input_ids, attention_mask=None, **kwargs):
-        return CausalLMOutputWithPast(logits=self.table[input_ids])
-
-    def prepare_inputs_for_generation(self, input_ids, **kwargs):
-        return {"input_ids": input_ids}
+def _transformers_version():
+    try:
+        return tuple(int(x) for x in importlib.metadata.version("transformers").split(".")[:2])
+    except importlib.metadata.PackageNotFoundError:
+        return (0, 0)  # the tests skip in _hf
 
 
 def _table(seed, scale=1.5):
@@ -52,7 +66,8 @@ def _table(seed, scale=1.5):
 
 
 def _hf(table, prompt, **kwargs):
-    model = _TorchBigram(_BigramConfig(), table).eval()
+    torch, model_class, config_class = _torch_bigram()
+    model = model_class(config_class(), table).eval()
     with torch.no_grad():
         out = model.generate(
             torch.tensor(prompt),
@@ -175,7 +190,7 @@ def test_beam_search_with_two_eos_ids_and_min_new_tokens_matches_hf(seed):
 
 
 @pytest.mark.skipif(
-    tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (4, 56),
+    _transformers_version() >= (4, 56),
     reason="group beam search left transformers' tree in 4.56 (Hub custom_generate)",
 )
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """Prompt-lookup decoding: the proposer against vLLM's rule (brute force) and HF's generator, greedy
 output == greedy decoding, sampled output distributed as the target, no recompiles, row independence."""
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,7 +72,11 @@ def test_propose_matches_hf_prompt_lookup_candidate_generator():
 
 
 NET = TinyDecoder(vocab_size=12, d_model=16, num_layers=2, num_heads=2)
-NET_PARAMS = jax.jit(NET.init_params)(jax.random.key(10), scale=3.0)
+
+
+@functools.cache
+def net_params():
+    return jax.jit(NET.init_params)(jax.random.key(10), scale=3.0)
 
 
 def test_greedy_equals_greedy_decoding_with_eos_stops_and_ragged_prompts():
@@ -83,8 +88,8 @@ def test_greedy_equals_greedy_decoding_with_eos_stops_and_ragged_prompts():
         stop_sequences=[[9, 9]],
         min_new_tokens=jnp.array([0, 2, 0]),
     )
-    ref = generate(NET.model, NET_PARAMS, prompts, **kw)
-    out = prompt_lookup_generate(NET.model, NET_PARAMS, prompts, num_draft_tokens=3, prompt_lookup_max=2, **kw)
+    ref = generate(NET.model, net_params(), prompts, **kw)
+    out = prompt_lookup_generate(NET.model, net_params(), prompts, num_draft_tokens=3, prompt_lookup_max=2, **kw)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     np.testing.assert_array_equal(out.finish_reason, ref.finish_reason)

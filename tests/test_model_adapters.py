@@ -1,6 +1,7 @@
 """Bring-your-own-model: jaxsample.models directly, plain functions, Flax NNX (cached and uncached),
 Gemma-style calls, shared-index caches; the cache contract and output shapes checked up front."""
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,7 +26,12 @@ from jaxsample.decoding import (
 from jaxsample.models import DecoderLM, LanguageModel, get_config, make_model
 from tests._toy_models import NnxLM, gemma_call, gemma_init_cache, init_params, logits_fn, nnx_call
 
-PARAMS = init_params(seed=3, scale=1.5)
+
+@functools.cache
+def toy_params():
+    return init_params(seed=3, scale=1.5)
+
+
 FN = from_function(logits_fn)
 GEMMA = from_gemma(gemma_call, gemma_init_cache)
 RAGGED = jnp.array([[1, 2, 3], [4, -1, -1], [5, 6, -1]])
@@ -59,23 +65,31 @@ def test_project_model_decodes_directly_like_the_hand_wrapped_one():
 
 def test_function_and_gemma_adapters_decode_like_each_other_with_ragged_prompts():
     kw = dict(max_new_tokens=5, eos_ids=0)
-    assert _rows(generate(FN, PARAMS, RAGGED, **kw)) == _rows(generate(GEMMA, PARAMS, RAGGED, **kw))
-    a = beam_search(FN, PARAMS, RAGGED, num_beams=3, num_return_sequences=2, **kw)
-    b = beam_search(GEMMA, PARAMS, RAGGED, num_beams=3, num_return_sequences=2, **kw)
+    assert _rows(generate(FN, toy_params(), RAGGED, **kw)) == _rows(generate(GEMMA, toy_params(), RAGGED, **kw))
+    a = beam_search(FN, toy_params(), RAGGED, num_beams=3, num_return_sequences=2, **kw)
+    b = beam_search(GEMMA, toy_params(), RAGGED, num_beams=3, num_return_sequences=2, **kw)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.scores, b.scores, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(a.beam_indices, b.beam_indices)
     sp = {"seed": jnp.array([1, 2, 3])}
-    ra = sample_and_rank(FN, PARAMS, RAGGED, n=2, best_of=3, sampler=SAMPLER, sampler_params=sp, **kw)
-    rb = sample_and_rank(GEMMA, PARAMS, RAGGED, n=2, best_of=3, sampler=SAMPLER, sampler_params=sp, **kw)
+    ra = sample_and_rank(FN, toy_params(), RAGGED, n=2, best_of=3, sampler=SAMPLER, sampler_params=sp, **kw)
+    rb = sample_and_rank(GEMMA, toy_params(), RAGGED, n=2, best_of=3, sampler=SAMPLER, sampler_params=sp, **kw)
     np.testing.assert_array_equal(ra.tokens, rb.tokens)
 
 
 def test_shared_index_ragged_batch_equals_rows_alone():
     kw = dict(max_new_tokens=5)
-    batch = _rows(generate(GEMMA, PARAMS, RAGGED, **kw))
-    alone = [_rows(generate(GEMMA, PARAMS, [p], **kw))[0] for p in ([1, 2, 3], [4, -1, -1], [5, 6, -1])]
+    batch = _rows(generate(GEMMA, toy_params(), RAGGED, **kw))
+    alone = [_rows(generate(GEMMA, toy_params(), [p], **kw))[0] for p in ([1, 2, 3], [4, -1, -1], [5, 6, -1])]
     assert batch == alone
+
+
+def _greedy_next(module, seq, width=5):
+    """The module's greedy next token after ``seq``, from a full (uncached) causal forward pass over ``seq``
+    right-padded to ``width``: the padding comes after the read position, and one shape for every length
+    (in both nnx tests) keeps the eager calls to one set of compiled ops."""
+    tokens = jnp.array([seq + [0] * (width - len(seq))])
+    return int(jnp.argmax(module(tokens)[0, len(seq) - 1]))
 
 
 def test_nnx_module_cached_and_uncached():
@@ -90,7 +104,7 @@ def test_nnx_module_cached_and_uncached():
     # direct check against the module itself: greedy continuation of one prompt, recomputed in full
     seq = [4, 2]
     for _ in range(3):
-        seq.append(int(jnp.argmax(module(jnp.array([seq]))[0, -1])))
+        seq.append(_greedy_next(module, seq))
     assert _rows(generate(cached, params, [[4, 2]], max_new_tokens=3))[0] == seq[2:]
 
 
@@ -102,7 +116,7 @@ def test_nnx_cached_without_a_mask_refuses_ragged_prompts_only():
         generate(nomask, params, RAGGED, max_new_tokens=2)
     seq = [1, 2]
     for _ in range(2):
-        seq.append(int(jnp.argmax(module(jnp.array([seq]))[0, -1])))
+        seq.append(_greedy_next(module, seq))
     out = generate(nomask, params, [[1, 2], [1, 2]], max_new_tokens=2)
     assert _rows(out) == [seq[2:], seq[2:]]
 
@@ -110,34 +124,36 @@ def test_nnx_cached_without_a_mask_refuses_ragged_prompts_only():
 def test_cache_without_batch_axis_is_refused_with_the_leaf_name():
     raw = DecodingModel(lambda p, t, pos, c, m=None: None, gemma_init_cache)
     with pytest.raises(ValueError, match=r"\['end_index'\].*from_shared_index"):
-        generate(raw, PARAMS, [[1]], max_new_tokens=2)
+        generate(raw, toy_params(), [[1]], max_new_tokens=2)
     with pytest.raises(ValueError, match=r"\['end_index'\]"):
-        beam_search(raw, PARAMS, [[1]], num_beams=2, max_new_tokens=2, cache=gemma_init_cache(1, 4))
+        beam_search(raw, toy_params(), [[1]], num_beams=2, max_new_tokens=2, cache=gemma_init_cache(1, 4))
     with pytest.raises(ValueError, match="shared-index"):
-        speculative_generate(FN, PARAMS, GEMMA, PARAMS, [[1]], num_draft_tokens=2, max_new_tokens=3)
+        speculative_generate(FN, toy_params(), GEMMA, toy_params(), [[1]], num_draft_tokens=2, max_new_tokens=3)
 
 
 def test_wrong_shapes_are_named():
     with pytest.raises(ValueError, match=r"logits \[B, T, V\]"):
-        generate(from_function(lambda p, t: logits_fn(p, t)[:, -1]), PARAMS, [[1]], max_new_tokens=2)
+        generate(from_function(lambda p, t: logits_fn(p, t)[:, -1]), toy_params(), [[1]], max_new_tokens=2)
 
     def grows(params, tokens, positions, cache):
         return FN.apply_step(params, tokens, positions, cache)._replace(cache={"tokens": cache["tokens"][:, :-1]})
 
     with pytest.raises(ValueError, match=r"\['tokens'\]"):
-        generate(DecodingModel(grows, FN.init_cache), PARAMS, [[1]], max_new_tokens=2)
+        generate(DecodingModel(grows, FN.init_cache), toy_params(), [[1]], max_new_tokens=2)
     with pytest.raises(ValueError, match="from_function"):
-        generate(logits_fn, PARAMS, [[1]], max_new_tokens=2)
+        generate(logits_fn, toy_params(), [[1]], max_new_tokens=2)
 
 
 def test_contrastive_search_through_an_adapter_with_hidden_states():
     def with_hidden(params, tokens):
         return logits_fn(params, tokens), params["embed"][tokens]
 
-    out = contrastive_search(from_function(with_hidden), PARAMS, RAGGED, top_k=3, penalty_alpha=0.5, max_new_tokens=3)
+    model = from_function(with_hidden)
+    out = contrastive_search(model, toy_params(), RAGGED, top_k=3, penalty_alpha=0.5, max_new_tokens=3)
     assert out.tokens.shape == (3, 3)
 
 
 def test_generic_shared_index_adapter_with_a_plain_step():
     model = from_shared_index(lambda p, t, pos, c, m: gemma_call(p, t, pos, c, m), gemma_init_cache)
-    assert _rows(generate(model, PARAMS, RAGGED, max_new_tokens=4)) == _rows(generate(FN, PARAMS, RAGGED, max_new_tokens=4))
+    params = toy_params()
+    assert _rows(generate(model, params, RAGGED, max_new_tokens=4)) == _rows(generate(FN, params, RAGGED, max_new_tokens=4))

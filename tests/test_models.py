@@ -1,6 +1,7 @@
 """Models: configs, parameter counts, the decode contract (prefill/step == full forward), cache semantics."""
 
 import dataclasses
+import functools
 import glob
 import os
 
@@ -27,8 +28,18 @@ from tests._helpers import assert_single_trace
 SMALL = dict(vocab_size=97, d_model=32, num_heads=4, d_ff=64, max_len=32)
 DEC = DecoderLM(get_config("decoder", "tiny", num_layers=2, **SMALL))
 BART = Bart(get_config("bart", "tiny", encoder_layers=2, decoder_layers=2, **SMALL))
-DEC_PARAMS = DEC.init(jax.random.key(0))
-BART_PARAMS = BART.init(jax.random.key(1))
+
+
+@functools.cache
+def dec_params():
+    return DEC.init(jax.random.key(0))
+
+
+@functools.cache
+def bart_params():
+    return BART.init(jax.random.key(1))
+
+
 L = 16  # decode cache length used throughout
 
 dec_full = jax.jit(DEC.__call__)
@@ -111,7 +122,7 @@ B, N, S = 3, 10, 8  # canonical shapes (rows, decoder length, encoder length): s
 
 def test_step_output_shapes_dtypes_and_stable_cache_structure():
     cache = DEC.init_cache(B, L)
-    out = dec_step(DEC_PARAMS, _rows(0, B, N), np.tile(np.arange(N), (B, 1)), cache)
+    out = dec_step(dec_params(), _rows(0, B, N), np.tile(np.arange(N), (B, 1)), cache)
     assert isinstance(out, StepOutput)
     assert out.logits.shape == (B, N, 97) and out.logits.dtype == jnp.float32
     assert out.hidden.shape == (B, N, 32) and out.hidden.dtype == jnp.float32
@@ -120,8 +131,8 @@ def test_step_output_shapes_dtypes_and_stable_cache_structure():
     spec = lambda tree: jax.tree.map(lambda a: (a.shape, a.dtype), tree)  # noqa: E731
     assert spec(out.cache) == spec(cache)
 
-    bcache = bart_encode(BART_PARAMS, _rows(1, B, S), np.ones((B, S), bool), L)
-    bout = bart_step(BART_PARAMS, np.full((B, 1), 2), np.zeros((B, 1), np.int32), bcache)
+    bcache = bart_encode(bart_params(), _rows(1, B, S), np.ones((B, S), bool), L)
+    bout = bart_step(bart_params(), np.full((B, 1), 2), np.zeros((B, 1), np.int32), bcache)
     assert bout.logits.shape == (B, 1, 97) and bout.hidden.shape == (B, 1, 32)
     _check_cache_leaves(bout.cache, B)
     assert jax.tree.structure(bout.cache) == jax.tree.structure(bcache)
@@ -166,8 +177,8 @@ def _assert_rows_close(got, want, lengths):
 def test_decoder_prefill_and_steps_equal_full_forward(prompt_lengths, chunk):
     lengths = [9, 7, 10]
     seqs = _rows(2, B, N)
-    full = np.asarray(dec_full(DEC_PARAMS, seqs, _full_positions(lengths)).logits)
-    got, cache = _decode_by_steps(dec_step, DEC_PARAMS, DEC.init_cache(B, L), seqs, lengths, prompt_lengths, chunk)
+    full = np.asarray(dec_full(dec_params(), seqs, _full_positions(lengths)).logits)
+    got, cache = _decode_by_steps(dec_step, dec_params(), DEC.init_cache(B, L), seqs, lengths, prompt_lengths, chunk)
     _assert_rows_close(got, full, lengths)
     np.testing.assert_array_equal(cache.written, np.arange(L) < np.array(lengths)[:, None])
 
@@ -186,13 +197,13 @@ def _bart_prefill_and_steps_equal_full_forward(model, params, full_fn, encode_fn
 
 
 def test_bart_prefill_and_steps_equal_full_forward_with_ragged_encoder_and_decoder():
-    _bart_prefill_and_steps_equal_full_forward(BART, BART_PARAMS, bart_full, bart_encode, bart_step)
+    _bart_prefill_and_steps_equal_full_forward(BART, bart_params(), bart_full, bart_encode, bart_step)
 
 
 def test_pre_layer_norm_bart_mbart_variant():
     model = Bart(dataclasses.replace(BART.config, norm_first=True))
     params = model.init(jax.random.key(1))
-    assert {"encoder_final_norm", "decoder_final_norm"} <= set(params) and not {"encoder_final_norm"} & set(BART_PARAMS)
+    assert {"encoder_final_norm", "decoder_final_norm"} <= set(params) and not {"encoder_final_norm"} & set(bart_params())
     full, inputs, lengths = _bart_prefill_and_steps_equal_full_forward(
         model, params, jax.jit(model.__call__), jax.jit(model.encode, static_argnums=3), jax.jit(model.apply_step))
     shared = {k: v for k, v in params.items() if not k.endswith("final_norm")}  # same weights, post-LN order
@@ -204,15 +215,15 @@ def test_pre_layer_norm_bart_mbart_variant():
 def test_padding_never_changes_a_row():
     """Left padding, interleaved padding and encoder padding are invisible to the real tokens."""
     seqs = _rows(5, B, N)
-    ref = np.asarray(dec_full(DEC_PARAMS, seqs, _full_positions([6, 6, 6])).logits)[0, :6]
+    ref = np.asarray(dec_full(dec_params(), seqs, _full_positions([6, 6, 6])).logits)[0, :6]
     pos = np.array([-1, 0, 1, -1, -1, 2, 3, 4, 5, -1])
     toks = seqs.copy()
     toks[0, pos >= 0] = seqs[0, :6]
     toks[0, pos < 0] = 1
     positions = np.stack([pos, np.arange(N), np.arange(N)])
-    got = np.asarray(dec_full(DEC_PARAMS, toks, positions).logits)[0]
+    got = np.asarray(dec_full(dec_params(), toks, positions).logits)[0]
     np.testing.assert_allclose(got[pos >= 0], ref, atol=ATOL)
-    res = dec_step(DEC_PARAMS, toks, positions, DEC.init_cache(B, L))
+    res = dec_step(dec_params(), toks, positions, DEC.init_cache(B, L))
     np.testing.assert_allclose(np.asarray(res.logits)[0, pos >= 0], ref, atol=ATOL)
     np.testing.assert_array_equal(np.asarray(res.cache.written)[0], np.arange(L) < 6)
 
@@ -222,49 +233,49 @@ def test_padding_never_changes_a_row():
     mask = np.arange(S) < np.array([[4], [7], [8]])
     src[1, 4:] = 1  # row 1 = row 0 + 3 padding tokens (masked) + 1 more masked slot
     mask[1] = np.arange(S) < 4
-    logits = np.asarray(bart_full(BART_PARAMS, src, mask, dec).logits)
+    logits = np.asarray(bart_full(bart_params(), src, mask, dec).logits)
     np.testing.assert_allclose(logits[1], logits[0], atol=ATOL)
 
 
 def test_rotary_positions_are_relative():
     """With RoPE, shifting every position of a row by a constant leaves the decoder's logits unchanged."""
     seqs = _rows(20, B, N)
-    ref = dec_full(DEC_PARAMS, seqs).logits
-    shifted = dec_full(DEC_PARAMS, seqs, np.arange(N) + np.array([[0], [7], [21]])).logits
+    ref = dec_full(dec_params(), seqs).logits
+    shifted = dec_full(dec_params(), seqs, np.arange(N) + np.array([[0], [7], [21]])).logits
     np.testing.assert_allclose(shifted, ref, atol=1e-4)
 
 
 def test_rows_are_independent_and_cache_rows_gather():
     seqs = _rows(7, B, N)
     pos = np.tile(np.arange(N), (B, 1))
-    batch = dec_step(DEC_PARAMS, seqs, pos, DEC.init_cache(B, L))
+    batch = dec_step(dec_params(), seqs, pos, DEC.init_cache(B, L))
     perm = np.array([1, 2, 0])
-    moved = dec_step(DEC_PARAMS, seqs[perm], pos, DEC.init_cache(B, L))
+    moved = dec_step(dec_params(), seqs[perm], pos, DEC.init_cache(B, L))
     np.testing.assert_allclose(moved.logits, batch.logits[perm], atol=ATOL)
     # Reordering rows of the cache with x[idx] (beam search) == stepping the original rows.
     idx = np.array([2, 0, 0])
     nxt = _rows(8, B, 1)
-    got = dec_step(DEC_PARAMS, nxt, np.full((B, 1), N), jax.tree.map(lambda x: x[idx], batch.cache)).logits
+    got = dec_step(dec_params(), nxt, np.full((B, 1), N), jax.tree.map(lambda x: x[idx], batch.cache)).logits
     for i in range(B):
-        ref = dec_step(DEC_PARAMS, np.full((B, 1), nxt[i, 0]), np.full((B, 1), N), batch.cache).logits
+        ref = dec_step(dec_params(), np.full((B, 1), nxt[i, 0]), np.full((B, 1), N), batch.cache).logits
         np.testing.assert_allclose(got[i], ref[idx[i]], atol=ATOL)
 
 
 def test_rewinding_a_row_ignores_stale_slots():
     """Re-feeding position 3 after decoding up to 9 equals decoding the new prefix from scratch."""
     seqs = _rows(9, B, N)
-    cache = dec_step(DEC_PARAMS, seqs, np.tile(np.arange(N), (B, 1)), DEC.init_cache(B, L)).cache
+    cache = dec_step(dec_params(), seqs, np.tile(np.arange(N), (B, 1)), DEC.init_cache(B, L)).cache
     new_tok = (seqs[:, 3:4] + 1) % SMALL["vocab_size"]
-    rewound = dec_step(DEC_PARAMS, new_tok, np.full((B, 1), 3), cache).logits
+    rewound = dec_step(dec_params(), new_tok, np.full((B, 1), 3), cache).logits
     fresh = seqs.copy()
     fresh[:, 3] = new_tok[:, 0]
-    ref = dec_full(DEC_PARAMS, fresh, _full_positions([4] * B)).logits[:, 3:4]
+    ref = dec_full(dec_params(), fresh, _full_positions([4] * B)).logits[:, 3:4]
     np.testing.assert_allclose(rewound, ref, atol=ATOL)
 
 
 def test_positions_beyond_the_cache_are_not_written():
     cache = DEC.init_cache(B, L)
-    out = dec_step(DEC_PARAMS, _rows(10, B, 1), np.array([[L], [-1], [L + 5]]), cache)
+    out = dec_step(dec_params(), _rows(10, B, 1), np.array([[L], [-1], [L + 5]]), cache)
     assert not np.asarray(out.cache.written).any()
     for a, b in zip(jax.tree.leaves(out.cache.layers), jax.tree.leaves(cache.layers)):
         np.testing.assert_array_equal(a, b)
@@ -274,18 +285,18 @@ def test_positions_beyond_the_cache_are_not_written():
 def test_new_positions_do_not_retrace():
     cache = DEC.init_cache(B, L)
     toks = _rows(11, B, 1)
-    calls = [(DEC_PARAMS, toks, np.array(p)[:, None], cache) for p in [(0, 3, 1), (5, -1, 2), (15, 2, 0)]]
+    calls = [(dec_params(), toks, np.array(p)[:, None], cache) for p in [(0, 3, 1), (5, -1, 2), (15, 2, 0)]]
     assert_single_trace(DEC.apply_step, calls)
 
 
 def test_bfloat16_compute_close_to_float32():
     low = make_model(dataclasses.replace(BART.config, dtype="bfloat16"))
     args = (_rows(13, B, S), np.ones((B, S), bool), _rows(14, B, N))
-    ref = bart_full(BART_PARAMS, *args).logits
-    out = jax.jit(low.__call__)(BART_PARAMS, *args)
+    ref = bart_full(bart_params(), *args).logits
+    out = jax.jit(low.__call__)(bart_params(), *args)
     assert out.logits.dtype == jnp.float32 and out.hidden.dtype == jnp.float32
     assert float(jnp.max(jnp.abs(out.logits - ref))) < 0.05 * float(jnp.max(jnp.abs(ref)))
-    cache = jax.eval_shape(lambda p, ids, mask: low.encode(p, ids, mask, L), BART_PARAMS, *args[:2])
+    cache = jax.eval_shape(lambda p, ids, mask: low.encode(p, ids, mask, L), bart_params(), *args[:2])
     assert cache.decoder.layers[0].k.dtype == jnp.bfloat16 and cache.encoder_mask.dtype == jnp.bool_
     dec = make_model(dataclasses.replace(DEC.config, dtype="bfloat16"))
     assert dec.init_cache(1, L).layers[0].v.dtype == jnp.bfloat16
@@ -295,20 +306,20 @@ def test_dropout_needs_a_key_and_is_reproducible():
     drop = DecoderLM(dataclasses.replace(DEC.config, dropout_rate=0.3, attention_dropout_rate=0.1))
     run = jax.jit(lambda params, x, key: drop(params, x, dropout_rng=key).logits)
     x = _rows(15, B, N)
-    a, b = run(DEC_PARAMS, x, jax.random.key(0)), run(DEC_PARAMS, x, jax.random.key(1))
-    assert not np.allclose(a, b) and not np.allclose(a, dec_full(DEC_PARAMS, x).logits)
-    np.testing.assert_array_equal(a, run(DEC_PARAMS, x, jax.random.key(0)))
+    a, b = run(dec_params(), x, jax.random.key(0)), run(dec_params(), x, jax.random.key(1))
+    assert not np.allclose(a, b) and not np.allclose(a, dec_full(dec_params(), x).logits)
+    np.testing.assert_array_equal(a, run(dec_params(), x, jax.random.key(0)))
 
 
 def test_input_validation():
     with pytest.raises(ValueError, match="max_len"):
         DEC.init_cache(1, 33)
     with pytest.raises(ValueError, match="positions"):
-        DEC.apply_step(DEC_PARAMS, np.zeros((1, 2), np.int32), np.zeros((1, 3), np.int32), DEC.init_cache(1, L))
+        DEC.apply_step(dec_params(), np.zeros((1, 2), np.int32), np.zeros((1, 3), np.int32), DEC.init_cache(1, L))
     with pytest.raises(ValueError, match="batch"):
-        DEC.apply_step(DEC_PARAMS, np.zeros((2, 1), np.int32), np.zeros((2, 1), np.int32), DEC.init_cache(1, L))
+        DEC.apply_step(dec_params(), np.zeros((2, 1), np.int32), np.zeros((2, 1), np.int32), DEC.init_cache(1, L))
     with pytest.raises(ValueError, match="max_len"):
-        BART.encode(BART_PARAMS, np.zeros((1, 40), np.int32), None, L)
+        BART.encode(bart_params(), np.zeros((1, 40), np.int32), None, L)
     with pytest.raises(TypeError):
         make_model({"arch": "bart"})
 
@@ -357,10 +368,10 @@ def test_greedy_generation_with_a_sampler_matches_full_forward(arch):
     sampler = js.chain(stages.temperature(1.0), select=stages.categorical())
     prompt_len = np.array([3, 1])
     if arch == "decoder":
-        model, params, prompt = DEC, DEC_PARAMS, _rows(17, 2, 3)
+        model, params, prompt = DEC, dec_params(), _rows(17, 2, 3)
         cache = model.init_cache(2, L)
     else:
-        model, params = BART, BART_PARAMS
+        model, params = BART, bart_params()
         prompt = np.concatenate([np.full((2, 1), 2), _rows(18, 2, 2)], axis=1)
         src, src_mask = _rows(19, 2, 6), np.arange(6) < np.array([[6], [3]])
         cache = bart_encode(params, src, src_mask, L)

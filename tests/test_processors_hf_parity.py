@@ -6,10 +6,10 @@ import pytest
 import jax.numpy as jnp
 
 import jaxsample as js
+from tests._helpers import LazyModule
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-from transformers.generation import logits_process as hf  # noqa: E402
+torch = LazyModule("torch")  # imported by the worker that runs these tests, not at collection
+hf = LazyModule("transformers.generation.logits_process")
 
 B, V, PROMPT = 3, 12, 4
 

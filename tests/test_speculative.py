@@ -2,6 +2,7 @@
 EOS inside accepted runs), sampled output distribution == the target's, identical draft accepts
 everything, temperature 0 rows are greedy."""
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,8 +15,18 @@ from tests._helpers import assert_sequences_follow, bigram_sequence_probs
 
 TARGET_NET = TinyDecoder(vocab_size=12, d_model=16, num_layers=2, num_heads=2)
 DRAFT_NET = TinyDecoder(vocab_size=12, d_model=8, num_layers=1, num_heads=2)
-TARGET_PARAMS = jax.jit(TARGET_NET.init_params)(jax.random.key(10), scale=3.0)
-DRAFT_PARAMS = jax.jit(DRAFT_NET.init_params)(jax.random.key(11), scale=3.0)
+
+
+@functools.cache
+def target_params():
+    return jax.jit(TARGET_NET.init_params)(jax.random.key(10), scale=3.0)
+
+
+@functools.cache
+def draft_params():
+    return jax.jit(DRAFT_NET.init_params)(jax.random.key(11), scale=3.0)
+
+
 SAMPLER = js.chain(stages.temperature(1.0), select=stages.categorical())
 
 
@@ -24,9 +35,9 @@ def test_greedy_speculative_equals_greedy_target_on_transformers():
     kw = dict(
         max_new_tokens=jnp.array([8, 5, 8]), max_tokens=8, eos_ids=3, min_new_tokens=jnp.array([0, 2, 0])
     )
-    ref = generate(TARGET_NET.model, TARGET_PARAMS, prompts, **kw)
+    ref = generate(TARGET_NET.model, target_params(), prompts, **kw)
     out = speculative_generate(
-        TARGET_NET.model, TARGET_PARAMS, DRAFT_NET.model, DRAFT_PARAMS, prompts, num_draft_tokens=3, **kw
+        TARGET_NET.model, target_params(), DRAFT_NET.model, draft_params(), prompts, num_draft_tokens=3, **kw
     )
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_array_equal(out.lengths, ref.lengths)

@@ -1,6 +1,7 @@
 """One generate: HF-style dispatch, DecodingOptions, padding conventions, no recompiles for per-request
 values, beam_indices, data-parallel decoding over a mesh (8 simulated CPU devices in a subprocess)."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -28,7 +29,13 @@ from tests._helpers import counting_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = TinyDecoder(vocab_size=13, d_model=16, num_layers=1, num_heads=2)
-NET_PARAMS = jax.jit(NET.init_params)(jax.random.key(4), scale=3.0)
+
+
+@functools.cache
+def net_params():
+    return jax.jit(NET.init_params)(jax.random.key(4), scale=3.0)
+
+
 V = 7
 TABLE = {"logits": jnp.asarray(np.random.default_rng(1).standard_normal((V, V)).astype(np.float32) * 2.0)}
 SAMPLER = chain(stages.temperature(1.0), select=stages.categorical())
@@ -47,13 +54,13 @@ def test_left_padded_batch_equals_each_row_alone_greedy_and_beam():
     kw = dict(max_new_tokens=4, eos_ids=0)
     # each row alone: batch 1, right-padded to the same width (one compilation for the three rows)
     solo = [[p + [-1] * (4 - len(p))] for p in ALONE]
-    alone = [_rows(generate(NET.model, NET_PARAMS, p, **kw))[0] for p in solo]
-    assert _rows(generate(NET.model, NET_PARAMS, LEFT, **kw)) == alone
+    alone = [_rows(generate(NET.model, net_params(), p, **kw))[0] for p in solo]
+    assert _rows(generate(NET.model, net_params(), LEFT, **kw)) == alone
     hf_ids = np.where(LEFT < 0, 0, LEFT)  # HF: pad id 0 under an attention mask
-    assert _rows(generate(NET.model, NET_PARAMS, hf_ids, attention_mask=LEFT >= 0, **kw)) == alone
-    beams = beam_search(NET.model, NET_PARAMS, hf_ids, attention_mask=(LEFT >= 0).astype(int), num_beams=3, **kw)
+    assert _rows(generate(NET.model, net_params(), hf_ids, attention_mask=LEFT >= 0, **kw)) == alone
+    beams = beam_search(NET.model, net_params(), hf_ids, attention_mask=(LEFT >= 0).astype(int), num_beams=3, **kw)
     for b, p in enumerate(solo):
-        one = beam_search(NET.model, NET_PARAMS, p, num_beams=3, **kw)
+        one = beam_search(NET.model, net_params(), p, num_beams=3, **kw)
         np.testing.assert_array_equal(beams.tokens[b], one.tokens[0])
         np.testing.assert_allclose(beams.scores[b], one.scores[0], rtol=1e-5)
 
