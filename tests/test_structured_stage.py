@@ -42,7 +42,7 @@ def grammars():
 def test_device_mask_and_advance_match_the_host_tables(grammars):
     gs = [grammars[k] for k in "abc"]
     tables = st.stack(gs)
-    assert tables.next.shape[1] == st.bucket(max(g.num_states for g in gs), 64)
+    assert tables.forced.shape[1] == st.bucket(max(g.num_states for g in gs), 64)
     rng = np.random.default_rng(0)
     ids = np.array([0, 1, 2, -1])
     state = st.initial_state(tables, ids)
@@ -92,7 +92,7 @@ def test_new_schema_in_the_same_bucket_does_not_recompile(grammars):
     x = jnp.zeros((2, V))
     ids = jnp.array([0, -1])
     for k in "acd":
-        t = st.stack([grammars[k]], num_states=128, num_classes=128, num_masks=64)
+        t = st.stack([grammars[k]], num_states=128, num_classes=128, num_masks=64, num_transitions=4096)
         jax.block_until_ready(f(x, t, ids, st.initial_state(t, ids)))
     assert f.traces == 1
 
@@ -112,6 +112,26 @@ def test_stack_validation(grammars):
     t = st.stack([grammars["a"], grammars["c"], grammars["d"]])
     assert t.start.shape == (4,) and int(t.start[3]) == 0  # G bucketed; the padding grammar is dead
     assert st.nbytes(t) > 0
+
+
+def test_packed_next_is_exactly_the_dense_table(grammars):
+    """Every (grammar, state, class) of the packed device ``next`` equals the host table (0 where dead)."""
+    from jaxsample.structured.tables import _next
+
+    arith = st.compile_gbnf('root ::= e\ne ::= "(" e ")" | [0-9]+', bpe_vocab(V))
+    gs = [grammars["a"], grammars["b"], grammars["c"], arith]
+    t = st.stack(gs)
+    s_size = t.forced.shape[1]
+    for i, g in enumerate(gs):
+        q, c = np.meshgrid(np.arange(t.forced.shape[1]), np.arange(t.slot.shape[2]), indexing="ij")
+        got = np.asarray(jax.jit(_next)(t, jnp.full(q.shape, i), jnp.asarray(q), jnp.asarray(c)))
+        want = np.zeros(q.shape, np.int64)
+        dense = g.next.astype(np.int64)
+        want[: g.num_states, : g.num_classes] = np.where(dense >= g.num_states, dense - g.num_states + s_size, dense)
+        np.testing.assert_array_equal(got, want)
+    live = max(int((g.next != 0).sum()) for g in gs)
+    assert live <= t.targets.shape[1] < 2 * max(live, 256)  # the live entries, not S x C
+    assert arith.pushdown is not None
 
 
 def _toy_logits(seed=0):
@@ -156,7 +176,7 @@ def test_end_to_end_decode_with_per_row_grammars(grammars):
     b = 5
     run = _decode(sampler, 60)
     rows = ["a", "b", None, "c", "d"]
-    buckets = dict(num_grammars=4, num_states=256, num_classes=128, num_masks=64)
+    buckets = dict(num_grammars=4, num_states=256, num_classes=128, num_masks=64, num_transitions=4096)
     results = []
     for trial in range(2):  # second call with rows permuted: same compiled loop
         order = rows if trial == 0 else rows[::-1]
@@ -259,7 +279,7 @@ def test_traced_grammar_values_single_trace(grammars):
     ids = jnp.array([0, 0])
     calls = []
     for k in "ad":
-        t = st.stack([grammars[k]], num_states=256, num_classes=128, num_masks=64)
+        t = st.stack([grammars[k]], num_states=256, num_classes=128, num_masks=64, num_transitions=4096)
         calls.append((x, t, ids, st.initial_state(t, ids)))
     outs = assert_single_trace(st.mask, calls)
     assert not np.array_equal(np.isfinite(outs[0]), np.isfinite(outs[1]))

@@ -38,6 +38,10 @@ class EmptyLanguageError(GrammarError):
     """The constraint admits no output at all (or none the vocabulary can spell)."""
 
 
+class BudgetError(GrammarError):
+    """A state budget (``MAX_NFA_STATES``, ``MAX_DFA_STATES``) was exceeded."""
+
+
 # --------------------------------------------------------------------------------------- expressions
 @dataclass(frozen=True, slots=True)
 class Chars:
@@ -236,7 +240,7 @@ class _NFA:
 
     def new(self) -> int:
         if len(self.eps) >= self.max_states:
-            raise GrammarError(
+            raise BudgetError(
                 f"constraint too large: more than {self.max_states} NFA states (lower repetition bounds, "
                 "max_whitespace or the recursion depth)"
             )
@@ -293,6 +297,12 @@ class _NFA:
         if hasattr(node, "build_nfa"):  # a leaf that builds itself (dfa_ops.Automaton)
             return node.build_nfa(self, cont)
         raise TypeError(f"not an expression node: {node!r}")
+
+
+def budgets(max_nfa_states: int | None, max_dfa_states: int | None) -> tuple[int, int]:
+    """The state budgets, ``None`` meaning the module's current ``MAX_NFA_STATES`` / ``MAX_DFA_STATES``."""
+    return (MAX_NFA_STATES if max_nfa_states is None else max_nfa_states,
+            MAX_DFA_STATES if max_dfa_states is None else max_dfa_states)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------- DFA
@@ -426,7 +436,7 @@ def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states:
             j = ids.get(key)
             if j is None:
                 if len(sets) >= max_states:
-                    raise GrammarError(f"constraint too large: more than {max_states} DFA states")
+                    raise BudgetError(f"constraint too large: more than {max_states} DFA states")
                 j = ids[key] = len(sets)
                 sets.append(key)
             idx = class_index.get(g)
@@ -444,7 +454,7 @@ def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states:
     return delta, symbol_class, accept, entries
 
 
-def compile_expr(expr, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: int = MAX_DFA_STATES) -> ByteDFA:
+def compile_expr(expr, *, max_nfa_states: int | None = None, max_dfa_states: int | None = None) -> ByteDFA:
     """Minimal byte DFA accepting exactly the UTF-8 encodings of ``expr``'s strings.
 
     A recursive :class:`~jaxsample.structured.pushdown.Grammar` gives its byte-level pushdown
@@ -458,6 +468,7 @@ def compile_expr(expr, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: 
 
     if isinstance(expr, pushdown.Grammar):
         return pushdown.compile_grammar(expr, max_nfa_states=max_nfa_states, max_dfa_states=max_dfa_states)
+    max_nfa_states, max_dfa_states = budgets(max_nfa_states, max_dfa_states)
     nfa = _NFA(max_nfa_states)
     final = nfa.new()
     start = nfa.build(expr, final)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import sys
 from typing import Any, Sequence
 
@@ -69,11 +70,56 @@ def _deep_recursion(limit: int = 20_000):
         sys.setrecursionlimit(old)
 
 
+#: What :func:`compile_json_schema` retries with, in order, when a schema exceeds a state budget;
+#: each is a subset of the default language (references as stack calls: the same language up to
+#: ``max_depth`` nested calls; schema order: one property order of each object).
+BUDGET_FALLBACKS = ({"ref_calls": True}, {"property_order": "schema"}, {"property_order": "schema", "ref_calls": True})
+
+
+def _has_ref(schema) -> bool:
+    """Whether a ``$ref`` keyword occurs anywhere in the schema (values of ``enum``/``const`` aside)."""
+    todo = [schema]
+    while todo:
+        s = todo.pop()
+        if isinstance(s, dict):
+            if "$ref" in s:
+                return True
+            todo.extend(v for k, v in s.items() if k not in ("enum", "const", "examples", "default"))
+        elif isinstance(s, list):
+            todo.extend(s)
+    return False
+
+
+def _fallbacks(schema, options: dict) -> list[dict]:
+    """The :data:`BUDGET_FALLBACKS` stricter than ``options`` that can change the result (``ref_calls``
+    only with a ``$ref``; none for explicit ``ref_calls`` or schema order)."""
+    if options.get("ref_calls") or options.get("property_order", "any") != "any":
+        return []
+    refs = _has_ref(schema)
+    return [{**options, **f} for f in BUDGET_FALLBACKS if refs or not f.get("ref_calls")]
+
+
 @cached_compile("json_schema", "schema", source_is_json=True, options_of=json_schema.schema_expr)
 def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGrammar:
-    """JSON documents valid under ``schema``; ``options`` as :func:`~jaxsample.structured.json_schema.schema_expr`."""
+    """JSON documents valid under ``schema``; ``options`` as :func:`~jaxsample.structured.json_schema.schema_expr`.
+
+    A schema that exceeds a state budget (:class:`~jaxsample.structured.automaton.BudgetError`)
+    with the default ``property_order="any"`` and ``ref_calls=False`` is compiled again with the
+    :data:`BUDGET_FALLBACKS` in turn (references as stack calls, then every object in schema
+    order, then both): the first that fits is returned, else the budget error.
+    """
+    if isinstance(schema, (str, bytes)):
+        schema = json.loads(schema)
     with _collector_paused(), _deep_recursion():
-        return compile_expression(json_schema.schema_expr(schema, **options), vocab)
+        try:
+            return compile_expression(json_schema.schema_expr(schema, **options), vocab)
+        except automaton.BudgetError as err:
+            for fallback in _fallbacks(schema, options):
+                try:
+                    return compile_expression(json_schema.schema_expr(schema, **fallback), vocab)
+                except automaton.GrammarError:
+                    continue
+            raise err
 
 
 def compile_json(vocab: Vocabulary, *, max_depth: int = pushdown.DEFAULT_MAX_DEPTH, whitespace: str = "bounded") -> TokenGrammar:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxsample.structured.automaton import ByteDFA, EmptyLanguageError, GrammarError, MAX_DFA_STATES
+from jaxsample.structured.automaton import ByteDFA, BudgetError, EmptyLanguageError, GrammarError, MAX_DFA_STATES
 from jaxsample.structured.minimise import minimise, trim
 
 EMPTY_DFA = ByteDFA(np.zeros((2, 1), np.int32), np.zeros(256, np.int32), np.zeros(2, bool), 1)
@@ -51,7 +51,7 @@ def _product(a: ByteDFA, b: ByteDFA, accept_both, b_total: bool, max_states: int
             j = ids.get(p)
             if j is None:
                 if len(pairs) >= max_states:
-                    raise GrammarError(f"constraint too large: more than {max_states} DFA states (product)")
+                    raise BudgetError(f"constraint too large: more than {max_states} DFA states (product)")
                 j = ids[p] = len(pairs)
                 pairs.append(p)
             row[c] = j

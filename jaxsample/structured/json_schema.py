@@ -239,8 +239,9 @@ class _Compiler:
     def enter(self, rule: str, schema, path: str, refs: list):
         """RECURSION: ``schema``, reached through the references ``refs``, compiled inline; when the
         same ``rule`` (the schema, named by its reference) is already being expanded on this path,
-        a :class:`Call` of it instead (the rule is compiled once, by :meth:`grammar`)."""
-        if rule in self.active:
+        or with option ``ref_calls`` every reference, a :class:`Call` of it instead (the rule is
+        compiled once, by :meth:`grammar`)."""
+        if rule in self.active or (refs and self.opts["ref_calls"]):
             if rule not in self.rules:
                 self.rules[rule] = None
                 self.pending[rule] = (schema, path)
@@ -739,6 +740,7 @@ def schema_expr(
     open_objects: bool = False,
     unknown_formats: str = "ignore",
     max_depth: int = DEFAULT_MAX_DEPTH,
+    ref_calls: bool = False,
 ):
     """Expression tree of the JSON documents a schema accepts, or a
     :class:`~jaxsample.structured.pushdown.Grammar` when it recurses (see the module docstring).
@@ -767,6 +769,11 @@ def schema_expr(
         container inside a generic value (``{}``/``true``; an outermost container that ends the
         document is a tail call and takes none), takes one. The default limit of the compiled
         tables, changeable per row on the device.
+      ref_calls: every ``$ref`` is a call of a rule compiled once (one stack frame per nested call,
+        at most ``max_depth``) instead of an inlined copy: far fewer states for schemas that use
+        their definitions in many places (a schema nesting references deeper than ``max_depth``
+        loses its deepest documents); the compilers retry with it when the inlined schema exceeds
+        a state budget.
 
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
@@ -776,6 +783,7 @@ def schema_expr(
         schema = json.loads(schema)
     opts = dict(whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
                 max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
-                open_objects=open_objects, unknown_formats=unknown_formats, max_depth=max_depth)  # fmt: skip
+                open_objects=open_objects, unknown_formats=unknown_formats, max_depth=max_depth,
+                ref_calls=ref_calls)  # fmt: skip
     c = _Compiler(schema, opts)
     return c.grammar(c.compile(schema))

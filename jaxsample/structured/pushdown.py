@@ -44,8 +44,6 @@ import numpy as np
 
 from jaxsample.structured.automaton import (
     EPSILON,
-    MAX_DFA_STATES,
-    MAX_NFA_STATES,
     Alt,
     Call,
     Chars,
@@ -56,6 +54,7 @@ from jaxsample.structured.automaton import (
     _determinise,
     _NFA,
     alt,
+    budgets,
     repeat,
     seq,
 )
@@ -264,7 +263,7 @@ def _trim(table, accept, entries, call_cols):
 
 
 def compile_grammar(
-    g: Grammar, *, max_nfa_states: int = MAX_NFA_STATES, max_dfa_states: int = MAX_DFA_STATES
+    g: Grammar, *, max_nfa_states: int | None = None, max_dfa_states: int | None = None
 ) -> Pushdown:
     """The pushdown automaton of a recursive grammar (see the module docstring).
 
@@ -273,6 +272,7 @@ def compile_grammar(
         deterministically, a budget exceeded, or a root that needs more than ``max_depth`` frames.
       EmptyLanguageError: if the grammar matches nothing.
     """
+    max_nfa_states, max_dfa_states = budgets(max_nfa_states, max_dfa_states)
     rules = _rules(g)
     names = list(rules)
     nfa = _NFA(max_nfa_states, names)

@@ -1,0 +1,97 @@
+"""State budgets: references compiled as stack calls (``ref_calls``) and the compile-time fallbacks."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxsample import structured as st
+from jaxsample.structured import automaton as am
+from jaxsample.structured import compiler, grammar_cache
+from jaxsample.structured.json_schema import schema_expr
+from jaxsample.structured.pushdown import Pushdown
+from tests._format_rules import loads, validator
+from tests._structured_vocab import bpe_tokenizer, bpe_vocab
+from tests.test_structured_regex import random_member
+
+# four objects sharing one definition that uses another: inlined, every use is a copy (and any
+# property order copies the copies); as calls, each definition is compiled once
+SCHEMA = {
+    "$defs": {
+        "s": {"type": "string", "maxLength": 12},
+        "p": {"type": "object", "properties": {"x": {"$ref": "#/$defs/s"}, "y": {"$ref": "#/$defs/s"}}, "required": ["x"]},
+    },
+    "type": "object",
+    "properties": {k: {"$ref": "#/$defs/p"} for k in "abcd"},
+    "required": ["a"],
+}
+# budget the subset construction needs at whitespace="compact" (inline any order, calls any order,
+# inline schema order, calls schema order): 4927, 470, 2483, 344
+
+
+@pytest.fixture
+def fresh_cache():
+    grammar_cache.clear()
+    yield
+    grammar_cache.clear()
+
+
+def test_ref_calls_keep_the_language_and_cut_the_states():
+    rng = np.random.default_rng(0)
+    check = validator(SCHEMA)
+    # schema order: the same language inlined or called (nesting stays far below max_depth)
+    inline = am.compile_expr(schema_expr(SCHEMA, whitespace="compact", property_order="schema"))
+    calls = am.compile_expr(schema_expr(SCHEMA, whitespace="compact", property_order="schema", ref_calls=True))
+    assert isinstance(calls, Pushdown) and calls.num_states * 5 < inline.num_states
+    for i in range(30):
+        for doc in (random_member(inline, rng, stop=0.2 + 0.1 * (i % 3), limit=400),
+                    random_member(calls, rng, stop=0.2 + 0.1 * (i % 3), limit=400)):  # fmt: skip
+            assert inline.matches(doc) and calls.matches(doc), doc
+            check.validate(loads(doc.decode()))
+            for bad in (doc[:-1], doc + b"}", doc.replace(b'"x"', b'"z"', 1), doc.replace(b":", b"::", 1)):
+                assert inline.matches(bad) == calls.matches(bad), bad
+    # any order: inlined, the outer object is past max_order_states and keeps schema order; called,
+    # its values are small and it takes any order (a superset, still exactly the schema's documents)
+    inline = am.compile_expr(schema_expr(SCHEMA, whitespace="compact"))
+    calls = am.compile_expr(schema_expr(SCHEMA, whitespace="compact", ref_calls=True))
+    assert calls.matches(b'{"b":{"x":""},"a":{"y":"","x":""}}') and not inline.matches(b'{"b":{"x":""},"a":{"x":""}}')
+    for i in range(30):
+        assert calls.matches(random_member(inline, rng, stop=0.3, limit=400))
+        doc = random_member(calls, rng, stop=0.2 + 0.1 * (i % 3), limit=400)
+        check.validate(loads(doc.decode()))
+
+
+def test_budget_fallbacks_in_order(fresh_cache, monkeypatch):
+    v = bpe_vocab()
+    explicit = {}
+    for name, options in [("calls", {"ref_calls": True}), ("both", {"ref_calls": True, "property_order": "schema"})]:
+        explicit[name] = st.compile_json_schema(SCHEMA, v, whitespace="compact", **options)
+    grammar_cache.clear()
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 500)  # inline any order exceeds it, calls fit
+    got = st.compile_json_schema(SCHEMA, v, whitespace="compact")
+    assert st.same_grammar(got, explicit["calls"])
+    grammar_cache.clear()
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 400)  # only calls in schema order fit
+    got = st.compile_json_schema(json.dumps(SCHEMA), v, whitespace="compact")
+    assert st.same_grammar(got, explicit["both"])
+    ids = bpe_tokenizer().encode('{"a":{"x":"q"},"c":{"x":""}}').ids
+    m = st.Matcher(got)
+    assert m.accept_tokens(ids) == len(ids) and m.is_accepting()
+    grammar_cache.clear()
+    with pytest.raises(am.BudgetError, match="too large"):  # explicit options: no fallback
+        st.compile_json_schema(SCHEMA, v, whitespace="compact", property_order="schema")
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 100)  # nothing fits: the first budget error
+    with pytest.raises(am.BudgetError, match="more than 100 DFA states"):
+        st.compile_json_schema(SCHEMA, v, whitespace="compact")
+
+
+def test_ref_call_fallbacks_need_a_ref(fresh_cache, monkeypatch):
+    schema = {"type": "object", "properties": {k: {"type": "string", "maxLength": 8} for k in "abcde"}}
+    seen = []
+    real = compiler.json_schema.schema_expr
+    monkeypatch.setattr(compiler.json_schema, "schema_expr", lambda s, **o: seen.append(o) or real(s, **o))
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 60)
+    with pytest.raises(am.BudgetError):
+        st.compile_json_schema(schema, bpe_vocab(), whitespace="compact")
+    assert [o.get("ref_calls", False) for o in seen] == [False, False]  # the default, then schema order
+    assert seen[1]["property_order"] == "schema"
