@@ -8,7 +8,9 @@ each of 11 splits of guidance-ai/jsonschemabench's MaskBench data, with their te
 provenance in its first line; nothing is downloaded). Vocabulary: a byte-level BPE of
 ``--vocab`` tokens trained here on ``pydoc_data.topics`` (the Python docs).
 
-Per engine (jaxsample; llguidance and XGrammar when installed), in one process, schema by schema:
+Per engine (jaxsample with its defaults; ``jaxsample-spec``: with ``SPEC_OPTIONS``, the JSON Schema
+meaning of an absent ``additionalProperties``/``type``; llguidance and XGrammar when installed), in
+one process, schema by schema:
 
 * **compiles**: the schema is accepted (ours: no ``GrammarError``, within ``--timeout`` seconds);
 * **compile ms** p50/p90: best of up to ``--repeats`` runs (stopping after 2 s), including what
@@ -43,6 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.jsonschemabench_sample import load  # noqa: E402
 from jaxsample import structured as st  # noqa: E402
 from tests._format_rules import loads, validator  # noqa: E402
+
+
+#: Options of the ``jaxsample-spec`` engine: absent ``additionalProperties`` open and absent ``type``
+#: every type (the JSON Schema meaning; the defaults close objects and imply types from keywords).
+SPEC_OPTIONS = {"open_objects": True, "untyped": "any"}
 
 
 def train_tokenizer(vocab_size: int):
@@ -80,12 +87,10 @@ def _best(fn, repeats: int, budget: float = 2.0):
 
 # ----------------------------------------------------------------------------------- engines
 class Ours:
-    name = "jaxsample"
-
-    def __init__(self, tok, vocab_size, options):
+    def __init__(self, tok, vocab_size, options, name="jaxsample"):
         import jax
 
-        self.jax = jax
+        self.jax, self.name = jax, name
         self.vocab = st.Vocabulary.from_tokenizer(tok, eos_ids=[0], size=vocab_size)
         self.options = options
         self.compile({"type": "string"})  # warm-up: the per-vocabulary trie, JAX's device transfer
@@ -299,7 +304,7 @@ def main(argv=None):
     p.add_argument("--samples", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=300)
     p.add_argument("--timeout", type=int, default=120, help="seconds per compile before it counts as a failure")
-    p.add_argument("--engines", default="jaxsample,llguidance,xgrammar")
+    p.add_argument("--engines", default="jaxsample,jaxsample-spec,llguidance,xgrammar")
     p.add_argument("--options", default="{}", help="JSON dict of compile_json_schema options for jaxsample")
     p.add_argument("--out", default=None, help="write the per-engine statistics as JSON")
     p.add_argument("--verbose", action="store_true")
@@ -310,8 +315,12 @@ def main(argv=None):
     v = tok.get_vocab_size()
     wanted = args.engines.split(",")
     engines = []
+    options = json.loads(args.options)
     if "jaxsample" in wanted:
-        engines.append(Ours(tok, v, json.loads(args.options)))
+        engines.append(Ours(tok, v, options, f"jaxsample {options}" if options else "jaxsample"))
+    if "jaxsample-spec" in wanted:  # the JSON Schema meaning of absent additionalProperties and type
+        spec = {**options, **SPEC_OPTIONS}
+        engines.append(Ours(tok, v, spec, f"jaxsample {spec}"))
     for key, cls in (("llguidance", LLGuidance), ("xgrammar", XGrammar)):
         if key in wanted:
             try:
