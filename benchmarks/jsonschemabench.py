@@ -26,6 +26,9 @@ one process, schema by schema:
   probability 1/2) validated by ``jsonschema`` for the schema's draft with format checking plus
   the RFC rules it does not check (``tests/_format_rules.py``), exact ``multipleOf``, no duplicate
   keys. Unfinished generations are counted apart.
+
+``--explain`` prints, for every valid instance an engine refuses, the text around the first token
+it refuses (how the causes in docs/structured.md were counted).
 """
 
 from __future__ import annotations
@@ -217,6 +220,16 @@ def generate(matcher, single_byte: np.ndarray, rng, max_tokens: int, decode) -> 
     return None
 
 
+def where_refused(matcher, tok, text: str) -> str:
+    """The text around the first token a matcher refuses (``...before|refused...``), or ``at the end``."""
+    enc = tok.encode(text)
+    for i, t in enumerate(enc.ids):
+        if not matcher.consume(t):
+            at = enc.offsets[i][0]
+            return repr(text[max(0, at - 60) : at]) + " | " + repr(text[at : at + 30])
+    return "at the end (incomplete)"
+
+
 def output_valid(text: str, schema) -> bool:
     try:
         validator(schema).validate(loads(text))
@@ -257,6 +270,8 @@ def run(engines, records, tok, args) -> dict:
             for t in rec["tests"]:
                 text = json.dumps(t["data"], ensure_ascii=False)
                 ok = e.matcher(compiled).accepts_all(tok.encode(text).ids)
+                if args.explain and t["valid"] and not ok:
+                    print(f"refused by {e.name}: #{k} {rec['split']}/{rec['name']}: {where_refused(e.matcher(compiled), tok, text)}")
                 (s["valid"] if t["valid"] else s["invalid_acc"])[0] += bool(ok)
                 (s["valid"] if t["valid"] else s["invalid_acc"])[1] += 1
             rng = np.random.default_rng(k)
@@ -308,6 +323,7 @@ def main(argv=None):
     p.add_argument("--options", default="{}", help="JSON dict of compile_json_schema options for jaxsample")
     p.add_argument("--out", default=None, help="write the per-engine statistics as JSON")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--explain", action="store_true", help="print where each refused valid instance stops")
     args = p.parse_args(argv)
     provenance, records = load()
     records = records[: args.limit]
