@@ -8,7 +8,9 @@ each of 11 splits of guidance-ai/jsonschemabench's MaskBench data, with their te
 provenance in its first line; nothing is downloaded). Vocabulary: a byte-level BPE of
 ``--vocab`` tokens trained here on ``pydoc_data.topics`` (the Python docs).
 
-Per engine (jaxsample; llguidance and XGrammar when installed), in one process, schema by schema:
+Per engine (jaxsample with its defaults; ``jaxsample-spec``: with ``SPEC_OPTIONS``, the JSON Schema
+meaning of an absent ``additionalProperties``/``type``; llguidance and XGrammar when installed), in
+one process, schema by schema:
 
 * **compiles**: the schema is accepted (ours: no ``GrammarError``, within ``--timeout`` seconds);
 * **compile ms** p50/p90: best of up to ``--repeats`` runs (stopping after 2 s), including what
@@ -24,6 +26,9 @@ Per engine (jaxsample; llguidance and XGrammar when installed), in one process, 
   probability 1/2) validated by ``jsonschema`` for the schema's draft with format checking plus
   the RFC rules it does not check (``tests/_format_rules.py``), exact ``multipleOf``, no duplicate
   keys. Unfinished generations are counted apart.
+
+``--explain`` prints, for every valid instance an engine refuses, the text around the first token
+it refuses (how the causes in docs/structured.md were counted).
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.jsonschemabench_sample import load  # noqa: E402
 from jaxsample import structured as st  # noqa: E402
 from tests._format_rules import loads, validator  # noqa: E402
+
+
+#: Options of the ``jaxsample-spec`` engine: absent ``additionalProperties`` open and absent ``type``
+#: every type (the JSON Schema meaning; the defaults close objects and imply types from keywords).
+SPEC_OPTIONS = {"open_objects": True, "untyped": "any"}
 
 
 def train_tokenizer(vocab_size: int):
@@ -80,12 +90,10 @@ def _best(fn, repeats: int, budget: float = 2.0):
 
 # ----------------------------------------------------------------------------------- engines
 class Ours:
-    name = "jaxsample"
-
-    def __init__(self, tok, vocab_size, options):
+    def __init__(self, tok, vocab_size, options, name="jaxsample"):
         import jax
 
-        self.jax = jax
+        self.jax, self.name = jax, name
         self.vocab = st.Vocabulary.from_tokenizer(tok, eos_ids=[0], size=vocab_size)
         self.options = options
         self.compile({"type": "string"})  # warm-up: the per-vocabulary trie, JAX's device transfer
@@ -212,6 +220,16 @@ def generate(matcher, single_byte: np.ndarray, rng, max_tokens: int, decode) -> 
     return None
 
 
+def where_refused(matcher, tok, text: str) -> str:
+    """The text around the first token a matcher refuses (``...before|refused...``), or ``at the end``."""
+    enc = tok.encode(text)
+    for i, t in enumerate(enc.ids):
+        if not matcher.consume(t):
+            at = enc.offsets[i][0]
+            return repr(text[max(0, at - 60) : at]) + " | " + repr(text[at : at + 30])
+    return "at the end (incomplete)"
+
+
 def output_valid(text: str, schema) -> bool:
     try:
         validator(schema).validate(loads(text))
@@ -252,6 +270,8 @@ def run(engines, records, tok, args) -> dict:
             for t in rec["tests"]:
                 text = json.dumps(t["data"], ensure_ascii=False)
                 ok = e.matcher(compiled).accepts_all(tok.encode(text).ids)
+                if args.explain and t["valid"] and not ok:
+                    print(f"refused by {e.name}: #{k} {rec['split']}/{rec['name']}: {where_refused(e.matcher(compiled), tok, text)}")
                 (s["valid"] if t["valid"] else s["invalid_acc"])[0] += bool(ok)
                 (s["valid"] if t["valid"] else s["invalid_acc"])[1] += 1
             rng = np.random.default_rng(k)
@@ -299,10 +319,11 @@ def main(argv=None):
     p.add_argument("--samples", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=300)
     p.add_argument("--timeout", type=int, default=120, help="seconds per compile before it counts as a failure")
-    p.add_argument("--engines", default="jaxsample,llguidance,xgrammar")
+    p.add_argument("--engines", default="jaxsample,jaxsample-spec,llguidance,xgrammar")
     p.add_argument("--options", default="{}", help="JSON dict of compile_json_schema options for jaxsample")
     p.add_argument("--out", default=None, help="write the per-engine statistics as JSON")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--explain", action="store_true", help="print where each refused valid instance stops")
     args = p.parse_args(argv)
     provenance, records = load()
     records = records[: args.limit]
@@ -310,8 +331,12 @@ def main(argv=None):
     v = tok.get_vocab_size()
     wanted = args.engines.split(",")
     engines = []
+    options = json.loads(args.options)
     if "jaxsample" in wanted:
-        engines.append(Ours(tok, v, json.loads(args.options)))
+        engines.append(Ours(tok, v, options, f"jaxsample {options}" if options else "jaxsample"))
+    if "jaxsample-spec" in wanted:  # the JSON Schema meaning of absent additionalProperties and type
+        spec = {**options, **SPEC_OPTIONS}
+        engines.append(Ours(tok, v, spec, f"jaxsample {spec}"))
     for key, cls in (("llguidance", LLGuidance), ("xgrammar", XGrammar)):
         if key in wanted:
             try:

@@ -364,6 +364,20 @@ CASES = {
     "unevaluated_items": ({"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": False}, {},
                           [[], [1]], ["[1,2]"]),
     "required_undeclared": ({"type": "object", "required": ["k"]}, {}, [{"k": [1]}], ["{}"]),
+    # a typeless `not` of string keywords / presence: every other type is valid under the `not`'s
+    # schema, so none is valid under the `not` (was accepted: 5, {}, "s")
+    "not_of_untyped_string_keywords": ({"not": {"pattern": "^a"}}, {}, ["b", ""], ["5", "{}", '"a"', "null", "[]"]),
+    "not_of_untyped_presence": ({"type": ["object", "string"], "not": {"required": ["a"]}}, {}, [{}],
+                                ['"s"', '{"a":1}']),
+    "not_of_typed_string_keywords": ({"not": {"type": "string", "pattern": "^a"}}, {}, ["b", 5, None, [1]], ['"a"']),
+    # enum values filtered by sibling keywords in their JSON Schema meaning (was: "x" dropped,
+    # `properties` implying objects)
+    "enum_with_untyped_siblings": ({"enum": ["x", {"a": 1}, {"a": "y"}], "properties": {"a": {"type": "string"}}}, {},
+                                   ["x", {"a": "y"}], ['{"a":1}']),
+    # a schema without `type` is every type when asked (keywords apply to their own type)
+    "untyped_any": ({"properties": {"a": {"type": "integer"}}, "items": {"type": "string"}, "maxLength": 1},
+                    {"untyped": "any", "open_objects": True},
+                    [{"a": 1}, {"b": [1, {}]}, ["x"], "s", 3, -0.5, None, True], ['{"a":"s"}', "[1]", '"st"']),
 }
 
 
@@ -515,3 +529,19 @@ def test_any_of_with_an_unconstrained_branch_is_every_value():
     assert d.matches(b'{"a":"x"}') and d.matches(b'[1,{"b":null}]') and d.matches(b"3")
     sib = am.compile_expr(schema_expr({"type": "integer", "anyOf": [{"minimum": 5}, True]}))
     assert sib.matches(b"3") and not sib.matches(b'"x"')
+
+
+def test_untyped_schemas_imply_their_types_unless_asked():
+    schema = {"properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    implied = am.compile_expr(schema_expr(schema, whitespace="compact"))
+    assert implied.matches(b'{"a":1}') and not implied.matches(b'"x"') and not implied.matches(b"[]")
+    with pytest.raises(ValueError, match="untyped"):
+        schema_expr(schema, untyped="all")
+    # oneOf proofs follow the option: the implied branches are disjoint objects, but under "any"
+    # both branches also have every string ("x" is valid under both, so not under oneOf)
+    one_of = {"oneOf": [{"properties": {"k": {"const": n}}, "required": ["k"]} for n in (1, 2)]}
+    assert not validator(one_of).is_valid("x")
+    d = am.compile_expr(schema_expr(one_of, whitespace="compact"))
+    assert d.matches(b'{"k":2}') and not d.matches(b'"x"')
+    with pytest.raises(am.GrammarError, match="oneOf"):
+        schema_expr(one_of, untyped="any")

@@ -28,7 +28,7 @@ Supported (JSON Schema 2020-12, with drafts 4-2019 forms normalised by
 Over-constraints (outputs remain valid; some valid documents cannot be produced): objects with too
 many property orders for ``max_order_states`` keep schema order; an absent
 ``additionalProperties`` means closed unless ``open_objects=True`` (as XGrammar and llama.cpp);
-a schema without ``type`` produces only the types its keywords imply; bounded numbers have no
+a schema without ``type`` produces only the types its keywords imply unless ``untyped="any"``; bounded numbers have no
 exponent; enum/const numbers are written as given (``1`` not ``1.0``); strings use canonical
 escapes; recursion (a ``$ref`` cycle, the containers of ``{}``/``true`` values) nests at most
 ``max_depth`` frames on the device stack (a runtime parameter, see below); ``minProperties``
@@ -98,6 +98,7 @@ from jaxsample.structured.schema_merge import error
 
 WHITESPACE_MODES = ("free", "compact", "bounded")
 PROPERTY_ORDERS = ("any", "schema")
+UNTYPED_MODES = ("implied", "any")
 #: Most values an item set may have for ``uniqueItems`` (the array tracks the subset used).
 MAX_UNIQUE_VALUES = 8
 #: The recursive rule of generic JSON containers; other rules are named by their ``$ref`` (and siblings).
@@ -123,6 +124,8 @@ class _Compiler:
             raise ValueError(f"whitespace must be one of {WHITESPACE_MODES}, got {mode!r}")
         if opts["property_order"] not in PROPERTY_ORDERS:
             raise ValueError(f"property_order must be one of {PROPERTY_ORDERS}, got {opts['property_order']!r}")
+        if opts["untyped"] not in UNTYPED_MODES:
+            raise ValueError(f"untyped must be one of {UNTYPED_MODES}, got {opts['untyped']!r}")
         if opts["unknown_formats"] not in ("ignore", "error"):
             raise ValueError(f"unknown_formats must be 'ignore' or 'error', got {opts['unknown_formats']!r}")
         if ws_pattern is not None:
@@ -364,7 +367,7 @@ class _Compiler:
             return self.enum(s, path)
         types = sm.types_of(s)
         if types is None:
-            implied = [t for t, keys in sm.FAMILIES.items() if keys & s.keys()]
+            implied = [t for t, keys in sm.FAMILIES.items() if keys & s.keys()] if self.opts["untyped"] == "implied" else []
             types = implied or list(sm.ALL_TYPES)
         return alt(*(self.typed(s, t, path) for t in types))
 
@@ -392,7 +395,7 @@ class _Compiler:
             named = {n for v in views if isinstance(v, dict) for n in v.get("properties", {})}
             foldable = "unevaluatedProperties" not in rest or named <= rest.get("properties", {}).keys()
             presence = all(v is True or isinstance(v, dict) and sm.presence_only(v) for v in views)
-            if foldable and presence and _only_objects(rest):
+            if foldable and presence and _only_objects(rest, self.opts["untyped"]):
                 preds = [("all", []) if v is True else sm.presence_predicate(v) for v in views]
                 rest["_presence"] = [*rest.get("_presence", []), ("any" if key == "anyOf" else "one", preds)]
                 return self.compile(rest, path)
@@ -410,9 +413,9 @@ class _Compiler:
             values = [v for v in values if any(_is_type(v, t) for t in types)]
         rest = {k: v for k, v in s.items() if k in sm.VALUE_KEYWORDS}
         values = list({canonical_json(v): v for v in values}.values())
-        if rest and values:  # keep the values the sibling keywords accept (objects: open, any depth)
+        if rest and values:  # keep the values the sibling keywords accept (JSON Schema meaning, any depth)
             checker = self.sub(whitespace="compact", whitespace_pattern=None, separators=None, open_objects=True,
-                               max_depth=max(self.opts["max_depth"], *map(_depth, values)))  # fmt: skip
+                               untyped="any", max_depth=max(self.opts["max_depth"], *map(_depth, values)))  # fmt: skip
             sibling = {**rest, "type": s["type"]} if "type" in s else rest
             check = compile_expr(checker.grammar(checker.compile(sibling, path)))
             values = [v for v in values if check.matches(canonical_json(v).encode())]
@@ -455,9 +458,13 @@ class _Compiler:
                 s["type"] = sorted(left)
             elif keys and sm.presence_only(v) and (sm.types_of(v) in (None, {"object"})):
                 s["_presence"] = [*s.get("_presence", []), ("not", sm.presence_predicate(v))]
+                if sm.types_of(v) is None and not _only_type(s, "object"):  # every non-object is valid under v
+                    return False
             elif (keys and keys <= sm.FAMILIES["string"] | {"enum", "type"} and sm.types_of(v) in (None, {"string"})
                   and all(isinstance(x, str) for x in v.get("enum", []))):  # fmt: skip
                 s["_not_strings"] = [*s.get("_not_strings", []), v]
+                if sm.types_of(v) is None and "enum" not in v and not _only_type(s, "string"):
+                    return False  # every non-string is valid under v
             else:
                 raise error(path, "not", f"'not' of {sorted(keys)} is not supported (only of {{}}, types, "
                             "presence of properties and string constraints)")  # fmt: skip
@@ -703,12 +710,22 @@ def _close_unevaluated(s: dict) -> dict:
     return s
 
 
-def _only_objects(s: dict) -> bool:
-    """Whether the compiled language of ``s`` has objects only (by ``type`` or implied by keywords)."""
+def _only_type(s: dict, t: str) -> bool:
+    """Restricts ``s`` (in place) to type ``t``, as a ``not`` that every other type violates requires;
+    ``False`` when ``s`` allows no value of type ``t``."""
+    mine = sm.types_of(s)
+    if mine is not None and t not in mine:
+        return False
+    s["type"] = t
+    return True
+
+
+def _only_objects(s: dict, untyped: str) -> bool:
+    """Whether the compiled language of ``s`` has objects only (by ``type``, or implied by keywords)."""
     types = sm.types_of(s)
     if types is not None:
         return types == {"object"}
-    return {t for t, keys in sm.FAMILIES.items() if keys & s.keys()} == {"object"}
+    return untyped == "implied" and {t for t, keys in sm.FAMILIES.items() if keys & s.keys()} == {"object"}
 
 
 def _depth(value) -> int:
@@ -738,6 +755,7 @@ def schema_expr(
     property_order: str = "any",
     max_order_states: int = 8192,
     open_objects: bool = False,
+    untyped: str = "implied",
     unknown_formats: str = "ignore",
     max_depth: int = DEFAULT_MAX_DEPTH,
     ref_calls: bool = False,
@@ -762,7 +780,10 @@ def schema_expr(
         declared properties were written costs up to ``2**(n-1)`` copies of the values); larger
         objects keep schema order.
       open_objects: what an absent ``additionalProperties`` means: ``False`` (default) closed, as
-        XGrammar and llama.cpp; ``True`` open (the JSON Schema meaning).
+        XGrammar and llama.cpp; ``True`` open (the JSON Schema meaning, as llguidance).
+      untyped: the types of a schema without ``type``: ``"implied"`` (default) only those its
+        keywords imply (``properties`` -> objects; all when none), or ``"any"`` every type, the
+        keywords applying to their own (the JSON Schema meaning, as llguidance).
       unknown_formats: ``"ignore"`` (default: a ``format`` outside JSON Schema's list is an
         annotation, as validators treat it) or ``"error"``.
       max_depth: stack frames of a recursive schema: each nested ``$ref`` on a cycle, and each
@@ -783,7 +804,7 @@ def schema_expr(
         schema = json.loads(schema)
     opts = dict(whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
                 max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
-                open_objects=open_objects, unknown_formats=unknown_formats, max_depth=max_depth,
+                open_objects=open_objects, untyped=untyped, unknown_formats=unknown_formats, max_depth=max_depth,
                 ref_calls=ref_calls)  # fmt: skip
     c = _Compiler(schema, opts)
     return c.grammar(c.compile(schema))

@@ -50,7 +50,7 @@ class Disjoint:
                 return all(self.directed(a, self.view({"allOf": [rest, x]}), depth + 1) for x in b[key])
         if "enum" in a and "enum" in b:
             return not any(sm.json_equal(x, y) for x in a["enum"] for y in b["enum"])
-        common = self.types(a, lower=True) & self.types(b, lower=False)
+        common = self.types(a, lower=self.c.opts["untyped"] == "implied") & self.types(b, lower=False)
         return all(self.of_type(a, b, t, depth) for t in common)
 
     def view(self, schema):
@@ -61,7 +61,7 @@ class Disjoint:
 
     @staticmethod
     def types(s, lower: bool) -> set:
-        """The JSON types of ``L(s)`` (``lower``: types implied by keywords) or of ``T(s)``."""
+        """The JSON types of ``L(s)`` (``lower``: types implied by keywords, the compiler's default) or of ``T(s)``."""
         t = sm.types_of(s)
         if "enum" in s:
             found = {sm.json_type(v) for v in s["enum"]}
