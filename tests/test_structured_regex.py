@@ -208,3 +208,38 @@ def test_intersects():
     a = am.compile_expr(parse_regex("[0-9]+"))
     assert am.intersects(a, am.compile_expr(parse_regex("1[a-z]?")))
     assert not am.intersects(a, am.compile_expr(parse_regex("[a-z]+")))
+
+
+@pytest.mark.parametrize("pattern", [r"[a-z]+@[a-z]+\.(com|org)", r"(\d{1,3}\.){3}\d{1,3}", r"[^\x00-\x7f]{1,3}x?", r"(ab|a)*b"])
+def test_automaton_leaf_edges_and_nfa_match_the_per_state_construction(pattern):
+    """``Automaton.edges`` (vectorised, computed once per leaf) lists exactly the per-state (mask, target)
+    edges in state-then-target order, and a leaf reused under two continuations compiles to the same
+    minimal DFA as the expression it was made from."""
+    from jaxsample.structured import dfa_ops
+
+    d = am.compile_expr(parse_regex(pattern))
+    leaf = dfa_ops.Automaton(d)
+    expected = []
+    for s in range(1, d.num_states):
+        targets = d.delta[s, d.byte_class]
+        for t in np.unique(targets):
+            if t:
+                expected.append((s, int.from_bytes(np.packbits(targets == t, bitorder="little").tobytes(), "little"), int(t)))
+    assert leaf.edges() == expected
+    inline = am.compile_expr(am.alt(am.seq(parse_regex(pattern), am.lit("!")), parse_regex(pattern)))
+    reused = am.compile_expr(am.alt(am.seq(leaf, am.lit("!")), leaf))
+    for a, b in zip(_canonical(inline), _canonical(reused)):
+        np.testing.assert_array_equal(a, b)  # minimal DFAs: equal up to numbering iff equal languages
+
+
+def _canonical(d):
+    """``(bytes table, accept)`` of a DFA renumbered breadth first from its start, over all 256 bytes."""
+    table = d.delta[:, d.byte_class]
+    order, index = [d.start], {0: 0, d.start: 1}
+    for s in order:
+        for t in table[s].tolist():
+            if t not in index:
+                index[t] = len(index)
+                order.append(t)
+    rows = np.array([[index[t] for t in table[s].tolist()] for s in order])
+    return rows, d.accept[order]

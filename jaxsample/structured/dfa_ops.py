@@ -107,10 +107,11 @@ class Automaton:
     :func:`~jaxsample.structured.automaton.alt` never merges different automata.
     """
 
-    __slots__ = ("dfa",)
+    __slots__ = ("dfa", "_edges")
 
     def __init__(self, dfa: ByteDFA):
         self.dfa = dfa
+        self._edges = None
 
     @classmethod
     def of(cls, dfa: ByteDFA):
@@ -123,17 +124,29 @@ class Automaton:
             return EPSILON
         return cls(dfa)
 
+    def edges(self) -> list[tuple[int, int, int]]:
+        """``(state, byte mask, target)`` per live transition, by state then target (computed once)."""
+        if self._edges is None:
+            d = self.dfa
+            targets = d.delta[1:, d.byte_class].astype(np.int64)  # [S-1, 256], rows from state 1
+            keys, inverse = np.unique((np.arange(1, d.num_states)[:, None] * d.num_states + targets).ravel(),
+                                      return_inverse=True)  # fmt: skip
+            member = np.zeros((keys.size, 256), bool)
+            member[inverse.ravel(), np.tile(np.arange(256), d.num_states - 1)] = True
+            packed = np.packbits(member, axis=1, bitorder="little")
+            src, dst = np.divmod(keys, d.num_states)
+            self._edges = [(s, int.from_bytes(packed[i].tobytes(), "little"), t)
+                           for i, (s, t) in enumerate(zip(src.tolist(), dst.tolist())) if t]  # fmt: skip
+        return self._edges
+
     def build_nfa(self, nfa, cont: int) -> int:
         """Adds the DFA's live states to ``nfa`` (byte-mask edges; accepting states step to ``cont``)."""
         d = self.dfa
         node = [0] + [nfa.new() for _ in range(1, d.num_states)]
-        for s in range(1, d.num_states):
-            targets = d.delta[s, d.byte_class]
-            for t in np.unique(targets):
-                if t:
-                    mask = int.from_bytes(np.packbits(targets == t, bitorder="little").tobytes(), "little")
-                    nfa.edges[node[s]].append((mask, node[t]))
-            if d.accept[s]:
+        for s, mask, t in self.edges():
+            nfa.edges[node[s]].append((mask, node[t]))
+        for s in np.flatnonzero(d.accept).tolist():
+            if s:
                 nfa.eps[node[s]].append(cont)
         return node[d.start]
 
