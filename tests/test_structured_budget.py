@@ -95,3 +95,18 @@ def test_ref_call_fallbacks_need_a_ref(fresh_cache, monkeypatch):
         st.compile_json_schema(schema, bpe_vocab(), whitespace="compact")
     assert [o.get("ref_calls", False) for o in seen] == [False, False]  # the default, then schema order
     assert seen[1]["property_order"] == "schema"
+
+
+def test_ambiguous_union_is_retried_with_inline_generic(fresh_cache):
+    from tests.test_structured_json_schema import UNION_OPEN
+
+    v = bpe_vocab()
+    explicit = st.compile_json_schema(UNION_OPEN, v, whitespace="compact", open_objects=True,
+                                      inline_generic=compiler.INLINE_GENERIC)  # fmt: skip
+    grammar_cache.clear()
+    got = st.compile_json_schema(UNION_OPEN, v, whitespace="compact", open_objects=True)
+    assert st.same_grammar(got, explicit)
+    for text, ok in [('{"a":{"z":{"y":[{}]}}}', True), ('{"c":"","a":{"x":1}}', True), ('{"a":{"x":"s"}}', False)]:
+        ids = bpe_tokenizer().encode(text).ids
+        m = st.Matcher(got)
+        assert (m.accept_tokens(ids) == len(ids) and m.is_accepting()) == ok, text

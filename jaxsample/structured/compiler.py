@@ -76,6 +76,10 @@ def _deep_recursion(limit: int = 20_000):
 BUDGET_FALLBACKS = ({"ref_calls": True}, {"property_order": "schema"}, {"property_order": "schema", "ref_calls": True})
 
 
+#: ``inline_generic`` of the retry when a union's generic value and typed container meet on one byte.
+INLINE_GENERIC = 3
+
+
 def _has_ref(schema) -> bool:
     """Whether a ``$ref`` keyword occurs anywhere in the schema (values of ``enum``/``const`` aside)."""
     todo = [schema]
@@ -106,13 +110,22 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     A schema that exceeds a state budget (:class:`~jaxsample.structured.automaton.BudgetError`)
     with the default ``property_order="any"`` and ``ref_calls=False`` is compiled again with the
     :data:`BUDGET_FALLBACKS` in turn (references as stack calls, then every object in schema
-    order, then both): the first that fits is returned, else the budget error.
+    order, then both): the first that fits is returned, else the budget error. A schema whose
+    pushdown automaton cannot choose between a generic value and a typed container of another
+    union branch (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`) is first compiled
+    again with ``inline_generic=INLINE_GENERIC`` (the same language).
     """
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)
     with _collector_paused(), _deep_recursion():
         try:
-            return compile_expression(json_schema.schema_expr(schema, **options), vocab)
+            try:
+                return compile_expression(json_schema.schema_expr(schema, **options), vocab)
+            except pushdown.AmbiguousCallError:
+                if options.get("inline_generic"):
+                    raise
+                options = {**options, "inline_generic": INLINE_GENERIC}
+                return compile_expression(json_schema.schema_expr(schema, **options), vocab)
         except automaton.BudgetError as err:
             for fallback in _fallbacks(schema, options):
                 try:

@@ -156,6 +156,9 @@ class _Compiler:
         self.rules: dict[str, Any] = {}  # recursive rules (None while pending)
         self.pending: dict[str, tuple[Any, str]] = {}  # rule -> (schema, path) still to compile
         self._any = None
+        self.level = 0  # document nesting of the value being compiled (containers entered)
+        self.inline_until = 0  # generic values above this nesting are compiled inline (see any_value)
+        self._inline: dict[int, Any] = {}
         self._sizes: dict[int, tuple[Any, int]] = {}
         self._anchors = None
         self.string = seq(lit('"'), STRING_BODY, lit('"'))
@@ -171,7 +174,17 @@ class _Compiler:
         return seq(lit(open_), self.ws, alt(EPSILON, inner) if empty_ok else inner, lit(close))
 
     def any_value(self):
-        """Any JSON value: scalars inline, containers the recursive rule ``JSON_RULE`` (one frame each)."""
+        """Any JSON value: scalars inline, containers the recursive rule ``JSON_RULE`` (one frame each).
+
+        Inside union branches (``self.inline_until`` > ``self.level``, the document nesting of the
+        value) the container levels down to nesting ``inline_until`` are inline copies instead: a
+        generic value next to a typed object or array of another branch at the same place (a key
+        undeclared in one branch, declared in the other) is then determinised with it instead of
+        entering the rule on the same byte (the pushdown automaton cannot choose there); all
+        branches call the rule from the same nesting on, where their calls merge. Same language,
+        more states."""
+        if self.inline_until > self.level:
+            return self.inline_value(self.inline_until - self.level)
         if self._any is None:
             scalars = alt(self.string, number_range(), lit("true"), lit("false"), lit("null"))
             value = alt(scalars, Call(JSON_RULE))
@@ -181,6 +194,19 @@ class _Compiler:
             self.rules[JSON_RULE] = alt(objects, arrays)
             self._any = value
         return self._any
+
+    def inline_value(self, depth: int):
+        """Any JSON value with its outermost ``depth`` container levels inline (then ``JSON_RULE``)."""
+        if depth not in self._inline:
+            saved, self.inline_until = self.inline_until, 0
+            inner = self.any_value() if depth == 1 else self.inline_value(depth - 1)
+            self.inline_until = saved
+            scalars = alt(self.string, number_range(), lit("true"), lit("false"), lit("null"))
+            member = seq(self.string, self.colon, inner)
+            objects = self.container("{", "}", seq(member, star(seq(self.comma, member))), True)
+            arrays = self.container("[", "]", seq(inner, star(seq(self.comma, inner))), True)
+            self._inline[depth] = alt(scalars, objects, arrays)
+        return self._inline[depth]
 
     def size(self, expr) -> int:
         """Estimated DFA states of ``expr``: its positions (character occurrences, repetitions unrolled).
@@ -402,7 +428,15 @@ class _Compiler:
             branches = [_with_siblings(b, rest) for b in branches]
         if key == "oneOf":
             self.check_disjoint(branches, path)
-        return alt(*(self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)))
+        compiled = [self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)]
+        if self.opts["inline_generic"] and len(branches) > 1 and self.inline_until <= self.level and _has_call(alt(*compiled)):
+            # a generic value may meet a typed container of another branch on the same byte
+            saved, self.inline_until = self.inline_until, self.level + int(self.opts["inline_generic"])
+            try:
+                compiled = [self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)]
+            finally:
+                self.inline_until = saved
+        return alt(*compiled)
 
     def enum(self, s, path):
         values = s["enum"]
@@ -480,10 +514,12 @@ class _Compiler:
         if t == "string":
             body = self.string_body(s, path)
             return EMPTY if body == EMPTY else seq(lit('"'), body, lit('"'))
-        if t == "array":
-            return self.array(s, path)
-        if t == "object":
-            return self.object(s, path)
+        if t in ("array", "object"):
+            self.level += 1
+            try:
+                return self.array(s, path) if t == "array" else self.object(s, path)
+            finally:
+                self.level -= 1
         raise error(path, "type", f"unknown type {t!r}")
 
     # ------------------------------------------------------------------ numbers
@@ -728,6 +764,21 @@ def _only_objects(s: dict, untyped: str) -> bool:
     return untyped == "implied" and {t for t, keys in sm.FAMILIES.items() if keys & s.keys()} == {"object"}
 
 
+def _has_call(expr, seen=None) -> bool:
+    """Whether an expression tree calls ``JSON_RULE``."""
+    seen = set() if seen is None else seen
+    if id(expr) in seen:
+        return False
+    seen.add(id(expr))
+    if isinstance(expr, Call):
+        return expr.rule == JSON_RULE
+    if isinstance(expr, (Seq, Alt)):
+        return any(_has_call(x, seen) for x in expr.items)
+    if isinstance(expr, Repeat):
+        return _has_call(expr.item, seen)
+    return False
+
+
 def _depth(value) -> int:
     if isinstance(value, dict):
         return 1 + max(map(_depth, value.values()), default=0)
@@ -759,6 +810,7 @@ def schema_expr(
     unknown_formats: str = "ignore",
     max_depth: int = DEFAULT_MAX_DEPTH,
     ref_calls: bool = False,
+    inline_generic: int = 0,
 ):
     """Expression tree of the JSON documents a schema accepts, or a
     :class:`~jaxsample.structured.pushdown.Grammar` when it recurses (see the module docstring).
@@ -795,6 +847,13 @@ def schema_expr(
         their definitions in many places (a schema nesting references deeper than ``max_depth``
         loses its deepest documents); the compilers retry with it when the inlined schema exceeds
         a state budget.
+      inline_generic: in the branches of an ``anyOf``/``oneOf`` that hold generic values, their
+        outermost ``inline_generic`` container levels are inline copies instead of calls of the
+        generic rule (the same language, more states), so a generic value and a typed object or
+        array of another branch starting at the same place (a key undeclared in one open object,
+        declared in the other) can be told apart by the pushdown automaton; ``0`` (default): calls.
+        :func:`~jaxsample.structured.compiler.compile_json_schema` retries with it when the
+        automaton cannot choose (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`).
 
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
@@ -805,6 +864,6 @@ def schema_expr(
     opts = dict(whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
                 max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
                 open_objects=open_objects, untyped=untyped, unknown_formats=unknown_formats, max_depth=max_depth,
-                ref_calls=ref_calls)  # fmt: skip
+                ref_calls=ref_calls, inline_generic=inline_generic)  # fmt: skip
     c = _Compiler(schema, opts)
     return c.grammar(c.compile(schema))

@@ -64,6 +64,10 @@ from jaxsample.structured.minimise import _gather, partition, predecessors
 DEFAULT_MAX_DEPTH = 32
 
 
+class AmbiguousCallError(GrammarError):
+    """A byte both shifts and enters a called rule (or enters two) where a rule is called."""
+
+
 class Grammar(NamedTuple):
     """A recursive grammar: ``rules`` maps names to expressions (with :class:`Call` nodes), ``root`` starts.
 
@@ -337,7 +341,7 @@ def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth) ->
                 found.append((inner[0], (() if closed[ret] else (ret,)) + inner[1]))
                 callee = names[r]
         if len(found) > 1:
-            raise GrammarError(
+            raise AmbiguousCallError(
                 f"byte {_byte_name(byte_class, b)} can continue two ways where rule {callee!r} is called "
                 "(the grammar is ambiguous there for a deterministic pushdown automaton; factor the "
                 "common prefix out of the alternatives)"
