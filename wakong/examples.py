@@ -22,8 +22,8 @@ For a batch of records:
 5. serialise (:func:`wakong.records.encode_records`, vectorised).
 
 :func:`record_seeds` reproduces grain's ``random_map`` generator (``Philox(seed)`` with counter
-``[0, 0, 0, i]``, then ``integers(2**63)``), vectorised, so builds are byte-identical to the earlier
-grain pipeline.
+``[0, 0, 0, i]``, then ``integers(2**63)``), vectorised, so builds write the same records, byte for
+byte, as the earlier grain pipeline.
 
 Accounting: every record ends as written (one or more examples) or dropped with one reason
 (:data:`DROP_REASONS`); content changes short of a drop are counted as events (see

@@ -209,10 +209,17 @@ def staging_dir(out_dir: str, process_index: int, process_count: int) -> str:
     return os.path.join(out_dir, f".staging-{part_prefix(process_index, process_count)}")
 
 
+#: ArrayRecord writer options: a chunk per record (a random access reads one record), compressed with
+#: snappy: ArrayRecord's default zstd cost most of a write for examples of ~50-1,500 bytes (a chunk per
+#: ~23-token article example cost ~3x the CPU of a snappy one), and snappy's shards are 5% smaller than
+#: zstd's for article examples, 23% larger for 512-token documents.
+WRITER_OPTIONS = "group_size:1,snappy"
+
+
 def _array_record_writer(path: str):
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    return ArrayRecordWriter(path, "group_size:1")
+    return ArrayRecordWriter(path, WRITER_OPTIONS)
 
 
 _CAUSES = {  # errno -> what it means for a dataset write
