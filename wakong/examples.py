@@ -44,7 +44,7 @@ from wakong import records
 from wakong.config import BuildConfig
 from wakong.infilling import _scheme, noise_example, permute_sentences
 from wakong.records import _starts
-from wakong.text import decode_utf8, split_sentences, truncate_utf8
+from wakong.text import decode_utf8, sentence_words, truncate_utf8
 from wakong.tokenizer import TextTokenizer
 
 __all__ = ["DROP_REASONS", "Outcome", "make_examples", "make_outcomes", "read_records", "record_seeds",
@@ -257,16 +257,14 @@ def make_examples(
 
 def _outcomes(indices, raws, rngs, config: BuildConfig, tok: TextTokenizer) -> list[Outcome]:
     outcomes = [Outcome(i, []) for i in indices]
-    words, sizes = [], []  # per record: its words, and the words of each sentence
+    texts = []
     for outcome, raw in zip(outcomes, raws):
-        text, reason = record_text(raw, config, outcome.events)
-        sentences = [] if reason else [s for s in map(str.split, split_sentences(text)) if s]
-        outcome.dropped = reason or (None if sentences else "empty")
-        words.append(list(itertools.chain.from_iterable(sentences)))
-        sizes.append(list(map(len, sentences)))
+        text, outcome.dropped = record_text(raw, config, outcome.events)
+        texts.append(text or "")
+    words, sizes, per_record = sentence_words(texts)  # per record: its words; the words of each sentence
     ids, lengths = tok.encode_records(words)
     examples = []  # (outcome, rng, pieces) per example, in record order
-    for outcome, rng, sentences in zip(outcomes, rngs, _sentences(lengths, sizes, outcomes)):
+    for outcome, rng, sentences in zip(outcomes, rngs, _sentences(lengths, sizes, per_record, outcomes)):
         if outcome.dropped is None:
             chunks, reason = _examples(sentences, config, outcome.events) if sentences else ([], "empty")
             examples.extend((outcome, rng, chunk) for chunk in chunks)
@@ -276,12 +274,11 @@ def _outcomes(indices, raws, rngs, config: BuildConfig, tok: TextTokenizer) -> l
     return outcomes
 
 
-def _sentences(lengths: np.ndarray, sizes: list[list[int]], outcomes: list[Outcome]):
+def _sentences(lengths: np.ndarray, flat: np.ndarray, per_record: np.ndarray, outcomes: list[Outcome]):
     """Per record: its sentences as pieces (first token, lengths of the words with tokens); counts
-    ``words_without_tokens``."""
-    flat = np.fromiter(itertools.chain.from_iterable(sizes), np.int64)
+    ``words_without_tokens``. ``flat``: the words of each sentence, ``per_record`` the sentences of each."""
     if not len(flat):
-        yield from ([] for _ in sizes)
+        yield from ([] for _ in outcomes)
         return
     word_at = _starts(flat)
     kept = lengths > 0
@@ -292,8 +289,8 @@ def _sentences(lengths: np.ndarray, sizes: list[list[int]], outcomes: list[Outco
     nonzero = lengths[kept].tolist()
     kept_at, kept_end = kept_at.tolist(), (kept_at + kept_words).tolist()
     s = 0
-    for outcome, record in zip(outcomes, sizes):
-        e = s + len(record)
+    for outcome, n in zip(outcomes, per_record.tolist()):
+        e = s + n
         sentences = [(t, nonzero[a:b]) for t, a, b in zip(tokens_at[s:e], kept_at[s:e], kept_end[s:e]) if a < b]
         _count(outcome.events, "words_without_tokens", without[e] - without[s])
         s = e
