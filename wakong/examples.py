@@ -329,12 +329,13 @@ def _batch_examples(table: _Sentences, outcomes: list[Outcome], config: BuildCon
                 _count(outcome.events, "short_sentences_dropped", s)
             elif r:
                 outcome.dropped = "too_short" if k else "empty"
-    rows = np.concatenate([[0], np.cumsum(count)]).tolist()
-    first, at, words, lengths = (x.tolist() for x in (table.first, table.word_at, table.words, table.lengths))
+    rows = np.append(_starts(count), len(table.record)).tolist()
     record, per_example, piece_start, piece_words, word_lengths = [], [], [], [], []
     for r in np.flatnonzero(slow).tolist():
-        outcome = outcomes[r]
-        sentences = [(first[j], lengths[at[j] : at[j] + words[j]]) for j in range(rows[r], rows[r + 1])]
+        outcome, (a, b) = outcomes[r], rows[r : r + 2]
+        ends = np.cumsum(table.words[a:b]).tolist()
+        lengths = table.lengths[table.word_at[a] : table.word_at[a] + ends[-1]].tolist() if b > a else []
+        sentences = [(t, lengths[i:j]) for t, i, j in zip(table.first[a:b].tolist(), [0, *ends], ends)]
         chunks, reason = _examples(sentences, config, outcome.events) if sentences else ([], "empty")
         outcome.dropped = None if chunks else reason
         for chunk in chunks:

@@ -77,6 +77,9 @@ def truncate_utf8(raw: bytes, max_bytes: int) -> bytes:
     return raw[:cut]
 
 
+_LONGEST = max(map(len, _ABBREVIATIONS))  # lower() never shortens a word
+
+
 def _abbreviation(word: str) -> bool:
     """Whether ``word`` (a whitespace word ending with a full stop) is a known abbreviation or a single
     letter, quotes and brackets aside."""
@@ -112,10 +115,11 @@ def split_sentences(text: str) -> list[str]:
 
 
 # Classes of the code points up to U+3001 (none above U+3000 is whitespace; a test checks): bit 1
-# ``str.isspace``, 2 a terminator, 4 a closer, 8 what may start a sentence (:data:`_BOUNDARY`'s classes).
+# ``str.isspace``, 2 a terminator, 4 a closer, 8 what may start a sentence (:data:`_BOUNDARY`'s classes),
+# 16 what :func:`_abbreviation` strips from a word's start.
 _CLASSES = np.array([chr(c).isspace() for c in range(0x3002)], np.uint8)
 for _bit, _chars in ((2, ".!?\u2026"), (4, "'\"\u2019\u201d)]"), (8, "[(\u2018\u201c'\"" + "".join(map(chr, [
-        *range(65, 91), *range(48, 58), *range(0xC0, 0x250)])))):
+        *range(65, 91), *range(48, 58), *range(0xC0, 0x250)]))), (16, "([\"'\u2018\u201c")):
     _CLASSES[[ord(c) for c in _chars]] |= _bit
 
 
@@ -151,8 +155,11 @@ def sentence_words(texts: Sequence[str]) -> tuple[list[list[str]], np.ndarray, n
     candidate = np.flatnonzero((tail >= 0) & (kind[tail] & 2 == 2) & (following & 8 == 8))
     tail = tail[candidate]
     single = (points[tail] == 46) & ((kind[np.maximum(tail - 1, 0)] & 2 == 0) | (tail == 0))
-    word_at, tails = starts[candidate].tolist(), tail.tolist()
-    candidate[[k for k in np.flatnonzero(single).tolist() if _abbreviation(joined[word_at[k] : tails[k] + 1])]] = -1
+    word_at = starts[candidate]  # a word with nothing to strip and more letters than any abbreviation is none:
+    long = (tail - word_at > _LONGEST) & (kind[tail - 1] & 6 == 0) & (kind[word_at] & 16 == 0)
+    word_at, tails = word_at.tolist(), tail.tolist()
+    check = np.flatnonzero(single & ~long).tolist()
+    candidate[[k for k in check if _abbreviation(joined[word_at[k] : tails[k] + 1])]] = -1
     cuts = np.concatenate([ends[candidate[candidate >= 0]] + 1, [m.start() for m in _PARAGRAPH.finditer(joined)],
                            [len(joined)]])
     cuts.sort()
