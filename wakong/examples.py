@@ -7,10 +7,12 @@ worker or host that makes it, or restarts -- so any runner may split the records
 
 For a batch of records:
 
-1. decode (:func:`record_text`: UTF-8 repairs, JSON field, size policy), split sentences and words;
+1. decode (:func:`record_text`: UTF-8 repairs, JSON field, size policy), split sentences and words
+   (:func:`wakong.text.sentence_words`, the whole batch at once);
 2. tokenise every record at once (:meth:`wakong.tokenizer.TextTokenizer.encode_records`);
-3. pack examples under the length policies (:func:`_examples`, on token counts: an example is a
-   contiguous range of the record's tokens, in pieces of words);
+3. pack examples under the length policies (:func:`_batch_examples`, on token counts: an example is a
+   contiguous range of the record's tokens, in pieces of words); sentence examples are chosen in NumPy
+   over the batch, documents and records with a sentence too long for one example by :func:`_examples`;
 4. noise: record ``i`` draws from ``random.Random(record_seeds(seed, [i]))`` -- every random choice of
    its examples, in order, exactly as :func:`wakong.infilling.noise_example` draws them (the exact
    ``wakong==1.1.1`` algorithm for the default span constants). Only the draws run per example (per
