@@ -326,11 +326,13 @@ def _batch_examples(table: _Sentences, outcomes: list[Outcome], config: BuildCon
         slow = live & (np.bincount(table.record, ~short & ~whole, n) > 0)
         fast = np.flatnonzero(whole & (live & ~slow)[table.record])
         shorts, taken = np.bincount(table.record[short], minlength=n), np.bincount(table.record[fast], minlength=n)
-        for outcome, k, s, t, r in zip(outcomes, count.tolist(), shorts.tolist(), taken.tolist(), (live & ~slow).tolist()):
-            if r and t:
-                _count(outcome.events, "short_sentences_dropped", s)
-            elif r:
-                outcome.dropped = "too_short" if k else "empty"
+        here = (live & ~slow).tolist()
+        for outcome, ours, sentences, dropped, kept in zip(outcomes, here, count.tolist(), shorts.tolist(),
+                                                           taken.tolist()):
+            if ours and kept:
+                _count(outcome.events, "short_sentences_dropped", dropped)
+            elif ours:
+                outcome.dropped = "too_short" if sentences else "empty"
     rows = np.append(_starts(count), len(table.record)).tolist()
     record, per_example, piece_start, piece_words, word_lengths = [], [], [], [], []
     for r in np.flatnonzero(slow).tolist():
@@ -436,7 +438,8 @@ def _draws(examples, layout, config: BuildConfig, tok: TextTokenizer):
     return order, schemes, values
 
 
-def _noised(examples, flat: list[int], layout, config: BuildConfig, tok: TextTokenizer) -> tuple[np.ndarray, np.ndarray]:
+def _noised(examples, flat: list[int], layout, config: BuildConfig,
+            tok: TextTokenizer) -> tuple[np.ndarray, np.ndarray]:
     """Sources from :func:`~wakong.infilling.noise_example`, example by example (any noise settings)."""
     options = dict(mask_id=tok.mask_id, vocab=tok.random_ids, max_source=config.examples.max_source_len - 2)
     sources = []
