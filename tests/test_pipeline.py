@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from wakong.infilling import NoiseConfig, infill
 from wakong.pipeline import build, make_examples, training_texts
 from wakong.reader import batches, open_dataset, record_example
 from wakong.sources import ArrayRecordSource, PydocSource, TextSource, open_source
-from wakong.text import decode_utf8, split_sentences, truncate_utf8
+from wakong.text import decode_utf8, sentence_words, split_sentences, split_words, truncate_utf8
 from wakong.tokenizer import TextTokenizer, TokenizerError, load_tokenizer, train_tokenizer
 
 SMALL = [
@@ -93,6 +94,25 @@ def test_split_sentences():
     assert split_sentences("version 3.11 is out. pi is 3.14") == ["version 3.11 is out. pi is 3.14"]
     assert split_sentences("first line\nsame sentence\n\nnew paragraph") == ["first line\nsame sentence", "new paragraph"]
     assert split_sentences("你好。再见！好") == ["你好。", "再见！", "好"]
+
+
+def test_sentence_words_matches_split_sentences():
+    """The batch splitter gives each text's words and sentence sizes exactly as split_sentences + split_words,
+    over texts built from what the rules look at (terminators, closers, openers, abbreviations, initials,
+    paragraph breaks, Unicode whitespace, CJK stops, a lone surrogate)."""
+    pieces = ["a", "B", "7", "\u00c9", "\u0250", "e.g.", "Dr.", "x.", "X.", "(e.g.", "i.e.)", "etc.", "p.m.", ".", "..",
+              "!", "?", "\u2026", '"', "'", ")", "]", "(", "[", "\u2018", "\u201c", "\u2019", "\u201d", " ", "  ", "\n",
+              "\n\n", "\n \t\n", "\t", "\r", "\u00a0", "\u3000", "\u2028", "\x1c", "\x85", "\u3002", "\uff01", "\u300d",
+              "\ud800", "\ufeff", "word"]
+    rng = random.Random(0)
+    for _ in range(1500):
+        texts = ["".join(rng.choice(pieces) for _ in range(rng.choice([0, 2, 8, 40]))) for _ in range(rng.randrange(4))]
+        words, sizes, per_text = sentence_words(texts)
+        expected = [[w for w in map(split_words, split_sentences(t)) if w] for t in texts]
+        assert words == [[w for s in e for w in s] for e in expected], texts
+        assert sizes.tolist() == [len(s) for e in expected for s in e], texts
+        assert per_text.tolist() == [len(e) for e in expected], texts
+    assert not any(chr(c).isspace() for c in range(0x3001, sys.maxunicode + 1))  # the splitter's whitespace table
 
 
 # ---------------------------------------------------------------- sources

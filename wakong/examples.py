@@ -7,10 +7,12 @@ worker or host that makes it, or restarts -- so any runner may split the records
 
 For a batch of records:
 
-1. decode (:func:`record_text`: UTF-8 repairs, JSON field, size policy), split sentences and words;
+1. decode (:func:`record_text`: UTF-8 repairs, JSON field, size policy), split sentences and words
+   (:func:`wakong.text.sentence_words`, the whole batch at once);
 2. tokenise every record at once (:meth:`wakong.tokenizer.TextTokenizer.encode_records`);
-3. pack examples under the length policies (:func:`_examples`, on token counts: an example is a
-   contiguous range of the record's tokens, in pieces of words);
+3. pack examples under the length policies (:func:`_batch_examples`, on token counts: an example is a
+   contiguous range of the record's tokens, in pieces of words); sentence examples are chosen in NumPy
+   over the batch, documents and records with a sentence too long for one example by :func:`_examples`;
 4. noise: record ``i`` draws from ``random.Random(record_seeds(seed, [i]))`` -- every random choice of
    its examples, in order, exactly as :func:`wakong.infilling.noise_example` draws them (the exact
    ``wakong==1.1.1`` algorithm for the default span constants). Only the draws run per example (per
@@ -36,7 +38,7 @@ import dataclasses
 import itertools
 import json
 import random
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -44,7 +46,7 @@ from wakong import records
 from wakong.config import BuildConfig
 from wakong.infilling import _scheme, noise_example, permute_sentences
 from wakong.records import _starts
-from wakong.text import decode_utf8, split_sentences, truncate_utf8
+from wakong.text import decode_utf8, sentence_words, truncate_utf8
 from wakong.tokenizer import TextTokenizer
 
 __all__ = ["DROP_REASONS", "Outcome", "make_examples", "make_outcomes", "read_records", "record_seeds",
@@ -257,47 +259,106 @@ def make_examples(
 
 def _outcomes(indices, raws, rngs, config: BuildConfig, tok: TextTokenizer) -> list[Outcome]:
     outcomes = [Outcome(i, []) for i in indices]
-    words, sizes = [], []  # per record: its words, and the words of each sentence
+    texts = []
     for outcome, raw in zip(outcomes, raws):
-        text, reason = record_text(raw, config, outcome.events)
-        sentences = [] if reason else [s for s in map(str.split, split_sentences(text)) if s]
-        outcome.dropped = reason or (None if sentences else "empty")
-        words.append(list(itertools.chain.from_iterable(sentences)))
-        sizes.append(list(map(len, sentences)))
+        text, outcome.dropped = record_text(raw, config, outcome.events)
+        texts.append(text or "")
+    words, sizes, per_record = sentence_words(texts)  # per record: its words; the words of each sentence
     ids, lengths = tok.encode_records(words)
-    examples = []  # (outcome, rng, pieces) per example, in record order
-    for outcome, rng, sentences in zip(outcomes, rngs, _sentences(lengths, sizes, outcomes)):
-        if outcome.dropped is None:
-            chunks, reason = _examples(sentences, config, outcome.events) if sentences else ([], "empty")
-            examples.extend((outcome, rng, chunk) for chunk in chunks)
-            outcome.dropped = None if chunks else reason
-    if examples:
-        _noise_and_encode(examples, ids, config, tok)
+    batch = _batch_examples(_sentences(lengths, sizes, per_record, outcomes), outcomes, config)
+    if len(batch.record):
+        _noise_and_encode([(outcomes[r], rngs[r]) for r in batch.record.tolist()], ids, batch, config, tok)
     return outcomes
 
 
-def _sentences(lengths: np.ndarray, sizes: list[list[int]], outcomes: list[Outcome]):
-    """Per record: its sentences as pieces (first token, lengths of the words with tokens); counts
-    ``words_without_tokens``."""
-    flat = np.fromiter(itertools.chain.from_iterable(sizes), np.int64)
-    if not len(flat):
-        yield from ([] for _ in sizes)
-        return
-    word_at = _starts(flat)
+class _Sentences(NamedTuple):
+    """A batch's sentences with tokens: record (in the batch), first token, words with tokens, tokens,
+    where its words start in ``lengths`` (the token counts of the words with tokens)."""
+
+    record: np.ndarray
+    first: np.ndarray
+    words: np.ndarray
+    tokens: np.ndarray
+    word_at: np.ndarray
+    lengths: np.ndarray
+
+
+def _sentences(lengths: np.ndarray, sizes: np.ndarray, per_record: np.ndarray, outcomes: list[Outcome]) -> _Sentences:
+    """The sentences with tokens of a batch from its words' token counts ``lengths``, the words of each
+    sentence ``sizes`` and the sentences of each record ``per_record``; counts ``words_without_tokens``."""
     kept = lengths > 0
-    kept_words = np.add.reduceat(kept.astype(np.int64), word_at)
-    kept_at = _starts(kept_words)
-    tokens_at = _starts(np.add.reduceat(lengths.astype(np.int64), word_at)).tolist()
-    without = np.concatenate([[0], np.cumsum(flat - kept_words)]).tolist()  # words without tokens, cumulated
-    nonzero = lengths[kept].tolist()
-    kept_at, kept_end = kept_at.tolist(), (kept_at + kept_words).tolist()
-    s = 0
-    for outcome, record in zip(outcomes, sizes):
-        e = s + len(record)
-        sentences = [(t, nonzero[a:b]) for t, a, b in zip(tokens_at[s:e], kept_at[s:e], kept_end[s:e]) if a < b]
-        _count(outcome.events, "words_without_tokens", without[e] - without[s])
-        s = e
-        yield sentences
+    word_at = _starts(sizes)
+    words, tokens = (np.add.reduceat(x.astype(np.int64), word_at) if len(sizes) else np.zeros(0, np.int64)
+                     for x in (kept, lengths))
+    record = np.repeat(np.arange(len(per_record)), per_record)
+    without = np.bincount(record, sizes - words, len(outcomes)).astype(np.int64).tolist()
+    for outcome, n in zip(outcomes, without):
+        _count(outcome.events, "words_without_tokens", n)
+    has = words > 0
+    return _Sentences(record[has], _starts(tokens)[has], words[has], tokens[has], _starts(words)[has],
+                      lengths[kept].astype(np.int64))
+
+
+class _Batch(NamedTuple):
+    """A batch's examples, in record order: each example's record (in the batch) and number of pieces,
+    each piece's first token and number of words, each word's number of tokens."""
+
+    record: np.ndarray
+    per_example: np.ndarray
+    piece_start: np.ndarray
+    piece_words: np.ndarray
+    word_lengths: np.ndarray
+
+
+def _batch_examples(table: _Sentences, outcomes: list[Outcome], config: BuildConfig) -> _Batch:
+    """Every example of a batch under the length policies; a record without one gets its drop reason.
+
+    Sentence examples: records whose sentences all fit or are too short are taken in NumPy (each
+    sentence with ``min_words`` words one example); the other records go through :func:`_examples`.
+    """
+    cfg, n = config.examples, len(outcomes)
+    live = np.fromiter((outcome.dropped is None for outcome in outcomes), bool, n)
+    count = np.bincount(table.record, minlength=n)
+    slow, fast = live, np.zeros(0, np.int64)
+    if cfg.unit == "sentence":
+        short = table.words < cfg.min_words
+        whole = ~short & (table.tokens <= min(cfg.max_source_len, cfg.max_target_len) - 2)
+        slow = live & (np.bincount(table.record, ~short & ~whole, n) > 0)
+        fast = np.flatnonzero(whole & (live & ~slow)[table.record])
+        shorts, taken = np.bincount(table.record[short], minlength=n), np.bincount(table.record[fast], minlength=n)
+        here = (live & ~slow).tolist()
+        for outcome, ours, sentences, dropped, kept in zip(outcomes, here, count.tolist(), shorts.tolist(),
+                                                           taken.tolist()):
+            if ours and kept:
+                _count(outcome.events, "short_sentences_dropped", dropped)
+            elif ours:
+                outcome.dropped = "too_short" if sentences else "empty"
+    rows = np.append(_starts(count), len(table.record)).tolist()
+    record, per_example, piece_start, piece_words, word_lengths = [], [], [], [], []
+    for r in np.flatnonzero(slow).tolist():
+        outcome, (a, b) = outcomes[r], rows[r : r + 2]
+        ends = np.cumsum(table.words[a:b]).tolist()
+        lengths = table.lengths[table.word_at[a] : table.word_at[a] + ends[-1]].tolist() if b > a else []
+        sentences = [(t, lengths[i:j]) for t, i, j in zip(table.first[a:b].tolist(), [0, *ends], ends)]
+        chunks, reason = _examples(sentences, config, outcome.events) if sentences else ([], "empty")
+        outcome.dropped = None if chunks else reason
+        for chunk in chunks:
+            record.append(r)
+            per_example.append(len(chunk))
+            for start, piece in chunk:
+                piece_start.append(start)
+                piece_words.append(len(piece))
+                word_lengths.extend(piece)
+    slow = _Batch(*(np.asarray(x, np.int64) for x in (record, per_example, piece_start, piece_words, word_lengths)))
+    fast = _Batch(table.record[fast], np.ones(len(fast), np.int64), table.first[fast], table.words[fast],
+                  table.lengths[_ranges(table.word_at[fast], table.words[fast])])
+    if not len(fast.record) or not len(slow.record):
+        return slow if len(slow.record) else fast
+    both = _Batch(*map(np.concatenate, zip(fast, slow)))  # in record order (a record's examples come from one)
+    order = np.argsort(both.record, kind="stable")
+    pieces = _ranges(_starts(both.per_example)[order], both.per_example[order])
+    return _Batch(both.record[order], both.per_example[order], both.piece_start[pieces], both.piece_words[pieces],
+                  both.word_lengths[_ranges(_starts(both.piece_words)[pieces], both.piece_words[pieces])])
 
 
 # ---------------------------------------------------------------- noising and serialising
@@ -308,20 +369,17 @@ def _fast(noise) -> bool:
     return not (noise.mask or noise.delete or noise.rotate)
 
 
-def _noise_and_encode(examples, ids: np.ndarray, config: BuildConfig, tok: TextTokenizer) -> None:
-    """Draws, builds and serialises every example of a batch; fills the outcomes in place."""
+def _noise_and_encode(examples, ids: np.ndarray, batch: _Batch, config: BuildConfig, tok: TextTokenizer) -> None:
+    """Draws, builds and serialises every example of a batch (``examples``: its outcome and generator
+    each); fills the outcomes in place."""
     noise = config.noise
-    pieces = [piece for _, _, chunk in examples for piece in chunk]
-    per_example = np.asarray([len(chunk) for _, _, chunk in examples], np.int64)
-    piece_words = np.asarray([len(words) for _, words in pieces], np.int64)
-    word_lengths = np.fromiter(itertools.chain.from_iterable(words for _, words in pieces), np.int64)
+    _, per_example, piece_start, piece_words, word_lengths = batch
     word_at = _starts(word_lengths)  # the first token of each word, in the batch's token ids:
-    word_first = np.repeat(np.asarray([start for start, _ in pieces], np.int64) - word_at[_starts(piece_words)],
-                           piece_words) + word_at
+    word_first = np.repeat(piece_start - word_at[_starts(piece_words)], piece_words) + word_at
     piece_tokens = np.add.reduceat(word_lengths, _starts(piece_words))
     n_tokens = np.add.reduceat(piece_tokens, _starts(per_example))
     n_words = np.add.reduceat(piece_words, _starts(per_example))
-    layout = (pieces, per_example, piece_words, word_first, word_lengths, n_tokens, n_words)
+    layout = (piece_start, per_example, piece_words, word_first, word_lengths, n_tokens, n_words)
     if config.output.mode == "tokenized":  # unnoised documents (no input_ids), noised on the device
         _encode(examples, ids, None, None, layout, tok)
         return
@@ -330,8 +388,21 @@ def _noise_and_encode(examples, ids: np.ndarray, config: BuildConfig, tok: TextT
         order, schemes, values = _draws(examples, layout, config, tok)
         source, source_lengths = _sources(ids, order, schemes, values, layout, noise.unit == "word", tok.mask_id)
     else:
-        source, source_lengths = _noised(examples, ids.tolist(), config, tok)
+        source, source_lengths = _noised(examples, ids.tolist(), layout, config, tok)
     _encode(examples, ids, source, source_lengths, layout, tok)
+
+
+def _chunks(layout, examples: Sequence[int] | None = None) -> list[list[Piece]]:
+    """The pieces (first token, token counts of its words) of ``examples`` (default: all), as lists."""
+    piece_start, per_example, piece_words, _, word_lengths, _, _ = layout
+    piece_at, word_at = _starts(per_example), _starts(piece_words)
+    out = []
+    for e in range(len(per_example)) if examples is None else examples:
+        first, last = int(piece_at[e]), int(piece_at[e] + per_example[e])
+        at, ends = int(word_at[first]), np.cumsum(piece_words[first:last]).tolist()
+        lengths = word_lengths[at : at + ends[-1]].tolist()
+        out.append([(start, lengths[a:b]) for start, a, b in zip(piece_start[first:last].tolist(), [0, *ends], ends)])
+    return out
 
 
 def _draws(examples, layout, config: BuildConfig, tok: TextTokenizer):
@@ -346,8 +417,8 @@ def _draws(examples, layout, config: BuildConfig, tok: TextTokenizer):
     infill, rate, top, cdfs = noise.infill, spec.budget_rate, spec.max_span_len, spec.cdfs()
     order, schemes, values = ([] if permute else None), [], ([] if ratio else None)
     at = 0
-    for (outcome, rng, chunk), count, n, n_unit in zip(examples, per_example.tolist(), n_tokens.tolist(),
-                                                       (n_words if word_unit else n_tokens).tolist()):
+    for e, ((outcome, rng), count, n, n_unit) in enumerate(zip(examples, per_example.tolist(), n_tokens.tolist(),
+                                                               (n_words if word_unit else n_tokens).tolist())):
         local = range(count)
         if permute:
             if count > 1:
@@ -356,7 +427,8 @@ def _draws(examples, layout, config: BuildConfig, tok: TextTokenizer):
             at += count
         scheme = _scheme(rng, n_unit, rate, top, cdfs) if infill and n_unit >= 2 else []
         if n + len(scheme) > body:
-            scheme, dropped = _fit(scheme, n, body, [chunk[k] for k in local] if word_unit else None)
+            pieces = _chunks(layout, [e])[0] if word_unit else None
+            scheme, dropped = _fit(scheme, n, body, [pieces[k] for k in local] if word_unit else None)
             _count(outcome.events, "inserted_masks_dropped", dropped)
         schemes.append(scheme)
         if ratio:
@@ -366,11 +438,12 @@ def _draws(examples, layout, config: BuildConfig, tok: TextTokenizer):
     return order, schemes, values
 
 
-def _noised(examples, flat: list[int], config: BuildConfig, tok: TextTokenizer) -> tuple[np.ndarray, np.ndarray]:
+def _noised(examples, flat: list[int], layout, config: BuildConfig,
+            tok: TextTokenizer) -> tuple[np.ndarray, np.ndarray]:
     """Sources from :func:`~wakong.infilling.noise_example`, example by example (any noise settings)."""
     options = dict(mask_id=tok.mask_id, vocab=tok.random_ids, max_source=config.examples.max_source_len - 2)
     sources = []
-    for outcome, rng, chunk in examples:
+    for (outcome, rng), chunk in zip(examples, _chunks(layout)):
         sentences = [[tuple(flat[a : a + n]) for a, n in zip(itertools.accumulate(w, initial=s), w)]
                      for s, w in chunk]
         noised = noise_example(sentences, rng, config.noise, **options)
@@ -470,9 +543,9 @@ def _sources(ids, order, schemes, values, layout, word_unit: bool, mask_id: int)
 def _encode(examples, ids, source, source_lengths, layout, tok: TextTokenizer) -> None:
     """Serialises the batch (BOS/EOS added; word and sentence starts over the labels); ``source=None``:
     documents without ``input_ids`` (``output.mode: tokenized``)."""
-    pieces, per_example, piece_words, word_first, _, n_tokens, _ = layout
+    piece_start, per_example, piece_words, word_first, _, n_tokens, _ = layout
     n = len(examples)
-    first = np.asarray([chunk[0][0] for _, _, chunk in examples], np.int64)
+    first = piece_start[_starts(per_example)]
     labels = _with_specials(ids[_ranges(first, n_tokens)], n_tokens, tok)
     if source is None:
         inputs, input_lengths, source_lengths = np.zeros(0, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
@@ -483,16 +556,16 @@ def _encode(examples, ids, source, source_lengths, layout, tok: TextTokenizer) -
     word_starts = np.zeros(len(labels), bool)
     word_starts[word_first + np.repeat(body_at[owner], piece_words)] = True
     sentence_starts = np.zeros(len(labels), bool)
-    sentence_starts[np.asarray([start for start, _ in pieces], np.int64) + body_at[owner]] = True
+    sentence_starts[piece_start + body_at[owner]] = True
     parts, count = [], {}
-    for outcome, _, _ in examples:  # an example's number within its record
+    for outcome, _ in examples:  # an example's number within its record
         parts.append(count.setdefault(id(outcome), len(outcome.records)))
         count[id(outcome)] += 1
     data = records.encode_records(
-        [outcome.index for outcome, _, _ in examples], parts, inputs, input_lengths, labels,
+        [outcome.index for outcome, _ in examples], parts, inputs, input_lengths, labels,
         n_tokens + 2, word_starts, sentence_starts, wide=tok.vocab_size > 65536,
     )
-    for (outcome, _, _), record, t, s in zip(examples, data, n_tokens.tolist(), source_lengths.tolist()):
+    for (outcome, _), record, t, s in zip(examples, data, n_tokens.tolist(), source_lengths.tolist()):
         outcome.records.append(record)
         outcome.tokens += t
         outcome.source_tokens += s
