@@ -359,43 +359,68 @@ def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states:
     """Subset construction over symbol classes from each of ``starts``: ``(delta, symbol_class, accept, entries)``.
 
     Per DFA state, the classes are split into groups reached by the same member edges (bitsets of
-    classes, refined edge by edge): one target set per group instead of one per class. A state is
-    accepting when it holds one of the ``final`` NFA states; ``entries`` are the starts' DFA states.
+    classes, refined edge by edge): one target set per group instead of one per class. A member's
+    edges refine all classes the same way wherever it comes first: that refinement is kept per NFA
+    state. A state is accepting when it holds one of the ``final`` NFA states; ``entries`` are the
+    starts' DFA states.
     """
     symbol_class, cls_of_mask = _byte_classes([m for es in nfa.edges for m, _ in es], 256 + len(nfa.rule_index))
     finals = {final} if isinstance(final, int) else set(final)
     k = int(symbol_class.max()) + 1
-    closure_memo: dict[int, frozenset] = {}
+    everything = (1 << k) - 1
+    eps, edges = nfa.eps, nfa.edges
+    closures: list = [None] * len(eps)
+    out_edges: list = [None] * len(eps)  # NFA state -> [(class bitset, target closure)], merged per bitset
+    disjoint = [False] * len(eps)  # whether those bitsets are pairwise disjoint
+    first_groups: list = [None] * len(eps)  # NFA state -> its edges' refinement of every class
 
     def closure(n: int) -> frozenset:
-        got = closure_memo.get(n)
-        if got is None:
-            seen, todo = {n}, [n]
-            while todo:
-                for t in nfa.eps[todo.pop()]:
-                    if t not in seen:
-                        seen.add(t)
-                        todo.append(t)
-            got = closure_memo[n] = frozenset(x for x in seen if nfa.edges[x] or x in finals)
+        if not eps[n]:
+            got = closures[n] = frozenset((n,)) if edges[n] or n in finals else frozenset()
+            return got
+        seen, todo = {n}, [n]
+        while todo:
+            for t in eps[todo.pop()]:
+                if t not in seen:
+                    seen.add(t)
+                    todo.append(t)
+        got = closures[n] = frozenset(x for x in seen if edges[x] or x in finals)
         return got
-
-    out_edges: dict[int, list] = {}  # NFA state -> [(class bitset, target closure)], merged per bitset
-    disjoint: dict[int, bool] = {}  # whether those bitsets are pairwise disjoint
 
     def edges_of(n: int) -> list:
-        got = out_edges.get(n)
-        if got is None:
-            merged: dict[int, frozenset] = {}
-            for m, t in nfa.edges[n]:
-                c = cls_of_mask[m]
-                merged[c] = merged.get(c, frozenset()) | closure(t)
-            got = out_edges[n] = list(merged.items())
-            union = 0
+        if len(edges[n]) == 1:
+            ((m, t),) = edges[n]
+            got = closures[t]
             disjoint[n] = True
-            for c in merged:
-                disjoint[n] &= not union & c
-                union |= c
+            got = out_edges[n] = [(cls_of_mask[m], frozenset() | (closure(t) if got is None else got))]
+            return got
+        merged: dict[int, frozenset] = {}
+        for m, t in edges[n]:
+            c = cls_of_mask[m]
+            got = closures[t]
+            merged[c] = merged.get(c, frozenset()) | (closure(t) if got is None else got)
+        union, apart = 0, True
+        for c in merged:
+            apart = apart and not union & c
+            union |= c
+        disjoint[n] = apart
+        got = out_edges[n] = list(merged.items())
         return got
+
+    def refine(groups: list, es: list) -> list:
+        for mask, targets in es:
+            refined = []
+            add = refined.append
+            for g, acc in groups:
+                inside = g & mask
+                if inside:
+                    add((inside, acc | targets))
+                    if inside != g:
+                        add((g ^ inside, acc))
+                else:
+                    add((g, acc))
+            groups = refined
+        return groups
 
     class_index: dict[int, np.ndarray] = {}
     ids: dict[frozenset, int] = {frozenset(): 0}
@@ -407,29 +432,23 @@ def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states:
             ids[first] = len(sets)
             sets.append(first)
         entries.append(ids[first])
-    everything = (1 << k) - 1
     rows_of, cols_of, targets_of = [], [], []  # the table, one (state, class group, target) at a time
     i = 1
     while i < len(sets):
-        members = sets[i]
         groups = None
-        if len(members) == 1:  # one NFA state with disjoint edges: its edges are the groups
-            (n,) = members
-            groups = edges_of(n) if (edges_of(n) and disjoint[n]) else None
-        if groups is None:
-            groups = [(everything, frozenset())]
-            for n in members:
-                for mask, targets in edges_of(n):
-                    refined = []
-                    for g, acc in groups:
-                        inside = g & mask
-                        if inside:
-                            refined.append((inside, acc | targets))
-                            if inside != g:
-                                refined.append((g & ~mask, acc))
-                        else:
-                            refined.append((g, acc))
-                    groups = refined
+        for n in sets[i]:
+            es = out_edges[n]
+            if es is None:
+                es = edges_of(n)
+            if groups is None:
+                if len(sets[i]) == 1 and es and disjoint[n]:  # one NFA state with disjoint edges: its edges are the groups
+                    groups = es
+                    break
+                groups = first_groups[n]
+                if groups is None:
+                    groups = first_groups[n] = refine([(everything, frozenset())], es)
+            elif es:
+                groups = refine(groups, es)
         for g, key in groups:
             if not key:
                 continue
