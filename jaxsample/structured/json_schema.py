@@ -427,7 +427,7 @@ class _Compiler:
                 return self.compile(rest, path)
             branches = [_with_siblings(b, rest) for b in branches]
         if key == "oneOf":
-            self.check_disjoint(branches, path)
+            branches = self.check_disjoint(branches, path)
         compiled = [self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)]
         if self.opts["inline_generic"] and len(branches) > 1 and self.inline_until <= self.level and _has_call(alt(*compiled)):
             # a generic value may meet a typed container of another branch on the same byte
@@ -712,17 +712,30 @@ class _Compiler:
 
     # ------------------------------------------------------------------ oneOf
     def check_disjoint(self, branches, path):
+        """The ``oneOf`` branches, proven disjoint (else an error); types whose every value two branches
+        accept (invalid under ``oneOf``) removed from all branches first."""
         views = []
         for i, b in enumerate(branches):
             try:
                 views.append(self.view(b, f"{path}/oneOf/{i}", []))
             except GrammarError:
                 views.append(None)
+        proof = Disjoint(self)
+        shared = set().union(*(proof.accepted_types(x, y) for i, x in enumerate(views) for y in views[:i]))
+        if shared:
+            if "number" in shared:
+                shared.add("integer")
+            lower = self.opts["untyped"] == "implied"
+            kept = [None if v is None else sorted(proof.types(v, lower) - shared) for v in views]
+            branches = [{"allOf": [b, {"type": k}]} if k is not None else b for b, k in zip(branches, kept)]
+            views = [None if v is None else self.view(b, f"{path}/oneOf/{i}", []) for i, (b, v) in
+                     enumerate(zip(branches, views))]  # fmt: skip
         for i in range(len(views)):
             for j in range(i):
-                if views[i] is None or views[j] is None or not Disjoint(self).schemas(views[i], views[j], 0):
+                if views[i] is None or views[j] is None or not proof.schemas(views[i], views[j], 0):
                     raise error(path, "oneOf", f"branches {j} and {i} may overlap (a document valid under both "
                                 "would be invalid; anyOf semantics would under-constrain)")  # fmt: skip
+        return branches
 
 
 _UNEVALUATED = {"unevaluatedProperties": "additionalProperties", "unevaluatedItems": "items"}

@@ -17,8 +17,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 from jaxsample.structured import schema_merge as sm
-from jaxsample.structured.automaton import GrammarError, intersects
-from jaxsample.structured.json_text import escape
+from jaxsample.structured.automaton import GrammarError, compile_expr, intersects
+from jaxsample.structured.json_text import canonical_json, escape
 
 
 class Disjoint:
@@ -48,9 +48,9 @@ class Disjoint:
             if key in b:
                 rest = {k: v for k, v in b.items() if k != key}
                 return all(self.directed(a, self.view({"allOf": [rest, x]}), depth + 1) for x in b[key])
-        if "enum" in a and "enum" in b:
-            return not any(sm.json_equal(x, y) for x in a["enum"] for y in b["enum"])
         common = self.types(a, lower=self.c.opts["untyped"] == "implied") & self.types(b, lower=False)
+        if common and "enum" in a and "enum" in b:  # (the types filter the values: none in common = disjoint)
+            return not any(sm.json_equal(x, y) for x in a["enum"] for y in b["enum"])
         return all(self.of_type(a, b, t, depth) for t in common)
 
     def view(self, schema):
@@ -78,6 +78,7 @@ class Disjoint:
         if "enum" in a or "enum" in b:
             e, other = (a, b) if "enum" in a else (b, a)
             vals = [v for v in e["enum"] if sm.json_type(v) == t or (t == "number" and sm.json_type(v) == "integer")]
+            vals = [v for v in vals if not self.negated(other, v)]
             if not vals:
                 return True
             if t == "string" and not self.other_keys(other, "string"):
@@ -114,6 +115,40 @@ class Disjoint:
                     if self.directed(x, y, depth + 1):
                         return True
             return any(self.prop(b, name) is False for name in ra)  # a always writes a name b forbids
+        return False
+
+    @staticmethod
+    def accepted_types(a, b) -> set:
+        """The types every value of which is valid under both ``a`` and ``b`` (neither constrains them)."""
+        if a is None or b is None or a is False or b is False:
+            return set()
+        out = set()
+        for t in ("null", "boolean", "string", "number", "array", "object"):
+            for s in (a, b):
+                if s is True:
+                    continue
+                if {"enum", "anyOf", "oneOf", "_not", "_not_strings"} & s.keys() or sm.FAMILIES.get(t, set()) & s.keys():
+                    break
+                types = sm.types_of(s)
+                if types is not None and t not in types:
+                    break
+            else:
+                out.add(t)
+        return out
+
+    def negated(self, s, value) -> bool:
+        """Whether ``s`` rejects ``value`` through a ``not`` (``value`` meets a negated schema)."""
+        if not s.get("_not"):
+            return False
+        checker = self.c.sub(whitespace="compact", whitespace_pattern=None, separators=None, open_objects=True,
+                             untyped="any")  # fmt: skip
+        text = canonical_json(value).encode()
+        for n in s["_not"]:
+            try:  # the compiled language is a subset of the negated schema's: a match is proof
+                if compile_expr(checker.grammar(checker.compile(n, ""))).matches(text):
+                    return True
+            except GrammarError:
+                continue
         return False
 
     def never_written(self, s, name) -> bool:
@@ -154,6 +189,8 @@ def _interval(s):
 
 def _count(s, what):
     lo, hi = s.get(f"min{what}", 0), s.get(f"max{what}")
+    if what == "Properties":  # every required name is a property
+        lo = max(lo, len(set(s.get("required", []))))
     return (Decimal(lo), False, None if hi is None else Decimal(hi), False)
 
 
