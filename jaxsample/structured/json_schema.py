@@ -725,14 +725,25 @@ class _Compiler:
         if shared:
             if "number" in shared:
                 shared.add("integer")
-            lower = self.opts["untyped"] == "implied"
-            kept = [None if v is None else sorted(proof.types(v, lower) - shared) for v in views]
+            implied = self.opts["untyped"] == "implied"
+            kept = [None if v is None else sorted(proof.types(v, implied) - shared) for v in views]
             branches = [{"allOf": [b, {"type": k}]} if k is not None else b for b, k in zip(branches, kept)]
             views = [None if v is None else self.view(b, f"{path}/oneOf/{i}", []) for i, (b, v) in
                      enumerate(zip(branches, views))]  # fmt: skip
+        lower = list(views)  # what is compiled (may be narrowed below); ``views``: what is valid
+        untyped = self.opts["untyped"]
         for i in range(len(views)):
             for j in range(i):
-                if views[i] is None or views[j] is None or not proof.schemas(views[i], views[j], 0):
+                if views[i] is None or views[j] is None:
+                    raise error(path, "oneOf", f"branches {j} and {i} may overlap (a branch cannot be read)")
+                if proof.directed(lower[i], views[j], 0) and proof.directed(lower[j], views[i], 0):
+                    continue
+                ri, rj = proof.required_objects(views[i], untyped), proof.required_objects(views[j], untyped)
+                if ri and rj:  # over-constraint: each branch's objects lack one of the names the other requires
+                    for a, names in ((i, rj), (j, ri)):
+                        branches[a] = {"allOf": [branches[a], {"not": {"required": names}}]}
+                        lower[a] = self.view(branches[a], f"{path}/oneOf/{a}", [])
+                if not (proof.directed(lower[i], views[j], 0) and proof.directed(lower[j], views[i], 0)):
                     raise error(path, "oneOf", f"branches {j} and {i} may overlap (a document valid under both "
                                 "would be invalid; anyOf semantics would under-constrain)")  # fmt: skip
         return branches

@@ -114,7 +114,9 @@ class Disjoint:
                     x, y = self.view(self.prop(a, name)), self.view(self.prop(b, name))
                     if self.directed(x, y, depth + 1):
                         return True
-            return any(self.prop(b, name) is False for name in ra)  # a always writes a name b forbids
+            if any(self.prop(b, name) is False for name in ra):  # a always writes a name b forbids
+                return True
+            return _lacks_one(a, rb) or _lacks_one(b, ra)  # one never has all the names the other requires
         return False
 
     @staticmethod
@@ -135,6 +137,12 @@ class Disjoint:
             else:
                 out.add(t)
         return out
+
+    def required_objects(self, s, untyped) -> list | None:
+        """The names a schema whose compiled values are objects only requires, else ``None``."""
+        if not isinstance(s, dict) or self.types(s, lower=untyped == "implied") != {"object"}:
+            return None
+        return sorted(set(s.get("required", [])))
 
     def negated(self, s, value) -> bool:
         """Whether ``s`` rejects ``value`` through a ``not`` (``value`` meets a negated schema)."""
@@ -174,6 +182,16 @@ class Disjoint:
         if name in s.get("properties", {}):
             return s["properties"][name]
         return self.c.name_schema(s, name)
+
+
+def _lacks_one(s, names) -> bool:
+    """Whether ``s`` forbids objects holding all of ``names`` (``not: {required: [subset]}``)."""
+    for n in s.get("_not", []):
+        n = sm.normalise(n, "") if isinstance(n, dict) else None
+        keys = None if n is None else {k for k in n if k not in sm.ANNOTATIONS}
+        if keys == {"required"} and n["required"] and set(n["required"]) <= set(names):
+            return True
+    return False
 
 
 def _interval(s):
