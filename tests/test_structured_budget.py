@@ -7,7 +7,7 @@ import pytest
 
 from jaxsample import structured as st
 from jaxsample.structured import automaton as am
-from jaxsample.structured import compiler, grammar_cache
+from jaxsample.structured import compiler, grammar_cache, pushdown
 from jaxsample.structured.json_schema import schema_expr
 from jaxsample.structured.pushdown import Pushdown
 from tests._format_rules import loads, validator
@@ -102,11 +102,29 @@ def test_ambiguous_union_is_retried_with_inline_generic(fresh_cache):
 
     v = bpe_vocab()
     explicit = st.compile_json_schema(UNION_OPEN, v, whitespace="compact", open_objects=True,
-                                      inline_generic=compiler.INLINE_GENERIC)  # fmt: skip
+                                      inline_generic=compiler.INLINE_GENERIC[0])  # fmt: skip
     grammar_cache.clear()
     got = st.compile_json_schema(UNION_OPEN, v, whitespace="compact", open_objects=True)
     assert st.same_grammar(got, explicit)
     for text, ok in [('{"a":{"z":{"y":[{}]}}}', True), ('{"c":"","a":{"x":1}}', True), ('{"a":{"x":"s"}}', False)]:
+        ids = bpe_tokenizer().encode(text).ids
+        m = st.Matcher(got)
+        assert (m.accept_tokens(ids) == len(ids) and m.is_accepting()) == ok, text
+
+
+def test_deeper_ambiguity_is_retried_with_more_inline_levels(fresh_cache):
+    # the typed object of the first branch sits 4 levels down: 3 inline levels still meet a call there
+    deep = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    for _ in range(3):
+        deep = {"type": "object", "properties": {"a": deep}}
+    schema = {"anyOf": [{**deep, "required": ["a"]},
+                        {"type": "object", "properties": {"c": {"type": "string"}}, "required": ["c"]}]}
+    v = bpe_vocab()
+    with pytest.raises(pushdown.AmbiguousCallError):
+        st.compile_json_schema(schema, v, whitespace="compact", open_objects=True, inline_generic=3)
+    got = st.compile_json_schema(schema, v, whitespace="compact", open_objects=True)
+    for text, ok in [('{"a":{"a":{"a":{"x":1}}}}', True), ('{"c":"","a":{"a":{"a":{"q":[{}]}}}}', True),
+                     ('{"a":{"a":{"a":{"x":"s"}}}}', False)]:  # fmt: skip
         ids = bpe_tokenizer().encode(text).ids
         m = st.Matcher(got)
         assert (m.accept_tokens(ids) == len(ids) and m.is_accepting()) == ok, text

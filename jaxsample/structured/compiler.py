@@ -76,8 +76,9 @@ def _deep_recursion(limit: int = 20_000):
 BUDGET_FALLBACKS = ({"ref_calls": True}, {"property_order": "schema"}, {"property_order": "schema", "ref_calls": True})
 
 
-#: ``inline_generic`` of the retry when a union's generic value and typed container meet on one byte.
-INLINE_GENERIC = 3
+#: ``inline_generic`` of the retries, in turn, when a union's generic value and typed container meet on
+#: one byte (a deeper level where they meet needs more inline levels).
+INLINE_GENERIC = (3, 6)
 
 
 def _has_ref(schema) -> bool:
@@ -113,7 +114,7 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     order, then both): the first that fits is returned, else the budget error. A schema whose
     pushdown automaton cannot choose between a generic value and a typed container of another
     union branch (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`) is first compiled
-    again with ``inline_generic=INLINE_GENERIC`` (the same language).
+    again with each ``inline_generic`` of :data:`INLINE_GENERIC` in turn (the same language).
     """
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)
@@ -121,11 +122,16 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
         try:
             try:
                 return compile_expression(json_schema.schema_expr(schema, **options), vocab)
-            except pushdown.AmbiguousCallError:
+            except pushdown.AmbiguousCallError as ambiguous:
                 if options.get("inline_generic"):
                     raise
-                options = {**options, "inline_generic": INLINE_GENERIC}
-                return compile_expression(json_schema.schema_expr(schema, **options), vocab)
+                for depth in INLINE_GENERIC:
+                    options = {**options, "inline_generic": depth}
+                    try:
+                        return compile_expression(json_schema.schema_expr(schema, **options), vocab)
+                    except pushdown.AmbiguousCallError as err:
+                        ambiguous = err
+                raise ambiguous
         except automaton.BudgetError as err:
             for fallback in _fallbacks(schema, options):
                 try:
