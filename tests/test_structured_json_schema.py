@@ -656,3 +656,25 @@ def test_one_of_open_objects_separated_by_required_names():
     with pytest.raises(am.GrammarError, match="oneOf"):
         schema_expr({"oneOf": [schema["oneOf"][0], {"type": "object", "properties": {"r": {"type": "string"}}}]},
                     open_objects=True)
+
+
+def test_union_with_a_discriminator_writes_it_first():
+    # every branch requires "kind" with its own const: the union chooses its branch after that member
+    # (an over-constraint on the order: "kind" comes first), instead of tracking open objects in parallel
+    branch = lambda k, p: {"type": "object", "properties": {"kind": {"const": k}, p: {"type": "string"}},  # noqa: E731
+                           "required": ["kind", p]}  # fmt: skip
+    schema = {"anyOf": [branch("a", "x"), branch("b", "y"), branch("c", "z")]}
+    d = _valid_samples(schema, open_objects=True)
+    assert d.matches(b'{"kind":"a","x":"","q":1}') and d.matches(b'{"kind":"c","w":[],"z":""}')
+    assert not d.matches(b'{"x":"","kind":"a"}') and validator(schema).is_valid({"x": "", "kind": "a"})
+    small = am.compile_expr(schema_expr(schema, open_objects=True)).num_states
+    # values that overlap do not choose a branch: no order imposed
+    shared = {"anyOf": [branch("a", "x"), {**branch("b", "y"), "properties": {"kind": {"enum": ["a", "b"]},
+                                                                                 "y": {"type": "string"}}}]}  # fmt: skip
+    d = _valid_samples(shared, open_objects=True)
+    assert d.matches(b'{"x":"","kind":"a"}')
+    from jaxsample.structured import json_schema
+
+    with pytest.MonkeyPatch.context() as mp:  # the same union tracked in parallel is larger
+        mp.setattr(json_schema._Compiler, "discriminator", lambda *a: None)
+        assert small * 2 < am.compile_expr(schema_expr(schema, open_objects=True)).num_states

@@ -162,6 +162,7 @@ class _Compiler:
         self._sizes: dict[int, tuple[Any, int]] = {}
         self._anchors = None
         self.string = seq(lit('"'), STRING_BODY, lit('"'))
+        self.first = None  # (property, level): objects at that nesting write it first (see discriminator)
 
     def sub(self, **changes) -> "_Compiler":
         """A compiler for the same document with other options (e.g. compact whitespace for checks)."""
@@ -428,15 +429,52 @@ class _Compiler:
             branches = [_with_siblings(b, rest) for b in branches]
         if key == "oneOf":
             branches = self.check_disjoint(branches, path)
-        compiled = [self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)]
-        if self.opts["inline_generic"] and len(branches) > 1 and self.inline_until <= self.level and _has_call(alt(*compiled)):
-            # a generic value may meet a typed container of another branch on the same byte
-            saved, self.inline_until = self.inline_until, self.level + int(self.opts["inline_generic"])
-            try:
-                compiled = [self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)]
-            finally:
-                self.inline_until = saved
+        saved_first, self.first = self.first, self.discriminator(branches, path, key)
+        try:
+            compiled = [self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)]
+            if self.opts["inline_generic"] and len(branches) > 1 and self.inline_until <= self.level and _has_call(alt(*compiled)):
+                # a generic value may meet a typed container of another branch on the same byte
+                saved, self.inline_until = self.inline_until, self.level + int(self.opts["inline_generic"])
+                try:
+                    compiled = [self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)]
+                finally:
+                    self.inline_until = saved
+        finally:
+            self.first = saved_first
         return alt(*compiled)
+
+    def discriminator(self, branches, path, key):
+        """``(name, level)``: a property every branch's objects require with pairwise disjoint finite
+        values (``const``/``enum``), written first in each branch's objects (an over-constraint on the
+        order that lets the union choose its branch after one member instead of tracking every branch
+        in parallel); ``None`` if there is none."""
+        if len(branches) < 2:
+            return None
+        proof, implied, found = Disjoint(self), self.opts["untyped"] == "implied", []
+        for i, b in enumerate(branches):
+            try:
+                v = self.view(b, f"{path}/{key}/{i}", [])
+            except GrammarError:
+                return None
+            if not isinstance(v, dict) or proof.types(v, implied) != {"object"}:
+                return None
+            found.append(v)
+        names = [n for n in found[0].get("required", []) if all(n in set(v.get("required", [])) for v in found[1:])]
+        for name in names:
+            values = []
+            for i, v in enumerate(found):
+                try:
+                    pv = self.view(proof.prop(v, name), f"{path}/{key}/{i}", [])
+                except GrammarError:
+                    pv = None
+                if not isinstance(pv, dict) or not isinstance(pv.get("enum"), list):
+                    break
+                values.append(pv["enum"])
+            else:
+                if all(not any(sm.json_equal(x, y) for x in a for y in b) for i, a in enumerate(values)
+                       for b in values[:i]):  # fmt: skip
+                    return name, self.level + 1
+        return None
 
     def enum(self, s, path):
         values = s["enum"]
