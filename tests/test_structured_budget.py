@@ -128,3 +128,27 @@ def test_deeper_ambiguity_is_retried_with_more_inline_levels(fresh_cache):
         ids = bpe_tokenizer().encode(text).ids
         m = st.Matcher(got)
         assert (m.accept_tokens(ids) == len(ids) and m.is_accepting()) == ok, text
+
+
+def test_discriminator_fallback_needs_a_union(fresh_cache, monkeypatch):
+    branch = lambda k: {"type": "object", "properties": {"kind": {"const": k}, "v": {"type": "string", "maxLength": 6}},  # noqa: E731
+                        "required": ["kind"]}  # fmt: skip
+    union = {"anyOf": [branch("a"), branch("b"), branch("c")]}
+    first = am.compile_expr(schema_expr(union, whitespace="compact", discriminator_first=True)).num_states
+    parallel = am.compile_expr(schema_expr(union, whitespace="compact")).num_states
+    assert first < parallel
+    v = bpe_vocab()
+    explicit = st.compile_json_schema(union, v, whitespace="compact", discriminator_first=True)
+    grammar_cache.clear()
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 550)  # any order exceeds it (subset construction), discriminators first fit
+    with pytest.raises(am.BudgetError):
+        am.compile_expr(schema_expr(union, whitespace="compact"))
+    got = st.compile_json_schema(union, v, whitespace="compact")
+    assert st.same_grammar(got, explicit)
+    seen = []
+    real = compiler.json_schema.schema_expr
+    monkeypatch.setattr(compiler.json_schema, "schema_expr", lambda s, **o: seen.append(o) or real(s, **o))
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 10)
+    with pytest.raises(am.BudgetError):  # no union: no discriminator retry
+        st.compile_json_schema(branch("a"), v, whitespace="compact")
+    assert seen and not any(o.get("discriminator_first") for o in seen)

@@ -429,7 +429,8 @@ class _Compiler:
             branches = [_with_siblings(b, rest) for b in branches]
         if key == "oneOf":
             branches = self.check_disjoint(branches, path)
-        saved_first, self.first = self.first, self.discriminator(branches, path, key)
+        first = self.discriminator(branches, path, key) if self.opts["discriminator_first"] else None
+        saved_first, self.first = self.first, first
         try:
             compiled = [self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)]
             if self.opts["inline_generic"] and len(branches) > 1 and self.inline_until <= self.level and _has_call(alt(*compiled)):
@@ -873,6 +874,7 @@ def schema_expr(
     max_depth: int = DEFAULT_MAX_DEPTH,
     ref_calls: bool = False,
     inline_generic: int = 0,
+    discriminator_first: bool = False,
 ):
     """Expression tree of the JSON documents a schema accepts, or a
     :class:`~jaxsample.structured.pushdown.Grammar` when it recurses (see the module docstring).
@@ -916,6 +918,12 @@ def schema_expr(
         declared in the other) can be told apart by the pushdown automaton; ``0`` (default): calls.
         :func:`~jaxsample.structured.compiler.compile_json_schema` retries with it when the
         automaton cannot choose (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`).
+      discriminator_first: in an ``anyOf``/``oneOf`` of objects that all require one property with
+        pairwise disjoint ``const``/``enum`` values (a discriminator), each branch's objects write it
+        first (an over-constraint on the order): the union then chooses its branch after one member
+        instead of tracking every branch's objects in parallel. ``False`` (default): any order;
+        :func:`~jaxsample.structured.compiler.compile_json_schema` retries with it when the schema
+        exceeds a state budget.
 
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
@@ -926,6 +934,6 @@ def schema_expr(
     opts = dict(whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
                 max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
                 open_objects=open_objects, untyped=untyped, unknown_formats=unknown_formats, max_depth=max_depth,
-                ref_calls=ref_calls, inline_generic=inline_generic)  # fmt: skip
+                ref_calls=ref_calls, inline_generic=inline_generic, discriminator_first=discriminator_first)  # fmt: skip
     c = _Compiler(schema, opts)
     return c.grammar(c.compile(schema))
