@@ -10,7 +10,9 @@ Supported (JSON Schema 2020-12, with drafts 4-2019 forms normalised by
 
 * ``type``, ``enum``/``const`` (values also filtered by sibling keywords), ``true``/``false``/``{}``;
 * ``allOf`` (merged, :func:`~jaxsample.structured.schema_merge.merge`), ``anyOf``, ``oneOf`` (branches
-  proven disjoint on values, else an error), sibling keywords next to all three and next to
+  proven disjoint on values, :mod:`~jaxsample.structured.schema_disjoint`, after removing the types
+  two branches leave unconstrained and separating object branches by their required names; else an
+  error), sibling keywords next to all three and next to
   ``$ref`` (draft 2019+; ignored in drafts 4-7, as those drafts say), local ``$ref`` (JSON pointers,
   ``$anchor``, ``$id``), ``not`` (of presence conditions, types, ``{}`` and string constraints);
 * objects: ``properties`` in **any order** (``property_order="any"``, the JSON Schema meaning; each
@@ -26,7 +28,9 @@ Supported (JSON Schema 2020-12, with drafts 4-2019 forms normalised by
   arithmetic, :func:`~jaxsample.structured.numbers.multiple_of`).
 
 Over-constraints (outputs remain valid; some valid documents cannot be produced): objects with too
-many property orders for ``max_order_states`` keep schema order; an absent
+many property orders for ``max_order_states`` keep schema order; ``oneOf`` object branches not
+proven disjoint never hold both branches' required names; with ``discriminator_first`` (a budget
+fallback) a union's discriminating property comes first; an absent
 ``additionalProperties`` means closed unless ``open_objects=True`` (as XGrammar and llama.cpp);
 a schema without ``type`` produces only the types its keywords imply unless ``untyped="any"``; bounded numbers have no
 exponent; enum/const numbers are written as given (``1`` not ``1.0``); strings use canonical

@@ -4,8 +4,10 @@ A ``oneOf`` compiled as a union is exact only if no value is valid under two bra
 the *compiled* languages is not enough (they are subsets: two closed objects can be disjoint as
 bytes while one value satisfies both schemas), so the proof reasons on the schemas: per JSON type
 the branches' outputs can have, disjoint types, ``enum`` sets, number intervals, length/count
-intervals, string languages (exact formats only), array positions both require, or a property
-both require with disjoint schemas (a discriminator). ``False`` means "not proven".
+intervals, string languages (exact formats only), array positions both require, a property
+both require with disjoint schemas (a discriminator), property counts (required names included),
+``enum`` values the other schema's ``not`` rejects, or names one requires and the other forbids
+(``not: {required: [...]}``). ``False`` means "not proven".
 
 >>> from jaxsample.structured.json_schema import schema_expr
 >>> _ = schema_expr({"oneOf": [{"properties": {"t": {"const": 1}}, "required": ["t"]},
