@@ -16,6 +16,7 @@ both require with disjoint schemas (a discriminator), property counts (required 
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 
 from jaxsample.structured import schema_merge as sm
@@ -34,6 +35,7 @@ class Disjoint:
 
     def __init__(self, c):
         self.c = c
+        self._negated: dict = {}
 
     def schemas(self, a, b, depth) -> bool:
         return self.directed(a, b, depth) and self.directed(b, a, depth)
@@ -148,18 +150,20 @@ class Disjoint:
 
     def negated(self, s, value) -> bool:
         """Whether ``s`` rejects ``value`` through a ``not`` (``value`` meets a negated schema)."""
-        if not s.get("_not"):
-            return False
-        checker = self.c.sub(whitespace="compact", whitespace_pattern=None, separators=None, open_objects=True,
-                             untyped="any")  # fmt: skip
         text = canonical_json(value).encode()
-        for n in s["_not"]:
-            try:  # the compiled language is a subset of the negated schema's: a match is proof
-                if compile_expr(checker.grammar(checker.compile(n, ""))).matches(text):
-                    return True
+        return any(d is not None and d.matches(text) for d in map(self.negated_language, s.get("_not", [])))
+
+    def negated_language(self, n):
+        """The compiled language of a negated schema (a subset of its values: a match is proof), or ``None``."""
+        key = json.dumps(n, sort_keys=True, default=repr)
+        if key not in self._negated:
+            checker = self.c.sub(whitespace="compact", whitespace_pattern=None, separators=None, open_objects=True,
+                                 untyped="any")  # fmt: skip
+            try:
+                self._negated[key] = compile_expr(checker.grammar(checker.compile(n, "")))
             except GrammarError:
-                continue
-        return False
+                self._negated[key] = None
+        return self._negated[key]
 
     def never_written(self, s, name) -> bool:
         """Whether the compiled objects of ``s`` never have property ``name`` (closed, undeclared)."""
