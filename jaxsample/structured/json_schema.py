@@ -769,7 +769,8 @@ class _Compiler:
             if "number" in shared:
                 shared.add("integer")
             implied = self.opts["untyped"] == "implied"
-            kept = [None if v is None else sorted(proof.types(v, implied) - shared) for v in views]
+            kept = [None if v is None or not proof.types(v, implied) & shared else sorted(proof.types(v, implied) - shared)
+                    for v in views]  # fmt: skip
             branches = [{"allOf": [b, {"type": k}]} if k is not None else b for b, k in zip(branches, kept)]
             views = [None if v is None else self.view(b, f"{path}/oneOf/{i}", []) for i, (b, v) in
                      enumerate(zip(branches, views))]  # fmt: skip
