@@ -7,7 +7,7 @@ import pytest
 
 from jaxsample import structured as st
 from jaxsample.structured import automaton as am
-from jaxsample.structured import compiler, grammar_cache
+from jaxsample.structured import compiler, grammar_cache, pushdown
 from jaxsample.structured.json_schema import schema_expr
 from jaxsample.structured.pushdown import Pushdown
 from tests._format_rules import loads, validator
@@ -102,7 +102,7 @@ def test_ambiguous_union_is_retried_with_inline_generic(fresh_cache):
 
     v = bpe_vocab()
     explicit = st.compile_json_schema(UNION_OPEN, v, whitespace="compact", open_objects=True,
-                                      inline_generic=compiler.INLINE_GENERIC)  # fmt: skip
+                                      inline_generic=compiler.INLINE_GENERIC[0])  # fmt: skip
     grammar_cache.clear()
     got = st.compile_json_schema(UNION_OPEN, v, whitespace="compact", open_objects=True)
     assert st.same_grammar(got, explicit)
@@ -110,3 +110,45 @@ def test_ambiguous_union_is_retried_with_inline_generic(fresh_cache):
         ids = bpe_tokenizer().encode(text).ids
         m = st.Matcher(got)
         assert (m.accept_tokens(ids) == len(ids) and m.is_accepting()) == ok, text
+
+
+def test_deeper_ambiguity_is_retried_with_more_inline_levels(fresh_cache):
+    # the typed object of the first branch sits 4 levels down: 3 inline levels still meet a call there
+    deep = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    for _ in range(3):
+        deep = {"type": "object", "properties": {"a": deep}}
+    schema = {"anyOf": [{**deep, "required": ["a"]},
+                        {"type": "object", "properties": {"c": {"type": "string"}}, "required": ["c"]}]}
+    v = bpe_vocab()
+    with pytest.raises(pushdown.AmbiguousCallError):
+        st.compile_json_schema(schema, v, whitespace="compact", open_objects=True, inline_generic=3)
+    got = st.compile_json_schema(schema, v, whitespace="compact", open_objects=True)
+    for text, ok in [('{"a":{"a":{"a":{"x":1}}}}', True), ('{"c":"","a":{"a":{"a":{"q":[{}]}}}}', True),
+                     ('{"a":{"a":{"a":{"x":"s"}}}}', False)]:  # fmt: skip
+        ids = bpe_tokenizer().encode(text).ids
+        m = st.Matcher(got)
+        assert (m.accept_tokens(ids) == len(ids) and m.is_accepting()) == ok, text
+
+
+def test_discriminator_fallback_needs_a_union(fresh_cache, monkeypatch):
+    branch = lambda k: {"type": "object", "properties": {"kind": {"const": k}, "v": {"type": "string", "maxLength": 6}},  # noqa: E731
+                        "required": ["kind"]}  # fmt: skip
+    union = {"anyOf": [branch("a"), branch("b"), branch("c")]}
+    first = am.compile_expr(schema_expr(union, whitespace="compact", discriminator_first=True)).num_states
+    parallel = am.compile_expr(schema_expr(union, whitespace="compact")).num_states
+    assert first < parallel
+    v = bpe_vocab()
+    explicit = st.compile_json_schema(union, v, whitespace="compact", discriminator_first=True)
+    grammar_cache.clear()
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 550)  # any order exceeds it (subset construction), discriminators first fit
+    with pytest.raises(am.BudgetError):
+        am.compile_expr(schema_expr(union, whitespace="compact"))
+    got = st.compile_json_schema(union, v, whitespace="compact")
+    assert st.same_grammar(got, explicit)
+    seen = []
+    real = compiler.json_schema.schema_expr
+    monkeypatch.setattr(compiler.json_schema, "schema_expr", lambda s, **o: seen.append(o) or real(s, **o))
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 10)
+    with pytest.raises(am.BudgetError):  # no union: no discriminator retry
+        st.compile_json_schema(branch("a"), v, whitespace="compact")
+    assert seen and not any(o.get("discriminator_first") for o in seen)

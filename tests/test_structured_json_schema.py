@@ -518,10 +518,12 @@ def test_one_of_overlap_is_refused_even_when_the_compiled_branches_are_disjoint(
         schema_expr(schema)
     assert e.value.keyword == "oneOf" and e.value.pointer == "/oneOf"
     # closed objects (the default) that require names the other branch never writes are disjoint
-    # outputs; open ones are not (a document may carry both names)
+    # outputs; open ones are not (a document may carry both names): the later branch is then
+    # compiled without the other's required names (an over-constraint, see below)
     disjoint = CASES["one_of_by_required_names"][0]
-    with pytest.raises(am.GrammarError, match="oneOf"):
-        schema_expr(disjoint, open_objects=True)
+    d = am.compile_expr(schema_expr(disjoint, open_objects=True, whitespace="compact"))
+    assert not d.matches(b'{"x":"a","z":1}') and not validator(disjoint).is_valid({"x": "a", "z": 1})
+    assert d.matches(b'{"x":"a"}') and d.matches(b'{"z":1,"q":null}')
     d = am.compile_expr(schema_expr({"oneOf": [{"type": "number", "maximum": 0}, {"type": "integer", "minimum": 1}]}))
     assert d.matches(b"-0.5") and d.matches(b"3") and not d.matches(b"0.5")
 
@@ -548,8 +550,10 @@ def test_untyped_schemas_imply_their_types_unless_asked():
     assert not validator(one_of).is_valid("x")
     d = am.compile_expr(schema_expr(one_of, whitespace="compact"))
     assert d.matches(b'{"k":2}') and not d.matches(b'"x"')
-    with pytest.raises(am.GrammarError, match="oneOf"):
-        schema_expr(one_of, untyped="any")
+    # every string, number, ... is valid under both branches, so none is valid under oneOf: those
+    # types are dropped from both, and the objects are told apart by "k"
+    d = am.compile_expr(schema_expr(one_of, untyped="any", whitespace="compact"))
+    assert d.matches(b'{"k":1}') and not d.matches(b'"x"') and not d.matches(b"1") and not d.matches(b'{"k":3}')
 
 
 def test_union_of_generic_and_typed_needs_inline_generic():
@@ -575,3 +579,102 @@ def test_union_of_generic_and_typed_needs_inline_generic():
                 except ValueError:
                     continue
                 assert d.matches(bad) == check.is_valid(value), bad
+
+
+def _valid_samples(schema, n=60, **opts):
+    """Random members of the compiled language, each checked against the schema (soundness)."""
+    d = am.compile_expr(schema_expr(schema, whitespace="compact", **opts))
+    rng = np.random.default_rng(0)
+    for _ in range(n):
+        text = random_member(d, rng)
+        assert validator(schema).is_valid(loads(text)), text
+    return d
+
+
+def test_one_of_enum_values_filtered_by_type():
+    # merged branches whose type list is empty have no values, whatever their enum says
+    schema = {"allOf": [{"oneOf": [{"type": "integer", "minimum": 0, "maximum": 2}, {"type": "string", "enum": ["off"]}]},
+                        {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 2}, {"type": "string", "enum": ["off"]}]}]}  # fmt: skip
+    d = _valid_samples(schema)
+    assert d.matches(b"1") and d.matches(b'"off"') and not d.matches(b'"on"')
+    # unsound case still refused: two enums sharing a value of the branches' types
+    with pytest.raises(am.GrammarError, match="oneOf"):
+        schema_expr({"oneOf": [{"type": "string", "enum": ["a", "b"]}, {"type": "string", "enum": ["b", "c"]}]})
+
+
+def test_one_of_enum_against_a_branch_that_negates_it():
+    prim = {"type": "string", "enum": ["null", "int"]}
+    schema = {"definitions": {"p": prim}, "oneOf": [{"$ref": "#/definitions/p"},
+              {"type": "string", "pattern": "^[a-z]+$", "not": {"$ref": "#/definitions/p"}}]}  # fmt: skip
+    d = _valid_samples(schema)
+    assert d.matches(b'"null"') and d.matches(b'"float"') and not d.matches(b'"Null"')
+    # without the not, "null" is valid under both: refused
+    with pytest.raises(am.GrammarError, match="oneOf"):
+        schema_expr({"oneOf": [prim, {"type": "string", "pattern": "^[a-z]+$"}]})
+    assert validator({"oneOf": [prim, {"type": "string", "pattern": "^[a-z]+$"}]}).is_valid("x")
+
+
+def test_one_of_required_names_count_as_properties():
+    schema = {"oneOf": [{"type": "object", "required": ["a", "b"]},
+                        {"type": "object", "additionalProperties": {"const": False}, "maxProperties": 1}]}  # fmt: skip
+    d = _valid_samples(schema, open_objects=True)
+    assert d.matches(b'{"q":false}') and d.matches(b'{"a":1,"b":2}')
+    with pytest.raises(am.GrammarError, match="oneOf"):  # two required names fit in maxProperties 2
+        schema_expr({"oneOf": [{"type": "object", "required": ["a", "b"]},
+                               {"type": "object", "additionalProperties": {"const": False}, "maxProperties": 2}]})  # fmt: skip
+    assert validator({"oneOf": [{"type": "object", "required": ["a", "b"]},
+                                {"type": "object", "additionalProperties": {"const": False}, "maxProperties": 2}]}  # fmt: skip
+                     ).is_valid({"a": 1}) is False
+
+
+def test_one_of_types_both_branches_leave_free_are_dropped():
+    # untyped branches (JSON Schema meaning): every string/number/... is valid under both, so none is
+    # valid under oneOf; the objects are told apart by a discriminator
+    schema = {"oneOf": [{"properties": {"t": {"enum": ["a"]}}, "required": ["t"], "additionalProperties": False},
+                        {"properties": {"t": {"enum": ["b"]}, "u": {}}, "required": ["t"]}]}  # fmt: skip
+    d = _valid_samples(schema, untyped="any")
+    assert d.matches(b'{"t":"a"}') and d.matches(b'{"u":1,"t":"b"}')
+    assert not d.matches(b'"s"') and not d.matches(b"1") and not validator(schema).is_valid("s")
+    # a type only one branch leaves free stays (its values are valid under that branch only): the
+    # strings of the second branch overlap the first's strings, so this is still refused
+    with pytest.raises(am.GrammarError, match="oneOf"):
+        schema_expr({"oneOf": [{"properties": {"t": {"enum": ["a"]}}, "required": ["t"]},
+                               {"minLength": 2}]}, untyped="any")  # fmt: skip
+    assert validator({"oneOf": [{"required": ["t"]}, {"minLength": 2}]}).is_valid("ss") is False
+
+
+def test_one_of_open_objects_separated_by_required_names():
+    # open objects: {"k": "", "s": "", "r": "x", "d": 1} is valid under both branches; the second branch
+    # is compiled without the first's required names (over-constraint), which makes them disjoint
+    schema = {"oneOf": [{"type": "object", "properties": {"k": {"type": "string"}, "s": {"type": "string"}},
+                         "required": ["k", "s"]},
+                        {"type": "object", "properties": {"r": {"type": "string"}, "d": {"type": "integer"}},
+                         "required": ["r", "d"]}]}  # fmt: skip
+    assert not validator(schema).is_valid({"k": "", "s": "", "r": "x", "d": 1})
+    d = _valid_samples(schema, open_objects=True)
+    assert d.matches(b'{"k":"","s":""}') and d.matches(b'{"r":"","d":1,"k":""}')
+    assert not d.matches(b'{"k":"","s":"","r":"x","d":1}') and not d.matches(b'{"r":"","d":1,"k":"","s":""}')
+    # a branch that requires nothing cannot be separated this way: still refused
+    with pytest.raises(am.GrammarError, match="oneOf"):
+        schema_expr({"oneOf": [schema["oneOf"][0], {"type": "object", "properties": {"r": {"type": "string"}}}]},
+                    open_objects=True)
+
+
+def test_union_with_a_discriminator_writes_it_first():
+    # every branch requires "kind" with its own const: the union chooses its branch after that member
+    # (an over-constraint on the order: "kind" comes first), instead of tracking open objects in parallel
+    branch = lambda k, p: {"type": "object", "properties": {"kind": {"const": k}, p: {"type": "string"}},  # noqa: E731
+                           "required": ["kind", p]}  # fmt: skip
+    schema = {"anyOf": [branch("a", "x"), branch("b", "y"), branch("c", "z")]}
+    d = _valid_samples(schema, open_objects=True, discriminator_first=True)
+    assert d.matches(b'{"kind":"a","x":"","q":1}') and d.matches(b'{"kind":"c","w":[],"z":""}')
+    assert not d.matches(b'{"x":"","kind":"a"}') and validator(schema).is_valid({"x": "", "kind": "a"})
+    small = d.num_states
+    # values that overlap do not choose a branch: no order imposed
+    shared = {"anyOf": [branch("a", "x"), {**branch("b", "y"), "properties": {"kind": {"enum": ["a", "b"]},
+                                                                                 "y": {"type": "string"}}}]}  # fmt: skip
+    d = _valid_samples(shared, open_objects=True, discriminator_first=True)
+    assert d.matches(b'{"x":"","kind":"a"}')
+    # the default keeps any order (the union tracked in parallel, larger)
+    d = am.compile_expr(schema_expr(schema, open_objects=True, whitespace="compact"))
+    assert d.matches(b'{"x":"","kind":"a"}') and small * 2 < d.num_states

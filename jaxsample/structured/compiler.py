@@ -72,21 +72,24 @@ def _deep_recursion(limit: int = 20_000):
 
 #: What :func:`compile_json_schema` retries with, in order, when a schema exceeds a state budget;
 #: each is a subset of the default language (references as stack calls: the same language up to
-#: ``max_depth`` nested calls; schema order: one property order of each object).
-BUDGET_FALLBACKS = ({"ref_calls": True}, {"property_order": "schema"}, {"property_order": "schema", "ref_calls": True})
+#: ``max_depth`` nested calls; discriminators first: unions of objects choose their branch at their
+#: first member; schema order: one property order of each object).
+BUDGET_FALLBACKS = ({"ref_calls": True}, {"discriminator_first": True}, {"discriminator_first": True, "ref_calls": True},
+                    {"property_order": "schema"}, {"property_order": "schema", "ref_calls": True})  # fmt: skip
 
 
-#: ``inline_generic`` of the retry when a union's generic value and typed container meet on one byte.
-INLINE_GENERIC = 3
+#: ``inline_generic`` of the retries, in turn, when a union's generic value and typed container meet on
+#: one byte (a deeper level where they meet needs more inline levels).
+INLINE_GENERIC = (3, 6)
 
 
-def _has_ref(schema) -> bool:
-    """Whether a ``$ref`` keyword occurs anywhere in the schema (values of ``enum``/``const`` aside)."""
+def _has_keyword(schema, keyword: str) -> bool:
+    """Whether ``keyword`` occurs anywhere in the schema (values of ``enum``/``const`` aside)."""
     todo = [schema]
     while todo:
         s = todo.pop()
         if isinstance(s, dict):
-            if "$ref" in s:
+            if keyword in s:
                 return True
             todo.extend(v for k, v in s.items() if k not in ("enum", "const", "examples", "default"))
         elif isinstance(s, list):
@@ -96,11 +99,13 @@ def _has_ref(schema) -> bool:
 
 def _fallbacks(schema, options: dict) -> list[dict]:
     """The :data:`BUDGET_FALLBACKS` stricter than ``options`` that can change the result (``ref_calls``
-    only with a ``$ref``; none for explicit ``ref_calls`` or schema order)."""
-    if options.get("ref_calls") or options.get("property_order", "any") != "any":
+    only with a ``$ref``, ``discriminator_first`` only with a union; none for explicit ``ref_calls``,
+    ``discriminator_first`` or schema order)."""
+    if options.get("ref_calls") or options.get("discriminator_first") or options.get("property_order", "any") != "any":
         return []
-    refs = _has_ref(schema)
-    return [{**options, **f} for f in BUDGET_FALLBACKS if refs or not f.get("ref_calls")]
+    refs, unions = _has_keyword(schema, "$ref"), _has_keyword(schema, "anyOf") or _has_keyword(schema, "oneOf")
+    return [{**options, **f} for f in BUDGET_FALLBACKS
+            if (refs or not f.get("ref_calls")) and (unions or not f.get("discriminator_first"))]
 
 
 @cached_compile("json_schema", "schema", source_is_json=True, options_of=json_schema.schema_expr)
@@ -108,12 +113,13 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     """JSON documents valid under ``schema``; ``options`` as :func:`~jaxsample.structured.json_schema.schema_expr`.
 
     A schema that exceeds a state budget (:class:`~jaxsample.structured.automaton.BudgetError`)
-    with the default ``property_order="any"`` and ``ref_calls=False`` is compiled again with the
-    :data:`BUDGET_FALLBACKS` in turn (references as stack calls, then every object in schema
-    order, then both): the first that fits is returned, else the budget error. A schema whose
+    with the default ``property_order="any"``, ``ref_calls=False`` and ``discriminator_first=False`` is
+    compiled again with the :data:`BUDGET_FALLBACKS` in turn (references as stack calls, then
+    discriminators first, without and with calls, then every object in schema order, without and
+    with calls): the first that fits is returned, else the budget error. A schema whose
     pushdown automaton cannot choose between a generic value and a typed container of another
     union branch (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`) is first compiled
-    again with ``inline_generic=INLINE_GENERIC`` (the same language).
+    again with each ``inline_generic`` of :data:`INLINE_GENERIC` in turn (the same language).
     """
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)
@@ -121,11 +127,16 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
         try:
             try:
                 return compile_expression(json_schema.schema_expr(schema, **options), vocab)
-            except pushdown.AmbiguousCallError:
+            except pushdown.AmbiguousCallError as ambiguous:
                 if options.get("inline_generic"):
                     raise
-                options = {**options, "inline_generic": INLINE_GENERIC}
-                return compile_expression(json_schema.schema_expr(schema, **options), vocab)
+                for depth in INLINE_GENERIC:
+                    options = {**options, "inline_generic": depth}
+                    try:
+                        return compile_expression(json_schema.schema_expr(schema, **options), vocab)
+                    except pushdown.AmbiguousCallError as err:
+                        ambiguous = err
+                raise ambiguous
         except automaton.BudgetError as err:
             for fallback in _fallbacks(schema, options):
                 try:

@@ -71,6 +71,10 @@ class ObjectBuilder:
             if value != EMPTY:
                 self.members.append((name, seq(lit('"'), encoded_literal(name), lit('"'), c.colon, value)))
                 self.values[name] = value
+        first = c.first[0] if c.first is not None and c.first[1] == c.level else None
+        self.first = first if first in self.values and first in self.required else None
+        if self.first is not None:  # written first: it leads the schema order too
+            self.members.sort(key=lambda m: m[0] != self.first)
         self.declared = [n for n, _ in self.members]
         self.extras = self.extra_members(list(props), name_filter)
 
@@ -221,9 +225,9 @@ class ObjectBuilder:
         start = frozenset()
         options = []
         if hi is None or hi > 0:
-            for name in candidates(0, start):
+            for name in [self.first] if self.first is not None else candidates(0, start):
                 options.append(seq(members[name], after(*step(0, start, name), 0)))
-            if self.extras is not None:
+            if self.extras is not None and self.first is None:
                 options.append(seq(self.extras, after(0, start, min(1, cap))))
         out = c.container("{", "}", alt(*options), close_ok(0, start, 0))
         c._sizes[id(out)] = (out, cost if any_order else sum(c.size(m) for _, m in self.members) + 1)

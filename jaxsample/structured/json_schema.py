@@ -10,7 +10,9 @@ Supported (JSON Schema 2020-12, with drafts 4-2019 forms normalised by
 
 * ``type``, ``enum``/``const`` (values also filtered by sibling keywords), ``true``/``false``/``{}``;
 * ``allOf`` (merged, :func:`~jaxsample.structured.schema_merge.merge`), ``anyOf``, ``oneOf`` (branches
-  proven disjoint on values, else an error), sibling keywords next to all three and next to
+  proven disjoint on values, :mod:`~jaxsample.structured.schema_disjoint`, after removing the types
+  two branches leave unconstrained and separating object branches by their required names; else an
+  error), sibling keywords next to all three and next to
   ``$ref`` (draft 2019+; ignored in drafts 4-7, as those drafts say), local ``$ref`` (JSON pointers,
   ``$anchor``, ``$id``), ``not`` (of presence conditions, types, ``{}`` and string constraints);
 * objects: ``properties`` in **any order** (``property_order="any"``, the JSON Schema meaning; each
@@ -26,7 +28,9 @@ Supported (JSON Schema 2020-12, with drafts 4-2019 forms normalised by
   arithmetic, :func:`~jaxsample.structured.numbers.multiple_of`).
 
 Over-constraints (outputs remain valid; some valid documents cannot be produced): objects with too
-many property orders for ``max_order_states`` keep schema order; an absent
+many property orders for ``max_order_states`` keep schema order; ``oneOf`` object branches not
+proven disjoint never hold both branches' required names; with ``discriminator_first`` (a budget
+fallback) a union's discriminating property comes first; an absent
 ``additionalProperties`` means closed unless ``open_objects=True`` (as XGrammar and llama.cpp);
 a schema without ``type`` produces only the types its keywords imply unless ``untyped="any"``; bounded numbers have no
 exponent; enum/const numbers are written as given (``1`` not ``1.0``); strings use canonical
@@ -162,6 +166,7 @@ class _Compiler:
         self._sizes: dict[int, tuple[Any, int]] = {}
         self._anchors = None
         self.string = seq(lit('"'), STRING_BODY, lit('"'))
+        self.first = None  # (property, level): objects at that nesting write it first (see discriminator)
 
     def sub(self, **changes) -> "_Compiler":
         """A compiler for the same document with other options (e.g. compact whitespace for checks)."""
@@ -427,16 +432,54 @@ class _Compiler:
                 return self.compile(rest, path)
             branches = [_with_siblings(b, rest) for b in branches]
         if key == "oneOf":
-            self.check_disjoint(branches, path)
-        compiled = [self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)]
-        if self.opts["inline_generic"] and len(branches) > 1 and self.inline_until <= self.level and _has_call(alt(*compiled)):
-            # a generic value may meet a typed container of another branch on the same byte
-            saved, self.inline_until = self.inline_until, self.level + int(self.opts["inline_generic"])
-            try:
-                compiled = [self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)]
-            finally:
-                self.inline_until = saved
+            branches = self.check_disjoint(branches, path)
+        first = self.discriminator(branches, path, key) if self.opts["discriminator_first"] else None
+        saved_first, self.first = self.first, first
+        try:
+            compiled = [self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)]
+            if self.opts["inline_generic"] and len(branches) > 1 and self.inline_until <= self.level and _has_call(alt(*compiled)):
+                # a generic value may meet a typed container of another branch on the same byte
+                saved, self.inline_until = self.inline_until, self.level + int(self.opts["inline_generic"])
+                try:
+                    compiled = [self.compile(b, f"{path}/{key}/{i}") for i, b in enumerate(branches)]
+                finally:
+                    self.inline_until = saved
+        finally:
+            self.first = saved_first
         return alt(*compiled)
+
+    def discriminator(self, branches, path, key):
+        """``(name, level)``: a property every branch's objects require with pairwise disjoint finite
+        values (``const``/``enum``), written first in each branch's objects (an over-constraint on the
+        order that lets the union choose its branch after one member instead of tracking every branch
+        in parallel); ``None`` if there is none."""
+        if len(branches) < 2:
+            return None
+        proof, implied, found = Disjoint(self), self.opts["untyped"] == "implied", []
+        for i, b in enumerate(branches):
+            try:
+                v = self.view(b, f"{path}/{key}/{i}", [])
+            except GrammarError:
+                return None
+            if not isinstance(v, dict) or proof.types(v, implied) != {"object"}:
+                return None
+            found.append(v)
+        names = [n for n in found[0].get("required", []) if all(n in set(v.get("required", [])) for v in found[1:])]
+        for name in names:
+            values = []
+            for i, v in enumerate(found):
+                try:
+                    pv = self.view(proof.prop(v, name), f"{path}/{key}/{i}", [])
+                except GrammarError:
+                    pv = None
+                if not isinstance(pv, dict) or not isinstance(pv.get("enum"), list):
+                    break
+                values.append(pv["enum"])
+            else:
+                if all(not any(sm.json_equal(x, y) for x in a for y in b) for i, a in enumerate(values)
+                       for b in values[:i]):  # fmt: skip
+                    return name, self.level + 1
+        return None
 
     def enum(self, s, path):
         values = s["enum"]
@@ -712,17 +755,42 @@ class _Compiler:
 
     # ------------------------------------------------------------------ oneOf
     def check_disjoint(self, branches, path):
+        """The ``oneOf`` branches, proven disjoint (else an error); types whose every value two branches
+        accept (invalid under ``oneOf``) removed from all branches first."""
         views = []
         for i, b in enumerate(branches):
             try:
                 views.append(self.view(b, f"{path}/oneOf/{i}", []))
             except GrammarError:
                 views.append(None)
+        proof = Disjoint(self)
+        shared = set().union(*(proof.accepted_types(x, y) for i, x in enumerate(views) for y in views[:i]))
+        if shared:
+            if "number" in shared:
+                shared.add("integer")
+            implied = self.opts["untyped"] == "implied"
+            kept = [None if v is None or not proof.types(v, implied) & shared else sorted(proof.types(v, implied) - shared)
+                    for v in views]  # fmt: skip
+            branches = [{"allOf": [b, {"type": k}]} if k is not None else b for b, k in zip(branches, kept)]
+            views = [None if v is None else self.view(b, f"{path}/oneOf/{i}", []) for i, (b, v) in
+                     enumerate(zip(branches, views))]  # fmt: skip
+        lower = list(views)  # what is compiled (may be narrowed below); ``views``: what is valid
+        untyped = self.opts["untyped"]
         for i in range(len(views)):
             for j in range(i):
-                if views[i] is None or views[j] is None or not Disjoint(self).schemas(views[i], views[j], 0):
+                if views[i] is None or views[j] is None:
+                    raise error(path, "oneOf", f"branches {j} and {i} may overlap (a branch cannot be read)")
+                if proof.directed(lower[i], views[j], 0) and proof.directed(lower[j], views[i], 0):
+                    continue
+                ri, rj = proof.required_objects(views[i], untyped), proof.required_objects(views[j], untyped)
+                if ri and rj:  # over-constraint: each branch's objects lack one of the names the other requires
+                    for a, names in ((i, rj), (j, ri)):
+                        branches[a] = {"allOf": [branches[a], {"not": {"required": names}}]}
+                        lower[a] = self.view(branches[a], f"{path}/oneOf/{a}", [])
+                if not (proof.directed(lower[i], views[j], 0) and proof.directed(lower[j], views[i], 0)):
                     raise error(path, "oneOf", f"branches {j} and {i} may overlap (a document valid under both "
                                 "would be invalid; anyOf semantics would under-constrain)")  # fmt: skip
+        return branches
 
 
 _UNEVALUATED = {"unevaluatedProperties": "additionalProperties", "unevaluatedItems": "items"}
@@ -811,6 +879,7 @@ def schema_expr(
     max_depth: int = DEFAULT_MAX_DEPTH,
     ref_calls: bool = False,
     inline_generic: int = 0,
+    discriminator_first: bool = False,
 ):
     """Expression tree of the JSON documents a schema accepts, or a
     :class:`~jaxsample.structured.pushdown.Grammar` when it recurses (see the module docstring).
@@ -854,6 +923,12 @@ def schema_expr(
         declared in the other) can be told apart by the pushdown automaton; ``0`` (default): calls.
         :func:`~jaxsample.structured.compiler.compile_json_schema` retries with it when the
         automaton cannot choose (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`).
+      discriminator_first: in an ``anyOf``/``oneOf`` of objects that all require one property with
+        pairwise disjoint ``const``/``enum`` values (a discriminator), each branch's objects write it
+        first (an over-constraint on the order): the union then chooses its branch after one member
+        instead of tracking every branch's objects in parallel. ``False`` (default): any order;
+        :func:`~jaxsample.structured.compiler.compile_json_schema` retries with it when the schema
+        exceeds a state budget.
 
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
@@ -864,6 +939,6 @@ def schema_expr(
     opts = dict(whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
                 max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
                 open_objects=open_objects, untyped=untyped, unknown_formats=unknown_formats, max_depth=max_depth,
-                ref_calls=ref_calls, inline_generic=inline_generic)  # fmt: skip
+                ref_calls=ref_calls, inline_generic=inline_generic, discriminator_first=discriminator_first)  # fmt: skip
     c = _Compiler(schema, opts)
     return c.grammar(c.compile(schema))

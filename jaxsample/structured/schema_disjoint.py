@@ -4,8 +4,10 @@ A ``oneOf`` compiled as a union is exact only if no value is valid under two bra
 the *compiled* languages is not enough (they are subsets: two closed objects can be disjoint as
 bytes while one value satisfies both schemas), so the proof reasons on the schemas: per JSON type
 the branches' outputs can have, disjoint types, ``enum`` sets, number intervals, length/count
-intervals, string languages (exact formats only), array positions both require, or a property
-both require with disjoint schemas (a discriminator). ``False`` means "not proven".
+intervals, string languages (exact formats only), array positions both require, a property
+both require with disjoint schemas (a discriminator), property counts (required names included),
+``enum`` values the other schema's ``not`` rejects, or names one requires and the other forbids
+(``not: {required: [...]}``). ``False`` means "not proven".
 
 >>> from jaxsample.structured.json_schema import schema_expr
 >>> _ = schema_expr({"oneOf": [{"properties": {"t": {"const": 1}}, "required": ["t"]},
@@ -14,11 +16,12 @@ both require with disjoint schemas (a discriminator). ``False`` means "not prove
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 
 from jaxsample.structured import schema_merge as sm
-from jaxsample.structured.automaton import GrammarError, intersects
-from jaxsample.structured.json_text import escape
+from jaxsample.structured.automaton import GrammarError, compile_expr, intersects
+from jaxsample.structured.json_text import canonical_json, escape
 
 
 class Disjoint:
@@ -32,6 +35,7 @@ class Disjoint:
 
     def __init__(self, c):
         self.c = c
+        self._negated: dict = {}
 
     def schemas(self, a, b, depth) -> bool:
         return self.directed(a, b, depth) and self.directed(b, a, depth)
@@ -48,9 +52,9 @@ class Disjoint:
             if key in b:
                 rest = {k: v for k, v in b.items() if k != key}
                 return all(self.directed(a, self.view({"allOf": [rest, x]}), depth + 1) for x in b[key])
-        if "enum" in a and "enum" in b:
-            return not any(sm.json_equal(x, y) for x in a["enum"] for y in b["enum"])
         common = self.types(a, lower=self.c.opts["untyped"] == "implied") & self.types(b, lower=False)
+        if common and "enum" in a and "enum" in b:  # (the types filter the values: none in common = disjoint)
+            return not any(sm.json_equal(x, y) for x in a["enum"] for y in b["enum"])
         return all(self.of_type(a, b, t, depth) for t in common)
 
     def view(self, schema):
@@ -78,6 +82,7 @@ class Disjoint:
         if "enum" in a or "enum" in b:
             e, other = (a, b) if "enum" in a else (b, a)
             vals = [v for v in e["enum"] if sm.json_type(v) == t or (t == "number" and sm.json_type(v) == "integer")]
+            vals = [v for v in vals if not self.negated(other, v)]
             if not vals:
                 return True
             if t == "string" and not self.other_keys(other, "string"):
@@ -113,8 +118,52 @@ class Disjoint:
                     x, y = self.view(self.prop(a, name)), self.view(self.prop(b, name))
                     if self.directed(x, y, depth + 1):
                         return True
-            return any(self.prop(b, name) is False for name in ra)  # a always writes a name b forbids
+            if any(self.prop(b, name) is False for name in ra):  # a always writes a name b forbids
+                return True
+            return _lacks_one(a, rb) or _lacks_one(b, ra)  # one never has all the names the other requires
         return False
+
+    @staticmethod
+    def accepted_types(a, b) -> set:
+        """The types every value of which is valid under both ``a`` and ``b`` (neither constrains them)."""
+        if a is None or b is None or a is False or b is False:
+            return set()
+        out = set()
+        for t in ("null", "boolean", "string", "number", "array", "object"):
+            for s in (a, b):
+                if s is True:
+                    continue
+                if {"enum", "anyOf", "oneOf", "_not", "_not_strings"} & s.keys() or sm.FAMILIES.get(t, set()) & s.keys():
+                    break
+                types = sm.types_of(s)
+                if types is not None and t not in types:
+                    break
+            else:
+                out.add(t)
+        return out
+
+    def required_objects(self, s, untyped) -> list | None:
+        """The names a schema whose compiled values are objects only requires, else ``None``."""
+        if not isinstance(s, dict) or self.types(s, lower=untyped == "implied") != {"object"}:
+            return None
+        return sorted(set(s.get("required", [])))
+
+    def negated(self, s, value) -> bool:
+        """Whether ``s`` rejects ``value`` through a ``not`` (``value`` meets a negated schema)."""
+        text = canonical_json(value).encode()
+        return any(d is not None and d.matches(text) for d in map(self.negated_language, s.get("_not", [])))
+
+    def negated_language(self, n):
+        """The compiled language of a negated schema (a subset of its values: a match is proof), or ``None``."""
+        key = json.dumps(n, sort_keys=True, default=repr)
+        if key not in self._negated:
+            checker = self.c.sub(whitespace="compact", whitespace_pattern=None, separators=None, open_objects=True,
+                                 untyped="any")  # fmt: skip
+            try:
+                self._negated[key] = compile_expr(checker.grammar(checker.compile(n, "")))
+            except GrammarError:
+                self._negated[key] = None
+        return self._negated[key]
 
     def never_written(self, s, name) -> bool:
         """Whether the compiled objects of ``s`` never have property ``name`` (closed, undeclared)."""
@@ -141,6 +190,16 @@ class Disjoint:
         return self.c.name_schema(s, name)
 
 
+def _lacks_one(s, names) -> bool:
+    """Whether ``s`` forbids objects holding all of ``names`` (``not: {required: [subset]}``)."""
+    for n in s.get("_not", []):
+        n = sm.normalise(n, "") if isinstance(n, dict) else None
+        keys = None if n is None else {k for k in n if k not in sm.ANNOTATIONS}
+        if keys == {"required"} and n["required"] and set(n["required"]) <= set(names):
+            return True
+    return False
+
+
 def _interval(s):
     lo, hi = s.get("minimum"), s.get("maximum")
     lx, hx = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
@@ -154,6 +213,8 @@ def _interval(s):
 
 def _count(s, what):
     lo, hi = s.get(f"min{what}", 0), s.get(f"max{what}")
+    if what == "Properties":  # every required name is a property
+        lo = max(lo, len(set(s.get("required", []))))
     return (Decimal(lo), False, None if hi is None else Decimal(hi), False)
 
 
