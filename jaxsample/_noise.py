@@ -57,8 +57,7 @@ def row_keys(key: KeyLike, batch_shape: tuple[int, ...]) -> Array:
         return key
     if key.shape == ():
         n = int(np.prod(batch_shape, dtype=np.int64))
-        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(n, dtype=jnp.uint32))
-        return keys.reshape(batch_shape)
+        return fold_in(jnp.broadcast_to(key, (n,)), jnp.arange(n, dtype=jnp.uint32)).reshape(batch_shape)
     raise ValueError(
         f"key must be a single key or one key per row (batch shape {tuple(batch_shape)}), "
         f"got key batch shape {key.shape}"
@@ -87,11 +86,45 @@ def threefry2x32(k1: Array, k2: Array, x0: Array, x1: Array) -> tuple[Array, Arr
     return x0, x1
 
 
+def _unrolled(keys: Array) -> bool:
+    """Whether the keys' bits can be computed with :func:`threefry2x32` (threefry keys, the default)."""
+    return str(jax.random.key_impl(keys)) == "threefry2x32"
+
+
+def fold_in(keys: Array, data: Array) -> Array:
+    """``jax.random.fold_in`` row by row: typed keys ``[*B]`` and ``data`` (any int, broadcast to ``[*B]``).
+
+    Threefry keys are hashed with :func:`threefry2x32` (``fold_in(k, d)`` is the hash of the
+    counter ``(0, d)``, bit for bit), which XLA fuses with its neighbours; JAX's own CPU lowering runs
+    each ``fold_in`` as a loop over memory (~70 us a call in a decode step). Other PRNG
+    implementations go through ``jax.random.fold_in``.
+    """
+    data = jnp.broadcast_to(lax.convert_element_type(jnp.asarray(data), jnp.uint32), keys.shape)
+    if not _unrolled(keys):
+        return jax.vmap(jax.random.fold_in)(keys.reshape(-1), data.reshape(-1)).reshape(keys.shape)
+    k = jax.random.key_data(keys)
+    y0, y1 = threefry2x32(k[..., 0], k[..., 1], jnp.zeros_like(data), data)
+    return jax.random.wrap_key_data(jnp.stack([y0, y1], axis=-1), impl=jax.random.key_impl(keys))
+
+
+def _bits(keys: Array, shape: tuple[int, ...]) -> Array:
+    """``jax.random.bits(key, shape, uint32)`` for each typed key ``[*B]``: ``uint32[*B, *shape]``.
+
+    With partitionable threefry keys (JAX's default) word ``j`` is ``y0 ^ y1`` of the hash of the
+    counter ``(0, j)``, computed with :func:`threefry2x32` as in :func:`fold_in`; any other PRNG
+    implementation goes through ``jax.random.bits``.
+    """
+    if _unrolled(keys) and jax.config.jax_threefry_partitionable:
+        k = jax.random.key_data(keys)[..., None, :]
+        y0, y1 = threefry2x32(k[..., 0], k[..., 1], jnp.uint32(0), jnp.arange(math.prod(shape), dtype=jnp.uint32))
+        return (y0 ^ y1).reshape(keys.shape + shape)
+    flat = keys.reshape(-1)
+    return jax.vmap(lambda k: jax.random.bits(k, shape, jnp.uint32))(flat).reshape(keys.shape + shape)
+
+
 def _words(keys: Array) -> tuple[Array, Array]:
     """Two ``uint32`` words per typed key (works for every PRNG implementation)."""
-    flat = keys.reshape(-1)
-    w = jax.vmap(lambda k: jax.random.bits(k, (2,), jnp.uint32))(flat)
-    w = w.reshape(keys.shape + (2,))
+    w = _bits(keys, (2,))
     return w[..., 0], w[..., 1]
 
 
@@ -164,6 +197,4 @@ def uniform(keys: Array, stream: int = 0) -> Array:
 
     ``stream`` selects an independent value (e.g. one per stage); it is folded into the key.
     """
-    flat = keys.reshape(-1)
-    u = jax.vmap(lambda k: jax.random.bits(jax.random.fold_in(k, 0x5EED0000 + stream), (), jnp.uint32))(flat)
-    return _to_unit_open(u).reshape(keys.shape)
+    return _to_unit_open(_bits(fold_in(keys, 0x5EED0000 + stream), ()))

@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsample import _math, _validate
+from jaxsample import _math, _noise, _validate
 from jaxsample._types import Array, ArrayLike
 
 Params = Mapping[str, Array]
@@ -265,12 +265,9 @@ def request_keys(params: Params) -> Array:
     seeds = jnp.asarray(params[SEED.name], jnp.int32)
     streams = jnp.broadcast_to(jnp.asarray(params.get(STREAM.name, 0), jnp.int32), seeds.shape)
 
-    def one(seed, stream):
-        k = jax.random.key(seed)
-        data = jnp.where(stream == 0, jax.random.key_data(k), jax.random.key_data(jax.random.fold_in(k, stream)))
-        return jax.random.wrap_key_data(data)
-
-    return jax.vmap(one)(seeds.reshape(-1), streams.reshape(-1)).reshape(seeds.shape)
+    keys = jax.vmap(jax.random.key)(seeds.reshape(-1)).reshape(seeds.shape)
+    data = jnp.where((streams == 0)[..., None], jax.random.key_data(keys), jax.random.key_data(_noise.fold_in(keys, streams)))
+    return jax.random.wrap_key_data(data)
 
 
 class SamplerState(NamedTuple):
@@ -436,8 +433,7 @@ class Sampler(NamedTuple):
         The key is :func:`request_keys` folded with the position, then salted with ``name``.
         """
         keys = request_keys(params)
-        base = jax.vmap(jax.random.fold_in)(keys.reshape(-1), state.position.reshape(-1))
-        key = jax.vmap(lambda k: jax.random.fold_in(k, _stage_salt(name)))(base).reshape(keys.shape)
+        key = _noise.fold_in(_noise.fold_in(keys, state.position), _stage_salt(name))
         return StepInfo(
             key=key,
             position=state.position,

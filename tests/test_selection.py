@@ -37,6 +37,29 @@ def test_threefry_is_jax_threefry_and_noise_is_addressed_by_id():
     np.testing.assert_array_equal(_noise.bits_at(keys, ids), jnp.take_along_axis(expected, ids, axis=-1))
 
 
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_unrolled_fold_in_and_bits_equal_jax_random(impl):
+    """The key derivations of a decoding step (``fold_in``, ``bits``) are JAX's, bit for bit, eager and
+    jitted: written-out threefry for threefry keys, ``jax.random`` itself for other implementations."""
+    keys = jax.random.split(jax.random.key(5, impl=impl), 12).reshape(3, 4)
+    data = jnp.array(np.random.RandomState(0).randint(-(2**31), 2**31 - 1, (3, 4)), jnp.int32)
+    flat = keys.reshape(-1)
+    data_of = jax.random.key_data
+    for fold_in, bits in [(_noise.fold_in, _noise._bits), (jax.jit(_noise.fold_in), jax.jit(_noise._bits, static_argnums=1))]:
+        expected = jax.vmap(jax.random.fold_in)(flat, data.reshape(-1)).reshape(3, 4)
+        np.testing.assert_array_equal(data_of(fold_in(keys, data)), data_of(expected))
+        expected = jax.vmap(lambda k: jax.random.fold_in(k, 2**31 + 5))(flat).reshape(3, 4)  # a uint32 beyond int32
+        np.testing.assert_array_equal(data_of(fold_in(keys, jnp.uint32(2**31 + 5))), data_of(expected))
+        for shape in [(), (2,), (3,)]:
+            expected = jax.vmap(lambda k: jax.random.bits(k, shape, jnp.uint32))(flat).reshape((3, 4) + shape)
+            np.testing.assert_array_equal(bits(keys, shape), expected)
+    single = jax.random.key(9, impl=impl)
+    np.testing.assert_array_equal(
+        data_of(_noise.row_keys(single, (2, 3))),
+        data_of(jax.vmap(jax.random.fold_in, in_axes=(None, 0))(single, jnp.arange(6, dtype=jnp.uint32)).reshape(2, 3)),
+    )
+
+
 # One compilation per shape (and candidates) shared by the tests below: an eager call compiles its
 # lax.cond anew on every call. Eager calls: the key, empty-row and batch-size tests.
 CATEGORICAL = jax.jit(js.categorical, static_argnames="candidates")

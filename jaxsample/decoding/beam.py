@@ -311,7 +311,7 @@ def _step(
     key = None
     if cfg.do_sample:
         keys = request_keys(sparams).reshape(b, k)[:, 0]
-        key = jax.vmap(lambda kk: jax.random.fold_in(jax.random.fold_in(kk, t), _SAMPLE_SALT))(keys)
+        key = _noise.fold_in(_noise.fold_in(keys, t), _SAMPLE_SALT)
 
     chosen = jnp.zeros((b, 0), jnp.int32)  # tokens picked at this step by earlier groups (Hamming)
     outs, states, flat_parent = [], [], []

@@ -91,7 +91,7 @@ def _proposal(sampler: Sampler) -> str | None:
 
 
 def _keys(sparams, position: Array, salt: int) -> Array:
-    return jax.vmap(lambda k, p: jax.random.fold_in(jax.random.fold_in(k, p), salt))(request_keys(sparams), position)
+    return _noise.fold_in(_noise.fold_in(request_keys(sparams), position), salt)
 
 
 def _pick(stacked, index: Array):
