@@ -373,7 +373,10 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     need = np.where(base, need, big)
     finite = need[base & (need < big)]
     rooms = int(finite.max()) + 1 if finite.size else 1
-    room_mask_id, patterns = _room_masks(need, base & (need < big), rooms)
+    allowed = np.stack([need <= m for m in range(rooms)], axis=1)  # [Q, R, C]
+    first, ids = unique_rows(allowed.reshape(q_count * rooms, c_count))
+    room_mask_id = ids.reshape(q_count, rooms).astype(np.int32)
+    patterns = allowed.reshape(-1, c_count)[first]
     depends = ret & ~ret_empty & resting[:, None]
     viable, pops = _chains(pd, nxt, effect, depends)
     first, which = unique_rows(viable)  # states with the same stack-dependent classes share one list
@@ -387,34 +390,6 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     stack = PushdownTables(effect, pd.need, room_mask_id, pop_start, pop_count, pop_token, pd.bottom, pd.max_depth, pops)
     masks = _pack(patterns, class_of)
     return TokenGrammar(nxt.astype(np.int32), class_of, pd.accept, forced.astype(np.int32), pd.start, mask_id, masks, stack)
-
-
-def _room_masks(need: np.ndarray, finite: np.ndarray, rooms: int) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct rows of ``allowed[q, m] = need[q] <= m`` (``m < rooms``), numbered in order of first
-    ``(q, m)``: ``(room_mask_id int32[Q, R], patterns bool[U, C])``.
-
-    A state's row only changes at the distinct values of its finite ``need``: only those rows (and
-    the empty row below them) are built and compared, not all ``Q x R`` of them.
-    """
-    q_count = need.shape[0]
-    value = np.sort(np.where(finite, need, -1), axis=1)  # each state's distinct finite values v: its
-    new = value >= 0  # row changes at room v (first seen at (q, v))
-    new[:, 1:] &= value[:, 1:] != value[:, :-1]
-    fq, c = np.nonzero(new)
-    fv = value[fq, c]
-    firsts = fq * rooms + fv
-    low = np.ones(q_count, bool)
-    low[fq[fv == 0]] = False  # states whose row at room 0 is empty (no need of 0)
-    lq = np.flatnonzero(low)
-    pos = np.concatenate([firsts, lq * rooms])
-    order = np.argsort(pos, kind="stable")
-    pos = pos[order]
-    rows = np.concatenate([fq, lq])[order]
-    limit = np.concatenate([fv, np.full(lq.size, -1)])[order]
-    candidates = need[rows] <= limit[:, None]
-    first, ids = unique_rows(candidates)
-    at = np.searchsorted(pos, np.arange(q_count * rooms), side="right") - 1  # the row each (q, m) has
-    return ids[at].reshape(q_count, rooms).astype(np.int32), candidates[first]
 
 
 def _chains(pd: Pushdown, nxt, effect, depends):

@@ -127,19 +127,12 @@ class TokenGrammar(NamedTuple):
         return s
 
 
-def _group_columns(s, u, t, n_columns: int, n_states: int, rows: np.ndarray | None = None):
-    """Classes of identical sparse columns: ``(class per column or -1 if empty, dense int32[R, C])``; exact.
+def _group_columns(s, u, t, n_columns: int, n_states: int):
+    """Classes of identical sparse columns: ``(class per column or -1 if empty, dense int32[S, C])``; exact.
 
     Each column is fingerprinted by two sums of 26-bit hashes of its ``(state, next)`` entries
     (``bincount`` sums are exact in float64); the grouping is then verified against the entries.
-    ``rows``: the states the entries can have (sorted; default all): the rows of the dense columns.
     """
-    if rows is not None:
-        local = np.full(n_states, -1, np.int64)
-        local[rows] = np.arange(rows.size)
-        at = local[s]
-        if (at < 0).any():
-            raise RuntimeError("internal: a quotient walk's entry from a state outside its mode")  # pragma: no cover
     count = np.bincount(u, minlength=n_columns)
     has = count > 0
     for salt in range(8):
@@ -151,11 +144,10 @@ def _group_columns(s, u, t, n_columns: int, n_states: int, rows: np.ndarray | No
         _, cls = unique_rows(key[has].view(np.int64))
         cls_of = np.full(n_columns, -1, np.int64)
         cls_of[has] = cls
-        at = s if rows is None else at
-        dense = np.zeros((n_states if rows is None else rows.size, int(cls.max()) + 1 if cls.size else 0), np.int32)
+        dense = np.zeros((n_states, int(cls.max()) + 1 if cls.size else 0), np.int32)
         col = cls_of[u]
-        dense[at, col] = t
-        if np.array_equal(dense[at, col], t) and np.array_equal((dense != 0).sum(axis=0)[cls_of[has]], count[has]):
+        dense[s, col] = t
+        if np.array_equal(dense[s, col], t) and np.array_equal((dense != 0).sum(axis=0)[cls_of[has]], count[has]):
             return cls_of, dense
     raise RuntimeError("token column hashing failed repeatedly")  # pragma: no cover
 
@@ -168,18 +160,18 @@ def _classes(w: walk.Walk, n_states: int, index: trie.VocabIndex, p: walk.Plan):
     column is the sum of the part columns (for every state at most one part is non-zero).
     """
     n_strings = len(index.strings)
-    rows = [slice(None)] + [np.flatnonzero(p.mode == i) for i in range(1, len(p.modes) + 1)]  # a quotient only fills its origins
     parts = [(_group_columns(*w.fine, n_strings, n_states), None)]
-    for i, (m, entries) in enumerate(zip(p.modes, w.coarse), start=1):
-        parts.append((_group_columns(*entries, m.quotient.num_terminals, n_states, rows[i]), m.quotient.string_terminal))
+    for m, entries in zip(p.modes, w.coarse):
+        parts.append((_group_columns(*entries, m.quotient.num_terminals, n_states), m.quotient.string_terminal))
     keys = np.stack([cls if at is None else cls[at] for (cls, _), at in parts], axis=1)
     rep, string_class = unique_rows(keys)
     uniq = keys[rep]
     cols = np.zeros((n_states, rep.size), np.int32)
     for i, ((_, dense), _) in enumerate(parts):
         k = uniq[:, i]
+        rows = slice(None) if i == 0 else np.flatnonzero(p.mode == i)  # a quotient only fills its origins
         if dense.shape[1]:
-            cols[rows[i]] += np.where(k >= 0, np.take(dense, np.maximum(k, 0), axis=1), 0)
+            cols[rows] += np.where(k >= 0, np.take(dense[rows], np.maximum(k, 0), axis=1), 0)
     live = ~(uniq < 0).all(axis=1)
     return np.where(live[string_class], string_class, -1), cols
 
