@@ -678,3 +678,19 @@ def test_union_with_a_discriminator_writes_it_first():
     # the default keeps any order (the union tracked in parallel, larger)
     d = am.compile_expr(schema_expr(schema, open_objects=True, whitespace="compact"))
     assert d.matches(b'{"x":"","kind":"a"}') and small * 2 < d.num_states
+
+
+def test_type_lists_compile_the_same_in_every_process():
+    """Regression: a ``type`` list compiled its branches in a set's order, which changes with Python's
+    string hashing, so the tables (state numbering) differed between processes."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import hashlib, sys; from tests._structured_vocab import bpe_vocab; from jaxsample import structured as st; "
+            "g = st.compile_json_schema({'type': ['string', 'null', 'integer', 'boolean']}, bpe_vocab(), whitespace='compact'); "
+            "print(list({'string', 'null', 'integer', 'boolean'}), hashlib.sha256(g.next.tobytes() + g.class_of.tobytes()).hexdigest())")  # fmt: skip
+    out = [subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True,
+                          text=True, check=True).stdout.split("] ") for seed in ("1", "2")]  # fmt: skip
+    assert out[0][0] != out[1][0]  # the two processes iterate the set differently
+    assert out[0][1] == out[1][1]

@@ -10,7 +10,7 @@ from jaxsample.structured import minimise as mn
 from jaxsample.structured import tokens, trie, walk
 from jaxsample.structured.json_schema import schema_expr
 from jaxsample.structured.regex import parse_regex
-from tests._structured_vocab import bpe_vocab
+from tests._structured_vocab import bpe_vocab, sentencepiece_vocab
 
 
 def _check_against_bytes(dfa, vocab, g, paths=6, steps=30, seed=0):
@@ -183,3 +183,37 @@ def test_vocabulary_trie_and_quotients():
             assert q.of_byte_node[index.end[u]] == m and q.string_terminal[u] == q.terminal[m] >= 0
             assert index.end[u] in q.members[q.members_start[m] : q.members_start[m + 1]]
         assert q.trie.size < t.size
+
+
+def test_quotient_cache_bounds_and_vocabularies(monkeypatch):
+    """Quotients are kept per vocabulary: at least ``MAX_QUOTIENTS``, more while under ``MAX_QUOTIENT_BYTES``;
+    an evicted partition is rebuilt equal; another vocabulary has its own index and quotients."""
+    index = trie.VocabIndex(bpe_vocab().token_bytes)  # a fresh index: an empty cache
+
+    def partition(k):
+        blocks = np.zeros(256, np.int64)
+        blocks[ord('"')], blocks[ord("\\")], blocks[ord("a") + k] = 1, 2, 3
+        return blocks
+
+    first = index.quotient(partition(0))
+    size = trie._nbytes(first)
+    monkeypatch.setattr(trie, "MAX_QUOTIENTS", 2)
+    monkeypatch.setattr(trie, "MAX_QUOTIENT_BYTES", int(3.5 * size))
+    for k in range(1, 6):
+        index.quotient(partition(k))
+    assert 2 < len(index._quotients) <= 4  # the byte budget keeps more than the count floor
+    assert index._quotient_bytes == sum(trie._nbytes(q) for q in index._quotients.values()) <= 3.5 * size + size
+    again = index.quotient(partition(0))  # evicted (least recently used), rebuilt equal
+    assert again is not first
+    def arrays(x):
+        return [x] if isinstance(x, np.ndarray) else [a for y in x for a in arrays(y)] if isinstance(x, tuple) else []
+
+    assert len(arrays(first)) == len(arrays(again)) > 10
+    for a, b in zip(arrays(first), arrays(again)):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.setattr(trie, "MAX_QUOTIENT_BYTES", 0)  # only the count floor
+    index.quotient(partition(6))
+    assert len(index._quotients) == 2
+    other = trie.vocab_index(sentencepiece_vocab())
+    assert other is not trie.vocab_index(bpe_vocab())
+    assert other.quotient(partition(0)).of_byte_node.size == other.trie.size != index.trie.size

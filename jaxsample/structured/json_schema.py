@@ -400,6 +400,8 @@ class _Compiler:
         if types is None:
             implied = [t for t, keys in sm.FAMILIES.items() if keys & s.keys()] if self.opts["untyped"] == "implied" else []
             types = implied or list(sm.ALL_TYPES)
+        else:  # in the order written (a set's order would vary with Python's string hashing between processes)
+            types = [t for t in dict.fromkeys([s["type"]] if isinstance(s["type"], str) else s["type"]) if t in types]
         return alt(*(self.typed(s, t, path) for t in types))
 
     def dependent_schemas(self, s, path):

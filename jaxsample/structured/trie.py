@@ -25,8 +25,11 @@ import numpy as np
 
 from jaxsample.structured.minimise import unique_rows
 
-#: Quotient tries kept per vocabulary (each costs a few MiB at V=128k).
+#: Quotient tries kept per vocabulary: at least this many (each costs a few MiB at V=128k) ...
 MAX_QUOTIENTS = 32
+#: ... and more while they hold fewer bytes than this (~0.35 MiB each at V=8k: a recursive schema can
+#: use 30 partitions of its own, which would otherwise evict the string-body partitions every schema shares).
+MAX_QUOTIENT_BYTES = 64 << 20
 
 
 class Trie(NamedTuple):
@@ -193,6 +196,7 @@ class VocabIndex:
         edges = np.bincount(self.trie.label[1:], minlength=256).astype(np.float64)
         self.byte_weight = edges / max(edges.sum(), 1.0)
         self._quotients: collections.OrderedDict = collections.OrderedDict()
+        self._quotient_bytes = 0
         # parent of every byte-trie node, needed to build quotients
         t = self.trie
         self._parent = np.full(t.size, -1, np.int32)
@@ -257,11 +261,17 @@ class VocabIndex:
         hit = self._quotients.get(key)
         if hit is None:
             hit = self._quotients[key] = _quotient(self, canon, int(exact_depth))
-            if len(self._quotients) > MAX_QUOTIENTS:
-                self._quotients.popitem(last=False)
+            self._quotient_bytes += _nbytes(hit)
+            while len(self._quotients) > MAX_QUOTIENTS and self._quotient_bytes > MAX_QUOTIENT_BYTES:
+                self._quotient_bytes -= _nbytes(self._quotients.popitem(last=False)[1])
         else:
             self._quotients.move_to_end(key)
         return hit
+
+
+def _nbytes(x) -> int:
+    """Bytes of the arrays in a (nested) named tuple."""
+    return x.nbytes if isinstance(x, np.ndarray) else sum(map(_nbytes, x)) if isinstance(x, tuple) else 0
 
 
 def _byte_trie(strings: list[bytes]) -> tuple[Trie, np.ndarray]:

@@ -311,9 +311,12 @@ def walk(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan, 
     batch = (np.cumsum(_estimate(delta, byte_class, p, marker_from)[origins]) // PAIR_BUDGET).astype(np.int64)
     hits = [_walk(forest, p, origins[batch == b], marker_from) for b in np.unique(batch)]
     o, n, q = (np.concatenate([h[0][i] for h in hits]) for i in range(3))
+    mode = forest.mode[n].astype(np.int16 if len(p.modes) < 1 << 15 else np.int32)  # (int16: a radix sort)
+    order = np.argsort(mode, kind="stable")  # the entries of each trie, in walk order
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(mode, minlength=len(p.modes) + 1))])
     parts = []
     for k in range(len(p.modes) + 1):
-        sel = (n >= forest.base[k]) & (n < forest.base[k + 1])
+        sel = order[bounds[k] : bounds[k + 1]]
         parts.append((o[sel], forest.term[n[sel]], q[sel]))
     marks = tuple(np.concatenate([h[1][i] for h in hits]) for i in range(3))
     return Walk(parts[0], tuple(parts[1:]), marks)
