@@ -52,6 +52,10 @@ class CountingJit:
     def __call__(self, *args, **kwargs):
         return self._jitted(*args, **kwargs)
 
+    def trace(self, *args, **kwargs):
+        """``jax.jit(...).trace``: traces (counted) or reuses the cached trace, without compiling."""
+        return self._jitted.trace(*args, **kwargs)
+
 
 def assert_single_trace(fn, calls):
     """Calls ``fn`` with each argument tuple in ``calls`` under one jit; asserts a single trace."""
