@@ -83,6 +83,17 @@ BUDGET_FALLBACKS = ({"ref_calls": True}, {"discriminator_first": True}, {"discri
 INLINE_GENERIC = (3, 6)
 
 
+def _ambiguity_retries(options: dict) -> list[dict]:
+    """What an ambiguous pushdown automaton is compiled again with, in turn: each ``inline_generic`` of
+    :data:`INLINE_GENERIC` (none if one is given), then the same without ``value_calls`` (property
+    values inlined again: the object may then keep schema order or exceed a state budget)."""
+    depths = [] if options.get("inline_generic") else [{"inline_generic": d} for d in INLINE_GENERIC]
+    out = [{**options, **d} for d in depths]
+    if options.get("value_calls", True):
+        out += [{**options, "value_calls": False, **d} for d in [{}, *depths]]
+    return out
+
+
 def _has_keyword(schema, keyword: str) -> bool:
     """Whether ``keyword`` occurs anywhere in the schema (values of ``enum``/``const`` aside)."""
     todo = [schema]
@@ -119,7 +130,8 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     with calls): the first that fits is returned, else the budget error. A schema whose
     pushdown automaton cannot choose between a generic value and a typed container of another
     union branch (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`) is first compiled
-    again with each ``inline_generic`` of :data:`INLINE_GENERIC` in turn (the same language).
+    again with each ``inline_generic`` of :data:`INLINE_GENERIC` in turn (the same language), then
+    without ``value_calls`` (see :func:`_ambiguity_retries`).
     """
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)
@@ -128,12 +140,9 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
             try:
                 return compile_expression(json_schema.schema_expr(schema, **options), vocab)
             except pushdown.AmbiguousCallError as ambiguous:
-                if options.get("inline_generic"):
-                    raise
-                for depth in INLINE_GENERIC:
-                    options = {**options, "inline_generic": depth}
+                for retry in _ambiguity_retries(options):
                     try:
-                        return compile_expression(json_schema.schema_expr(schema, **options), vocab)
+                        return compile_expression(json_schema.schema_expr(schema, **retry), vocab)
                     except pushdown.AmbiguousCallError as err:
                         ambiguous = err
                 raise ambiguous

@@ -8,8 +8,11 @@ where the object may close, so they cost no states beyond the tracked set.
 
 Any order tracks every declared property: a value's states are repeated for every set of written
 properties that can end with it. :meth:`ObjectBuilder.any_order_size` estimates that; past the
-compiler's ``max_order_states`` the object keeps schema order (optional properties skippable,
-required ones not), tracking only the names its predicate needs.
+compiler's ``max_order_states`` the largest values become **calls** of rules compiled once (option
+``value_calls``: the value's states are no longer repeated, the tracked set stays in the caller's
+states; the same language, one stack frame per called value) until the estimate fits; if even
+calls of every value do not fit (``2**n`` sets of keys), the object keeps schema order (optional
+properties skippable, required ones not), tracking only the names its predicate needs.
 
 >>> from jaxsample.structured.automaton import compile_expr
 >>> from jaxsample.structured.json_schema import schema_expr
@@ -27,6 +30,9 @@ from jaxsample.structured import schema_merge as sm
 from jaxsample.structured.automaton import EMPTY, EPSILON, ByteDFA, alt, compile_expr, lit, seq, star
 from jaxsample.structured.json_text import body_dfa, encoded_literal, escape, names_dfa
 from jaxsample.structured.schema_merge import error
+
+#: Values larger than this (estimated states) are all called once an object needs calls to fit.
+CALL_MIN_STATES = 16
 
 
 class ObjectBuilder:
@@ -59,7 +65,7 @@ class ObjectBuilder:
             else:  # the JSON Schema meaning of an undeclared name, whatever open_objects says
                 props[name] = s.get("additionalProperties", s.get("unevaluatedProperties", True))
         name_filter = self.names_filter()
-        self.members, self.values = [], {}
+        self.members, self.values, self.subs = [], {}, {}
         for name, sub in props.items():
             sub_path = f"{path}/properties/{sm.pointer_token(name)}"
             for p, v in patterns.items():
@@ -71,6 +77,7 @@ class ObjectBuilder:
             if value != EMPTY:
                 self.members.append((name, seq(lit('"'), encoded_literal(name), lit('"'), c.colon, value)))
                 self.values[name] = value
+                self.subs[name] = sub
         first = c.first[0] if c.first is not None and c.first[1] == c.level else None
         self.first = first if first in self.values and first in self.required else None
         if self.first is not None:  # written first: it leads the schema order too
@@ -131,19 +138,40 @@ class ObjectBuilder:
                 out.append(seq(lit('"'), dfa_ops.Automaton.of(key), lit('"'), c.colon, value))
         return alt(*out) if out else None
 
-    def any_order_size(self) -> int:
+    def groups(self) -> list[list[str]]:
+        """Declared names grouped by value expression (equal values share their states)."""
+        out: dict = {}
+        for name, _ in self.members:
+            out.setdefault(id(self.values[name]), []).append(name)
+        return list(out.values())
+
+    def any_order_size(self, called=frozenset()) -> int:
         """Estimated DFA states of the object in any order: a value's states are repeated for every
         set of written properties that can end with it (equal values merge: a set holding several
-        properties with the same value expression counts it once)."""
+        properties with the same value expression counts it once); a ``called`` value counts one."""
         c, n = self.c, len(self.members)
-        groups: dict = {}
-        for name, _ in self.members:
-            groups.setdefault(id(self.values[name]), []).append(name)
-        cost = sum(c.size(self.values[names[0]]) * (2**n - 2 ** (n - len(names))) for names in groups.values())
+        cost = sum((1 if names[0] in called else c.size(self.values[names[0]])) * (2**n - 2 ** (n - len(names)))
+                   for names in self.groups())  # fmt: skip
         cost += sum(c.size(m) - c.size(self.values[name]) for name, m in self.members) * 2 ** max(n - 1, 0)
         if self.extras is not None:
             cost += 2**n * c.size(self.extras)
         return cost
+
+    def value_calls(self, budget: int):
+        """Names whose values become calls so that any order fits ``budget`` estimated states: every
+        value over :data:`CALL_MIN_STATES`, then smaller ones, largest first (an inline value is
+        copied for every set of written properties); ``None`` if calling every value does not fit."""
+        called: set = set()
+        for names in sorted(self.groups(), key=lambda g: -self.c.size(self.values[g[0]])):
+            if self.c.size(self.values[names[0]]) <= CALL_MIN_STATES and self.any_order_size(frozenset(called)) <= budget:
+                break
+            called.update(names)
+        return called if self.any_order_size(frozenset(called)) <= budget else None
+
+    def call_member(self, name: str):
+        """The member ``"name": <call of its value's rule>`` (see :meth:`_Compiler.value_call`)."""
+        c = self.c
+        return seq(lit('"'), encoded_literal(name), lit('"'), c.colon, c.value_call(self.subs[name], self.values[name]))
 
     @staticmethod
     def regions(keys: dict, at: str):
@@ -174,13 +202,18 @@ class ObjectBuilder:
         n = len(self.members)
         cost = self.any_order_size() if n > 1 else 0
         any_order = c.opts["property_order"] == "any" and cost <= c.opts["max_order_states"]
+        members = dict(self.members)
+        if c.opts["property_order"] == "any" and not any_order and c.opts["value_calls"]:
+            called = self.value_calls(c.opts["max_order_states"])
+            if called is not None:
+                any_order, cost = True, self.any_order_size(frozenset(called))
+                members.update((name, self.call_member(name)) for name in called)
         tracked = set(self.declared) if any_order else sm.predicate_names(self.pred)
         if (lo or hi is not None) and not any_order:
             tracked = set(self.declared)  # counting needs the set anyway
             if 2**n > c.opts["max_order_states"]:
                 raise error(self.path, "minProperties" if lo else "maxProperties", f"counting properties of an "
                             f"object with {n} declared properties needs more than max_order_states states")  # fmt: skip
-        members = dict(self.members)
         # extras counted: up to maxProperties, and (keys may repeat) at most one toward minProperties
         cap = 0 if self.extras is None else hi if hi is not None else (1 if lo else 0)
         order = {name: i for i, name in enumerate(self.declared)}

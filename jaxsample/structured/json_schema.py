@@ -290,6 +290,14 @@ class _Compiler:
             self.active.discard(rule)
             self.open_refs.subtract(refs)
 
+    def value_call(self, schema, value) -> Call:
+        """A :class:`Call` of ``value`` (``schema`` compiled here) as a rule compiled once: an object
+        past ``max_order_states`` calls its largest values (see :mod:`json_objects`). Equal schemas
+        share a rule; where a discriminator is written first, per nesting."""
+        rule = f"$value {_key(schema)}" + (f" @{self.level} {self.first}" if self.first is not None else "")
+        self.rules.setdefault(rule, value)
+        return Call(rule)
+
     def grammar(self, root):
         """``root``, or a :class:`Grammar` of it and the recursive rules it calls (compiled here)."""
         while self.pending:
@@ -880,6 +888,7 @@ def schema_expr(
     ref_calls: bool = False,
     inline_generic: int = 0,
     discriminator_first: bool = False,
+    value_calls: bool = True,
 ):
     """Expression tree of the JSON documents a schema accepts, or a
     :class:`~jaxsample.structured.pushdown.Grammar` when it recurses (see the module docstring).
@@ -899,7 +908,7 @@ def schema_expr(
         Schema meaning) or ``"schema"`` (the order of ``properties``, as llguidance/XGrammar).
       max_order_states: estimated NFA states an object may take for any order (tracking which
         declared properties were written costs up to ``2**(n-1)`` copies of the values); larger
-        objects keep schema order.
+        objects call their largest values (``value_calls``) until it fits, else keep schema order.
       open_objects: what an absent ``additionalProperties`` means: ``False`` (default) closed, as
         XGrammar and llama.cpp; ``True`` open (the JSON Schema meaning, as llguidance).
       untyped: the types of a schema without ``type``: ``"implied"`` (default) only those its
@@ -930,13 +939,19 @@ def schema_expr(
         :func:`~jaxsample.structured.compiler.compile_json_schema` retries with it when the schema
         exceeds a state budget.
 
+      value_calls: in an object past ``max_order_states``, the largest property values become calls
+        of rules compiled once (the same language, one stack frame per called value; their states
+        are no longer repeated for every set of written properties) until any order fits (default
+        ``True``); :func:`~jaxsample.structured.compiler.compile_json_schema` retries without them
+        where the automaton cannot choose between a call and another branch's value.
+
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
       ValueError: an invalid option.
     """
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)
-    opts = dict(whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
+    opts = dict(value_calls=value_calls, whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
                 max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
                 open_objects=open_objects, untyped=untyped, unknown_formats=unknown_formats, max_depth=max_depth,
                 ref_calls=ref_calls, inline_generic=inline_generic, discriminator_first=discriminator_first)  # fmt: skip
