@@ -71,10 +71,11 @@ def _deep_recursion(limit: int = 20_000):
 
 
 #: What :func:`compile_json_schema` retries with, in order, when a schema exceeds a state budget;
-#: each is a subset of the default language (references as stack calls: the same language up to
-#: ``max_depth`` nested calls; discriminators first: unions of objects choose their branch at their
+#: each within the schema's valid documents (large property values as stack calls: the default
+#: language, and any order where the default keeps schema order; references as stack calls: the
+#: same language up to ``max_depth`` nested calls; discriminators first: unions of objects choose their branch at their
 #: first member; schema order: one property order of each object).
-BUDGET_FALLBACKS = ({"ref_calls": True}, {"discriminator_first": True}, {"discriminator_first": True, "ref_calls": True},
+BUDGET_FALLBACKS = ({"value_calls": True}, {"ref_calls": True}, {"discriminator_first": True}, {"discriminator_first": True, "ref_calls": True},
                     {"property_order": "schema"}, {"property_order": "schema", "ref_calls": True})  # fmt: skip
 
 
@@ -89,7 +90,7 @@ def _ambiguity_retries(options: dict) -> list[dict]:
     values inlined again: the object may then keep schema order or exceed a state budget)."""
     depths = [] if options.get("inline_generic") else [{"inline_generic": d} for d in INLINE_GENERIC]
     out = [{**options, **d} for d in depths]
-    if options.get("value_calls", True):
+    if options.get("value_calls"):
         out += [{**options, "value_calls": False, **d} for d in [{}, *depths]]
     return out
 
@@ -109,10 +110,10 @@ def _has_keyword(schema, keyword: str) -> bool:
 
 
 def _fallbacks(schema, options: dict) -> list[dict]:
-    """The :data:`BUDGET_FALLBACKS` stricter than ``options`` that can change the result (``ref_calls``
-    only with a ``$ref``, ``discriminator_first`` only with a union; none for explicit ``ref_calls``,
-    ``discriminator_first`` or schema order)."""
-    if options.get("ref_calls") or options.get("discriminator_first") or options.get("property_order", "any") != "any":
+    """The :data:`BUDGET_FALLBACKS` that can change the result (``ref_calls`` only with a ``$ref``,
+    ``discriminator_first`` only with a union; none for explicit ``ref_calls``, ``discriminator_first``,
+    ``value_calls`` or schema order)."""
+    if any(options.get(k) for k in ("ref_calls", "discriminator_first", "value_calls")) or options.get("property_order", "any") != "any":
         return []
     refs, unions = _has_keyword(schema, "$ref"), _has_keyword(schema, "anyOf") or _has_keyword(schema, "oneOf")
     return [{**options, **f} for f in BUDGET_FALLBACKS
@@ -124,8 +125,9 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     """JSON documents valid under ``schema``; ``options`` as :func:`~jaxsample.structured.json_schema.schema_expr`.
 
     A schema that exceeds a state budget (:class:`~jaxsample.structured.automaton.BudgetError`)
-    with the default ``property_order="any"``, ``ref_calls=False`` and ``discriminator_first=False`` is
-    compiled again with the :data:`BUDGET_FALLBACKS` in turn (references as stack calls, then
+    with the default ``property_order="any"``, ``ref_calls=False``, ``discriminator_first=False`` and
+    ``value_calls=False`` is compiled again with the :data:`BUDGET_FALLBACKS` in turn (large property
+    values as stack calls, then references as stack calls, then
     discriminators first, without and with calls, then every object in schema order, without and
     with calls): the first that fits is returned, else the budget error. A schema whose
     pushdown automaton cannot choose between a generic value and a typed container of another

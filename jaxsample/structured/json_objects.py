@@ -8,11 +8,12 @@ where the object may close, so they cost no states beyond the tracked set.
 
 Any order tracks every declared property: a value's states are repeated for every set of written
 properties that can end with it. :meth:`ObjectBuilder.any_order_size` estimates that; past the
-compiler's ``max_order_states`` the largest values become **calls** of rules compiled once (option
-``value_calls``: the value's states are no longer repeated, the tracked set stays in the caller's
-states; the same language, one stack frame per called value) until the estimate fits; if even
-calls of every value do not fit (``2**n`` sets of keys), the object keeps schema order (optional
-properties skippable, required ones not), tracking only the names its predicate needs.
+compiler's ``max_order_states`` the object keeps schema order (optional properties skippable,
+required ones not), tracking only the names its predicate needs. With option ``value_calls`` (a
+state-budget fallback) such an object first makes its large values **calls** of rules compiled
+once (a value's states are then not repeated per set; the set stays in the caller's states; one
+stack frame per called value) and keeps any order if that fits; ``2**n`` sets of keys alone can
+still be too many (then schema order).
 
 >>> from jaxsample.structured.automaton import compile_expr
 >>> from jaxsample.structured.json_schema import schema_expr
@@ -157,10 +158,17 @@ class ObjectBuilder:
     def any_order_size(self, called=frozenset()) -> int:
         """Estimated DFA states of the object in any order: a value's states are repeated for every
         set of written properties that can end with it (equal values merge: a set holding several
-        properties with the same value expression counts it once); a ``called`` value counts one."""
+        properties with the same value expression counts it once); a ``called`` value counts one.
+
+        With ``value_calls`` keys and undeclared members are counted apart from their values (a
+        value flattened into its member can count differently there); without, the estimate the
+        defaults were measured with (keys as member minus value)."""
         c, n = self.c, len(self.members)
         cost = sum((1 if names[0] in called else c.size(self.values[names[0]])) * (2**n - 2 ** (n - len(names)))
                    for names in self.groups())  # fmt: skip
+        if not c.opts["value_calls"]:
+            keys = sum(c.size(m) - c.size(self.values[name]) for name, m in self.members)
+            return cost + keys * 2 ** max(n - 1, 0) + (0 if self.extras is None else 2**n * c.size(self.extras))
         cost += sum(c.size(self.keys[name]) for name, _ in self.members) * 2 ** max(n - 1, 0)
         if self.extras is not None:
             extras = sum(c.size(key) + 3 + c.size(c.colon) for key, _, _ in self.extra_parts)
@@ -210,7 +218,9 @@ class ObjectBuilder:
         c, s = self.c, self.s
         lo, hi = s.get("minProperties", 0), s.get("maxProperties")
         n = len(self.members)
-        cost = self.any_order_size()  # with 0 or 1 declared properties: no order to track
+        # with 0 or 1 declared properties there is no order to track; their size counts for the
+        # parent's estimate (with value_calls only: the defaults keep the estimates they were measured with)
+        cost = self.any_order_size() if n > 1 or c.opts["value_calls"] else 0
         any_order = c.opts["property_order"] == "any" and (n <= 1 or cost <= c.opts["max_order_states"])
         members = dict(self.members)
         if c.opts["property_order"] == "any" and not any_order and c.opts["value_calls"]:
@@ -275,6 +285,6 @@ class ObjectBuilder:
             if self.extras is not None and self.first is None:
                 options.append(seq(self.extras, after(0, start, min(1, cap))))
         out = c.container("{", "}", alt(*options), close_ok(0, start, 0))
-        extras = 0 if self.extras is None else c.size(self.extras)
+        extras = 0 if self.extras is None or not c.opts["value_calls"] else c.size(self.extras)
         c._sizes[id(out)] = (out, cost if any_order else sum(c.size(m) for _, m in self.members) + extras + 1)
         return out

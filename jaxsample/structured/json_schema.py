@@ -888,7 +888,7 @@ def schema_expr(
     ref_calls: bool = False,
     inline_generic: int = 0,
     discriminator_first: bool = False,
-    value_calls: bool = True,
+    value_calls: bool = False,
 ):
     """Expression tree of the JSON documents a schema accepts, or a
     :class:`~jaxsample.structured.pushdown.Grammar` when it recurses (see the module docstring).
@@ -908,7 +908,7 @@ def schema_expr(
         Schema meaning) or ``"schema"`` (the order of ``properties``, as llguidance/XGrammar).
       max_order_states: estimated NFA states an object may take for any order (tracking which
         declared properties were written costs up to ``2**(n-1)`` copies of the values); larger
-        objects call their largest values (``value_calls``) until it fits, else keep schema order.
+        objects keep schema order (or, with ``value_calls``, call their large values to fit any order).
       open_objects: what an absent ``additionalProperties`` means: ``False`` (default) closed, as
         XGrammar and llama.cpp; ``True`` open (the JSON Schema meaning, as llguidance).
       untyped: the types of a schema without ``type``: ``"implied"`` (default) only those its
@@ -939,11 +939,13 @@ def schema_expr(
         :func:`~jaxsample.structured.compiler.compile_json_schema` retries with it when the schema
         exceeds a state budget.
 
-      value_calls: in an object past ``max_order_states``, the largest property values become calls
-        of rules compiled once (the same language, one stack frame per called value; their states
-        are no longer repeated for every set of written properties) until any order fits (default
-        ``True``); :func:`~jaxsample.structured.compiler.compile_json_schema` retries without them
-        where the automaton cannot choose between a call and another branch's value.
+      value_calls: in an object past ``max_order_states``, its large property values become calls
+        of rules compiled once (their states are no longer repeated for every set of written
+        properties; one stack frame per called value) so that it keeps any order instead of schema
+        order: the schema's documents, more of them than the default. ``False`` (default: regular
+        automata stay regular); :func:`~jaxsample.structured.compiler.compile_json_schema` retries
+        with it when the schema exceeds a state budget, and without it where the automaton cannot
+        choose between a call and another union branch's inline value.
 
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
