@@ -119,11 +119,7 @@ def test_budget_fallbacks_in_order(fresh_cache, monkeypatch):
     for name, options in [("calls", {"ref_calls": True}), ("both", {"ref_calls": True, "property_order": "schema"})]:
         explicit[name] = st.compile_json_schema(SCHEMA, v, whitespace="compact", **options)
     grammar_cache.clear()
-    monkeypatch.setattr(am, "MAX_DFA_STATES", 1500)  # inline any order exceeds it, called values fit
-    got = st.compile_json_schema(SCHEMA, v, whitespace="compact")
-    assert st.same_grammar(got, st.compile_json_schema(SCHEMA, v, whitespace="compact", value_calls=True))
-    grammar_cache.clear()
-    monkeypatch.setattr(am, "MAX_DFA_STATES", 500)  # called values exceed it too, calls of references fit
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 500)  # inline any order exceeds it, calls fit
     got = st.compile_json_schema(SCHEMA, v, whitespace="compact")
     assert st.same_grammar(got, explicit["calls"])
     grammar_cache.clear()
@@ -149,9 +145,8 @@ def test_ref_call_fallbacks_need_a_ref(fresh_cache, monkeypatch):
     monkeypatch.setattr(am, "MAX_DFA_STATES", 60)
     with pytest.raises(am.BudgetError):
         st.compile_json_schema(schema, bpe_vocab(), whitespace="compact")
-    # the default, value calls, then schema order
-    assert [o.get("ref_calls", False) for o in seen] == [False, False, False]
-    assert seen[1]["value_calls"] and seen[2]["property_order"] == "schema"
+    assert [o.get("ref_calls", False) for o in seen] == [False, False]  # the default, then schema order
+    assert seen[1]["property_order"] == "schema"
 
 
 def test_ambiguous_union_is_retried_with_inline_generic(fresh_cache):

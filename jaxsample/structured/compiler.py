@@ -71,11 +71,10 @@ def _deep_recursion(limit: int = 20_000):
 
 
 #: What :func:`compile_json_schema` retries with, in order, when a schema exceeds a state budget;
-#: each within the schema's valid documents (large property values as stack calls: the default
-#: language, and any order where the default keeps schema order; references as stack calls: the
-#: same language up to ``max_depth`` nested calls; discriminators first: unions of objects choose their branch at their
+#: each is a subset of the default language (references as stack calls: the same language up to
+#: ``max_depth`` nested calls; discriminators first: unions of objects choose their branch at their
 #: first member; schema order: one property order of each object).
-BUDGET_FALLBACKS = ({"value_calls": True}, {"ref_calls": True}, {"discriminator_first": True}, {"discriminator_first": True, "ref_calls": True},
+BUDGET_FALLBACKS = ({"ref_calls": True}, {"discriminator_first": True}, {"discriminator_first": True, "ref_calls": True},
                     {"property_order": "schema"}, {"property_order": "schema", "ref_calls": True})  # fmt: skip
 
 
@@ -126,8 +125,8 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
 
     A schema that exceeds a state budget (:class:`~jaxsample.structured.automaton.BudgetError`)
     with the default ``property_order="any"``, ``ref_calls=False``, ``discriminator_first=False`` and
-    ``value_calls=False`` is compiled again with the :data:`BUDGET_FALLBACKS` in turn (large property
-    values as stack calls, then references as stack calls, then
+    ``value_calls=False`` is compiled again with the :data:`BUDGET_FALLBACKS` in turn (references as
+    stack calls, then
     discriminators first, without and with calls, then every object in schema order, without and
     with calls): the first that fits is returned, else the budget error. A schema whose
     pushdown automaton cannot choose between a generic value and a typed container of another

@@ -9,8 +9,8 @@ where the object may close, so they cost no states beyond the tracked set.
 Any order tracks every declared property: a value's states are repeated for every set of written
 properties that can end with it. :meth:`ObjectBuilder.any_order_size` estimates that; past the
 compiler's ``max_order_states`` the object keeps schema order (optional properties skippable,
-required ones not), tracking only the names its predicate needs. With option ``value_calls`` (a
-state-budget fallback) such an object first makes its large values **calls** of rules compiled
+required ones not), tracking only the names its predicate needs. With option ``value_calls`` such
+an object first makes its large values **calls** of rules compiled
 once (a value's states are then not repeated per set; the set stays in the caller's states; one
 stack frame per called value) and keeps any order if that fits; ``2**n`` sets of keys alone can
 still be too many (then schema order).

@@ -943,9 +943,10 @@ def schema_expr(
         of rules compiled once (their states are no longer repeated for every set of written
         properties; one stack frame per called value) so that it keeps any order instead of schema
         order: the schema's documents, more of them than the default. ``False`` (default: regular
-        automata stay regular); :func:`~jaxsample.structured.compiler.compile_json_schema` retries
-        with it when the schema exceeds a state budget, and without it where the automaton cannot
-        choose between a call and another union branch's inline value.
+        automata stay regular; as a state-budget fallback it rescued none of the JSONSchemaBench
+        sample's budget failures); :func:`~jaxsample.structured.compiler.compile_json_schema`
+        retries without it where the automaton cannot choose between a call and another union
+        branch's inline value.
 
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
