@@ -28,7 +28,8 @@ Supported (JSON Schema 2020-12, with drafts 4-2019 forms normalised by
   arithmetic, :func:`~jaxsample.structured.numbers.multiple_of`).
 
 Over-constraints (outputs remain valid; some valid documents cannot be produced): objects with too
-many property orders for ``max_order_states`` keep schema order; ``oneOf`` object branches not
+many property orders for ``max_order_states`` keep schema order (with ``value_calls``, unless
+calling their large values makes any order fit); ``oneOf`` object branches not
 proven disjoint never hold both branches' required names; with ``discriminator_first`` (a budget
 fallback) a union's discriminating property comes first; an absent
 ``additionalProperties`` means closed unless ``open_objects=True`` (as XGrammar and llama.cpp);
