@@ -103,8 +103,8 @@ def test_value_calls_take_any_order_exactly():
 
 def test_ambiguous_value_calls_are_retried_inline(fresh_cache):
     # two union branches call different rules for "a" on the same byte: retried without value calls
-    other = {**BIG, "properties": {**BIG["properties"], "a": {"type": "object", "properties": {"z": {"type": "string", "maxLength": 12}},
-                                                              "required": ["z"]}}}  # fmt: skip
+    a = {"type": "object", "properties": {"z": {"type": "string", "maxLength": 12}}, "required": ["z"]}
+    other = {**BIG, "properties": {**BIG["properties"], "a": a}}
     union = {"anyOf": [BIG, other]}
     with pytest.raises(pushdown.AmbiguousCallError):
         am.compile_expr(schema_expr(union, whitespace="compact", value_calls=True))

@@ -112,7 +112,8 @@ def _fallbacks(schema, options: dict) -> list[dict]:
     """The :data:`BUDGET_FALLBACKS` that can change the result (``ref_calls`` only with a ``$ref``,
     ``discriminator_first`` only with a union; none for explicit ``ref_calls``, ``discriminator_first``,
     ``value_calls`` or schema order)."""
-    if any(options.get(k) for k in ("ref_calls", "discriminator_first", "value_calls")) or options.get("property_order", "any") != "any":
+    explicit = any(options.get(k) for k in ("ref_calls", "discriminator_first", "value_calls"))
+    if explicit or options.get("property_order", "any") != "any":
         return []
     refs, unions = _has_keyword(schema, "$ref"), _has_keyword(schema, "anyOf") or _has_keyword(schema, "oneOf")
     return [{**options, **f} for f in BUDGET_FALLBACKS

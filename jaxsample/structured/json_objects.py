@@ -182,7 +182,8 @@ class ObjectBuilder:
         copied for every set of written properties); ``None`` if calling every value does not fit."""
         called: set = set()
         for names in sorted(self.groups(), key=lambda g: -self.c.size(self.values[g[0]])):
-            if self.c.size(self.values[names[0]]) <= CALL_MIN_STATES and self.any_order_size(frozenset(called)) <= budget:
+            small = self.c.size(self.values[names[0]]) <= CALL_MIN_STATES
+            if small and self.any_order_size(frozenset(called)) <= budget:
                 break
             called.update(names)
         return called if self.any_order_size(frozenset(called)) <= budget else None

@@ -955,9 +955,10 @@ def schema_expr(
     """
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)
-    opts = dict(value_calls=value_calls, whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
+    opts = dict(whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
                 max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
                 open_objects=open_objects, untyped=untyped, unknown_formats=unknown_formats, max_depth=max_depth,
-                ref_calls=ref_calls, inline_generic=inline_generic, discriminator_first=discriminator_first)  # fmt: skip
+                ref_calls=ref_calls, inline_generic=inline_generic, discriminator_first=discriminator_first,
+                value_calls=value_calls)  # fmt: skip
     c = _Compiler(schema, opts)
     return c.grammar(c.compile(schema))
