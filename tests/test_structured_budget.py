@@ -61,6 +61,58 @@ def test_ref_calls_keep_the_language_and_cut_the_states():
         check.validate(loads(doc.decode()))
 
 
+# five properties with large values (nested objects with counted strings): any order would repeat
+# every value for each set of written properties, past max_order_states (estimated ~12k states)
+BIG = {
+    "type": "object",
+    "properties": {k: {"type": "object", "properties": {"x": {"type": "string", "maxLength": 12},
+                                                         "y": {"type": "integer", "minimum": 0, "maximum": 999}},
+                       "required": ["x"]} for k in "abcde"},  # fmt: skip
+    "required": ["a"],
+}
+
+
+def test_value_calls_take_any_order_exactly():
+    rng = np.random.default_rng(0)
+    check = validator(BIG)
+    ordered = am.compile_expr(schema_expr(BIG, whitespace="compact"))  # past the budget: schema order
+    calls = am.compile_expr(schema_expr(BIG, whitespace="compact", value_calls=True))
+    assert isinstance(calls, Pushdown) and not isinstance(ordered, Pushdown)
+    doc = b'{"e":{"y":7,"x":"q"},"a":{"x":""}}'
+    assert calls.matches(doc) and not ordered.matches(doc)
+    check.validate(loads(doc.decode()))
+    for bad in (b'{"e":{"x":""}}', b'{"a":{"y":1}}', b'{"a":{"x":"0123456789abc"}}', b'{"a":{"x":""},"f":1}',
+                b'{"a":{"x":"","y":1000}}'):  # fmt: skip
+        assert not calls.matches(bad) and not ordered.matches(bad), bad
+        if bad != b'{"a":{"x":""},"f":1}':  # closed by default (an absent additionalProperties)
+            assert not check.is_valid(loads(bad.decode())), bad
+    for dup in (b'{"a":{"x":""},"a":{"x":""}}', b'{"e":{"x":""},"a":{"x":""},"e":{"x":"1"}}'):
+        assert not calls.matches(dup)  # a declared property is never repeated
+    for i in range(30):
+        assert calls.matches(random_member(ordered, rng, stop=0.2 + 0.1 * (i % 3), limit=400))  # a superset
+        out = random_member(calls, rng, stop=0.2 + 0.1 * (i % 3), limit=400).decode()
+        check.validate(loads(out))  # valid, no duplicate keys
+    # open objects: undeclared members between any declared ones, their values called too
+    open_calls = am.compile_expr(schema_expr(BIG, whitespace="compact", value_calls=True, open_objects=True))
+    assert open_calls.matches(b'{"z":[1,{"q":null}],"c":{"x":"","w":{}},"a":{"x":"s"},"b":{"x":""}}')
+    assert not open_calls.matches(b'{"z":1,"c":{"x":""},"c":{"x":""},"a":{"x":""}}')
+    spec = validator(BIG)  # an absent additionalProperties is open for jsonschema
+    for i in range(30):
+        spec.validate(loads(random_member(open_calls, rng, stop=0.2 + 0.1 * (i % 3), limit=400).decode()))
+
+
+def test_ambiguous_value_calls_are_retried_inline(fresh_cache):
+    # two union branches call different rules for "a" on the same byte: retried without value calls
+    a = {"type": "object", "properties": {"z": {"type": "string", "maxLength": 12}}, "required": ["z"]}
+    other = {**BIG, "properties": {**BIG["properties"], "a": a}}
+    union = {"anyOf": [BIG, other]}
+    with pytest.raises(pushdown.AmbiguousCallError):
+        am.compile_expr(schema_expr(union, whitespace="compact", value_calls=True))
+    v = bpe_vocab()
+    got = st.compile_json_schema(union, v, whitespace="compact", value_calls=True)
+    assert st.same_grammar(got, st.compile_json_schema(union, v, whitespace="compact"))
+
+
 def test_budget_fallbacks_in_order(fresh_cache, monkeypatch):
     v = bpe_vocab()
     explicit = {}

@@ -83,6 +83,17 @@ BUDGET_FALLBACKS = ({"ref_calls": True}, {"discriminator_first": True}, {"discri
 INLINE_GENERIC = (3, 6)
 
 
+def _ambiguity_retries(options: dict) -> list[dict]:
+    """What an ambiguous pushdown automaton is compiled again with, in turn: each ``inline_generic`` of
+    :data:`INLINE_GENERIC` (none if one is given), then the same without ``value_calls`` (property
+    values inlined again: the object may then keep schema order or exceed a state budget)."""
+    depths = [] if options.get("inline_generic") else [{"inline_generic": d} for d in INLINE_GENERIC]
+    out = [{**options, **d} for d in depths]
+    if options.get("value_calls"):
+        out += [{**options, "value_calls": False, **d} for d in [{}, *depths]]
+    return out
+
+
 def _has_keyword(schema, keyword: str) -> bool:
     """Whether ``keyword`` occurs anywhere in the schema (values of ``enum``/``const`` aside)."""
     todo = [schema]
@@ -98,10 +109,11 @@ def _has_keyword(schema, keyword: str) -> bool:
 
 
 def _fallbacks(schema, options: dict) -> list[dict]:
-    """The :data:`BUDGET_FALLBACKS` stricter than ``options`` that can change the result (``ref_calls``
-    only with a ``$ref``, ``discriminator_first`` only with a union; none for explicit ``ref_calls``,
-    ``discriminator_first`` or schema order)."""
-    if options.get("ref_calls") or options.get("discriminator_first") or options.get("property_order", "any") != "any":
+    """The :data:`BUDGET_FALLBACKS` that can change the result (``ref_calls`` only with a ``$ref``,
+    ``discriminator_first`` only with a union; none for explicit ``ref_calls``, ``discriminator_first``,
+    ``value_calls`` or schema order)."""
+    explicit = any(options.get(k) for k in ("ref_calls", "discriminator_first", "value_calls"))
+    if explicit or options.get("property_order", "any") != "any":
         return []
     refs, unions = _has_keyword(schema, "$ref"), _has_keyword(schema, "anyOf") or _has_keyword(schema, "oneOf")
     return [{**options, **f} for f in BUDGET_FALLBACKS
@@ -113,13 +125,15 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     """JSON documents valid under ``schema``; ``options`` as :func:`~jaxsample.structured.json_schema.schema_expr`.
 
     A schema that exceeds a state budget (:class:`~jaxsample.structured.automaton.BudgetError`)
-    with the default ``property_order="any"``, ``ref_calls=False`` and ``discriminator_first=False`` is
-    compiled again with the :data:`BUDGET_FALLBACKS` in turn (references as stack calls, then
+    with the default ``property_order="any"``, ``ref_calls=False``, ``discriminator_first=False`` and
+    ``value_calls=False`` is compiled again with the :data:`BUDGET_FALLBACKS` in turn (references as
+    stack calls, then
     discriminators first, without and with calls, then every object in schema order, without and
     with calls): the first that fits is returned, else the budget error. A schema whose
     pushdown automaton cannot choose between a generic value and a typed container of another
     union branch (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`) is first compiled
-    again with each ``inline_generic`` of :data:`INLINE_GENERIC` in turn (the same language).
+    again with each ``inline_generic`` of :data:`INLINE_GENERIC` in turn (the same language), then
+    without ``value_calls`` (see :func:`_ambiguity_retries`).
     """
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)
@@ -128,12 +142,9 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
             try:
                 return compile_expression(json_schema.schema_expr(schema, **options), vocab)
             except pushdown.AmbiguousCallError as ambiguous:
-                if options.get("inline_generic"):
-                    raise
-                for depth in INLINE_GENERIC:
-                    options = {**options, "inline_generic": depth}
+                for retry in _ambiguity_retries(options):
                     try:
-                        return compile_expression(json_schema.schema_expr(schema, **options), vocab)
+                        return compile_expression(json_schema.schema_expr(schema, **retry), vocab)
                     except pushdown.AmbiguousCallError as err:
                         ambiguous = err
                 raise ambiguous

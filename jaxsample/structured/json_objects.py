@@ -9,7 +9,11 @@ where the object may close, so they cost no states beyond the tracked set.
 Any order tracks every declared property: a value's states are repeated for every set of written
 properties that can end with it. :meth:`ObjectBuilder.any_order_size` estimates that; past the
 compiler's ``max_order_states`` the object keeps schema order (optional properties skippable,
-required ones not), tracking only the names its predicate needs.
+required ones not), tracking only the names its predicate needs. With option ``value_calls`` such
+an object first makes its large values **calls** of rules compiled
+once (a value's states are then not repeated per set; the set stays in the caller's states; one
+stack frame per called value) and keeps any order if that fits; ``2**n`` sets of keys alone can
+still be too many (then schema order).
 
 >>> from jaxsample.structured.automaton import compile_expr
 >>> from jaxsample.structured.json_schema import schema_expr
@@ -27,6 +31,9 @@ from jaxsample.structured import schema_merge as sm
 from jaxsample.structured.automaton import EMPTY, EPSILON, ByteDFA, alt, compile_expr, lit, seq, star
 from jaxsample.structured.json_text import body_dfa, encoded_literal, escape, names_dfa
 from jaxsample.structured.schema_merge import error
+
+#: Values larger than this (estimated states) are all called once an object needs calls to fit.
+CALL_MIN_STATES = 16
 
 
 class ObjectBuilder:
@@ -59,7 +66,7 @@ class ObjectBuilder:
             else:  # the JSON Schema meaning of an undeclared name, whatever open_objects says
                 props[name] = s.get("additionalProperties", s.get("unevaluatedProperties", True))
         name_filter = self.names_filter()
-        self.members, self.values = [], {}
+        self.members, self.keys, self.values, self.subs = [], {}, {}, {}
         for name, sub in props.items():
             sub_path = f"{path}/properties/{sm.pointer_token(name)}"
             for p, v in patterns.items():
@@ -69,14 +76,17 @@ class ObjectBuilder:
                 sub = False
             value = c.compile(sub, sub_path)
             if value != EMPTY:
-                self.members.append((name, seq(lit('"'), encoded_literal(name), lit('"'), c.colon, value)))
+                self.keys[name] = seq(lit('"'), encoded_literal(name), lit('"'), c.colon)
+                self.members.append((name, seq(self.keys[name], value)))
                 self.values[name] = value
+                self.subs[name] = sub
         first = c.first[0] if c.first is not None and c.first[1] == c.level else None
         self.first = first if first in self.values and first in self.required else None
         if self.first is not None:  # written first: it leads the schema order too
             self.members.sort(key=lambda m: m[0] != self.first)
         self.declared = [n for n, _ in self.members]
-        self.extras = self.extra_members(list(props), name_filter)
+        self.extra_parts = self.extra_members(list(props), name_filter)
+        self.extras = None if self.extra_parts is None else self.extras_expr(calls=False)
 
     def names_filter(self) -> ByteDFA | None:
         """DFA of the allowed (JSON-encoded) property names, from ``propertyNames``."""
@@ -104,7 +114,7 @@ class ObjectBuilder:
         return compile_expr(self.c.string_body(v, at))
 
     def extra_members(self, names, name_filter):
-        """``(key, value)`` member expressions for undeclared names (pattern properties, then the rest)."""
+        """``(key automaton, schema, value)`` of the undeclared names (pattern properties, then the rest)."""
         c, s = self.c, self.s
         patterns = s.get("patternProperties", {})
         if not patterns and self.additional is False:
@@ -119,7 +129,7 @@ class ObjectBuilder:
             sub = patterns[region[0]] if len(region) == 1 else {"allOf": [patterns[p] for p in region]}
             value = c.compile(sub, f"{at}/{sm.pointer_token(region[0])}")
             if value != EMPTY and not dfa_ops.is_empty(key):
-                out.append(seq(lit('"'), dfa_ops.Automaton.of(key), lit('"'), c.colon, value))
+                out.append((dfa_ops.Automaton.of(key), sub, value))
         if self.additional is not False:
             key = dfa_ops.difference(body_dfa(), taken)
             for other in keys.values():
@@ -128,22 +138,59 @@ class ObjectBuilder:
                 key = dfa_ops.intersect(key, name_filter)
             value = c.compile(self.additional, f"{self.path}/additionalProperties")
             if value != EMPTY and not dfa_ops.is_empty(key):
-                out.append(seq(lit('"'), dfa_ops.Automaton.of(key), lit('"'), c.colon, value))
-        return alt(*out) if out else None
+                out.append((dfa_ops.Automaton.of(key), self.additional, value))
+        return out or None
 
-    def any_order_size(self) -> int:
+    def extras_expr(self, calls: bool):
+        """Any one undeclared member; with ``calls``, values over :data:`CALL_MIN_STATES` are calls."""
+        c = self.c
+        return alt(*(seq(lit('"'), key, lit('"'), c.colon,
+                         c.value_call(sub, value) if calls and c.size(value) > CALL_MIN_STATES else value)
+                     for key, sub, value in self.extra_parts))  # fmt: skip
+
+    def groups(self) -> list[list[str]]:
+        """Declared names grouped by value expression (equal values share their states)."""
+        out: dict = {}
+        for name, _ in self.members:
+            out.setdefault(id(self.values[name]), []).append(name)
+        return list(out.values())
+
+    def any_order_size(self, called=frozenset()) -> int:
         """Estimated DFA states of the object in any order: a value's states are repeated for every
         set of written properties that can end with it (equal values merge: a set holding several
-        properties with the same value expression counts it once)."""
+        properties with the same value expression counts it once); a ``called`` value counts one.
+
+        With ``value_calls`` keys and undeclared members are counted apart from their values (a
+        value flattened into its member can count differently there); without, the estimate the
+        defaults were measured with (keys as member minus value)."""
         c, n = self.c, len(self.members)
-        groups: dict = {}
-        for name, _ in self.members:
-            groups.setdefault(id(self.values[name]), []).append(name)
-        cost = sum(c.size(self.values[names[0]]) * (2**n - 2 ** (n - len(names))) for names in groups.values())
-        cost += sum(c.size(m) - c.size(self.values[name]) for name, m in self.members) * 2 ** max(n - 1, 0)
+        cost = sum((1 if names[0] in called else c.size(self.values[names[0]])) * (2**n - 2 ** (n - len(names)))
+                   for names in self.groups())  # fmt: skip
+        if not c.opts["value_calls"]:
+            keys = sum(c.size(m) - c.size(self.values[name]) for name, m in self.members)
+            return cost + keys * 2 ** max(n - 1, 0) + (0 if self.extras is None else 2**n * c.size(self.extras))
+        cost += sum(c.size(self.keys[name]) for name, _ in self.members) * 2 ** max(n - 1, 0)
         if self.extras is not None:
-            cost += 2**n * c.size(self.extras)
+            extras = sum(c.size(key) + 3 + c.size(c.colon) for key, _, _ in self.extra_parts)
+            extras += sum(1 if called and c.size(v) > CALL_MIN_STATES else c.size(v) for _, _, v in self.extra_parts)
+            cost += 2**n * extras
         return cost
+
+    def value_calls(self, budget: int):
+        """Names whose values become calls so that any order fits ``budget`` estimated states: every
+        value over :data:`CALL_MIN_STATES`, then smaller ones, largest first (an inline value is
+        copied for every set of written properties); ``None`` if calling every value does not fit."""
+        called: set = set()
+        for names in sorted(self.groups(), key=lambda g: -self.c.size(self.values[g[0]])):
+            small = self.c.size(self.values[names[0]]) <= CALL_MIN_STATES
+            if small and self.any_order_size(frozenset(called)) <= budget:
+                break
+            called.update(names)
+        return called if self.any_order_size(frozenset(called)) <= budget else None
+
+    def call_member(self, name: str):
+        """The member ``"name": <call of its value's rule>`` (see :meth:`_Compiler.value_call`)."""
+        return seq(self.keys[name], self.c.value_call(self.subs[name], self.values[name]))
 
     @staticmethod
     def regions(keys: dict, at: str):
@@ -172,15 +219,24 @@ class ObjectBuilder:
         c, s = self.c, self.s
         lo, hi = s.get("minProperties", 0), s.get("maxProperties")
         n = len(self.members)
-        cost = self.any_order_size() if n > 1 else 0
-        any_order = c.opts["property_order"] == "any" and cost <= c.opts["max_order_states"]
+        # with 0 or 1 declared properties there is no order to track; their size counts for the
+        # parent's estimate (with value_calls only: the defaults keep the estimates they were measured with)
+        cost = self.any_order_size() if n > 1 or c.opts["value_calls"] else 0
+        any_order = c.opts["property_order"] == "any" and (n <= 1 or cost <= c.opts["max_order_states"])
+        members = dict(self.members)
+        if c.opts["property_order"] == "any" and not any_order and c.opts["value_calls"]:
+            called = self.value_calls(c.opts["max_order_states"])
+            if called is not None:
+                any_order, cost = True, self.any_order_size(frozenset(called))
+                members.update((name, self.call_member(name)) for name in called)
+                if self.extras is not None:
+                    self.extras = self.extras_expr(calls=True)
         tracked = set(self.declared) if any_order else sm.predicate_names(self.pred)
         if (lo or hi is not None) and not any_order:
             tracked = set(self.declared)  # counting needs the set anyway
             if 2**n > c.opts["max_order_states"]:
                 raise error(self.path, "minProperties" if lo else "maxProperties", f"counting properties of an "
                             f"object with {n} declared properties needs more than max_order_states states")  # fmt: skip
-        members = dict(self.members)
         # extras counted: up to maxProperties, and (keys may repeat) at most one toward minProperties
         cap = 0 if self.extras is None else hi if hi is not None else (1 if lo else 0)
         order = {name: i for i, name in enumerate(self.declared)}
@@ -230,5 +286,6 @@ class ObjectBuilder:
             if self.extras is not None and self.first is None:
                 options.append(seq(self.extras, after(0, start, min(1, cap))))
         out = c.container("{", "}", alt(*options), close_ok(0, start, 0))
-        c._sizes[id(out)] = (out, cost if any_order else sum(c.size(m) for _, m in self.members) + 1)
+        extras = 0 if self.extras is None or not c.opts["value_calls"] else c.size(self.extras)
+        c._sizes[id(out)] = (out, cost if any_order else sum(c.size(m) for _, m in self.members) + extras + 1)
         return out

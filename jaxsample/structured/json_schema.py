@@ -28,7 +28,8 @@ Supported (JSON Schema 2020-12, with drafts 4-2019 forms normalised by
   arithmetic, :func:`~jaxsample.structured.numbers.multiple_of`).
 
 Over-constraints (outputs remain valid; some valid documents cannot be produced): objects with too
-many property orders for ``max_order_states`` keep schema order; ``oneOf`` object branches not
+many property orders for ``max_order_states`` keep schema order (with ``value_calls``, unless
+calling their large values makes any order fit); ``oneOf`` object branches not
 proven disjoint never hold both branches' required names; with ``discriminator_first`` (a budget
 fallback) a union's discriminating property comes first; an absent
 ``additionalProperties`` means closed unless ``open_objects=True`` (as XGrammar and llama.cpp);
@@ -289,6 +290,14 @@ class _Compiler:
         finally:
             self.active.discard(rule)
             self.open_refs.subtract(refs)
+
+    def value_call(self, schema, value) -> Call:
+        """A :class:`Call` of ``value`` (``schema`` compiled here) as a rule compiled once: an object
+        past ``max_order_states`` calls its largest values (see :mod:`json_objects`). Equal schemas
+        share a rule; where a discriminator is written first, per nesting."""
+        rule = f"$value {_key(schema)}" + (f" @{self.level} {self.first}" if self.first is not None else "")
+        self.rules.setdefault(rule, value)
+        return Call(rule)
 
     def grammar(self, root):
         """``root``, or a :class:`Grammar` of it and the recursive rules it calls (compiled here)."""
@@ -882,6 +891,7 @@ def schema_expr(
     ref_calls: bool = False,
     inline_generic: int = 0,
     discriminator_first: bool = False,
+    value_calls: bool = False,
 ):
     """Expression tree of the JSON documents a schema accepts, or a
     :class:`~jaxsample.structured.pushdown.Grammar` when it recurses (see the module docstring).
@@ -901,7 +911,7 @@ def schema_expr(
         Schema meaning) or ``"schema"`` (the order of ``properties``, as llguidance/XGrammar).
       max_order_states: estimated NFA states an object may take for any order (tracking which
         declared properties were written costs up to ``2**(n-1)`` copies of the values); larger
-        objects keep schema order.
+        objects keep schema order (or, with ``value_calls``, call their large values to fit any order).
       open_objects: what an absent ``additionalProperties`` means: ``False`` (default) closed, as
         XGrammar and llama.cpp; ``True`` open (the JSON Schema meaning, as llguidance).
       untyped: the types of a schema without ``type``: ``"implied"`` (default) only those its
@@ -932,6 +942,15 @@ def schema_expr(
         :func:`~jaxsample.structured.compiler.compile_json_schema` retries with it when the schema
         exceeds a state budget.
 
+      value_calls: in an object past ``max_order_states``, its large property values become calls
+        of rules compiled once (their states are no longer repeated for every set of written
+        properties; one stack frame per called value) so that it keeps any order instead of schema
+        order: the schema's documents, more of them than the default. ``False`` (default: regular
+        automata stay regular; as a state-budget fallback it rescued none of the JSONSchemaBench
+        sample's budget failures); :func:`~jaxsample.structured.compiler.compile_json_schema`
+        retries without it where the automaton cannot choose between a call and another union
+        branch's inline value.
+
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
       ValueError: an invalid option.
@@ -941,6 +960,7 @@ def schema_expr(
     opts = dict(whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
                 max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
                 open_objects=open_objects, untyped=untyped, unknown_formats=unknown_formats, max_depth=max_depth,
-                ref_calls=ref_calls, inline_generic=inline_generic, discriminator_first=discriminator_first)  # fmt: skip
+                ref_calls=ref_calls, inline_generic=inline_generic, discriminator_first=discriminator_first,
+                value_calls=value_calls)  # fmt: skip
     c = _Compiler(schema, opts)
     return c.grammar(c.compile(schema))
