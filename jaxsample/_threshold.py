@@ -51,6 +51,7 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.scipy.special import ndtri
 
 from jaxsample import _candidates, _math
 from jaxsample._types import Array
@@ -222,14 +223,17 @@ def _probability_search(
     """Cut-off for logits ``x [..., V]`` weighted by their probabilities ``w = exp(x - lse)``.
 
     For rows whose ``k`` largest logits (``top``: their values and weights) do not reach the target:
-    bisection on the logit *value* keeps a bracket ``[lo, hi)`` holding the cut-off, with the mass
+    a search on the logit *value* keeps a bracket ``[lo, hi)`` holding the cut-off, with the mass
     of ``x >= lo`` reaching the target and that of ``x >= hi`` not. It starts at ``lo =
     lse + log((1 - target) / V)`` (all tokens below hold less than ``1 - target``) and just above
     the ``k``-th largest, and stops once the bracket provably holds fewer than ``k`` tokens: each has probability
     at least ``exp(lo - lse)``, so there are at most ``(m(lo) - m(hi)) / exp(lo - lse)``. Those
     tokens (one top-``k`` of the masked row) and a cumulative sum on top of ``m(hi)`` then give the
-    cut-off exactly. A flat row at ``V = 131072`` needs about 12 masked sums instead of 32. Only
-    ``active`` rows drive the loop.
+    cut-off exactly. Each step evaluates one masked sum at a point interpolated linearly in the
+    probit of the mass (exact for Gaussian logits, whose probability-weighted law is again
+    Gaussian), aimed a quarter of the bracket's token budget past the target on the side that
+    moved least recently, so that both ends close in: a flat row at ``V = 131072`` takes about 4
+    masked sums instead of the 12 of a bisection. Only ``active`` rows drive the loop.
 
     Returns:
       ``(t float32[...], ok bool[...])``: ``ok`` marks the rows resolved here; rounding at the
@@ -243,26 +247,41 @@ def _probability_search(
     hi = jnp.nextafter(kth, jnp.inf)
     # Every token above the k-th largest logit is a candidate: m(hi) is their mass.
     m_hi = jnp.sum(jnp.where(vals > kth[..., None], w_cand, 0.0), axis=-1)
+    # m(lo) is not evaluated at the start: 1 bounds it; the interpolation takes a guess instead.
+    guess = 1.0 - 0.125 * (1.0 - target)
 
-    def small(lo, hi, m_lo, m_hi):
+    def probit(m):
+        return ndtri(jnp.clip(m, 1e-6, 1.0 - 1e-6))
+
+    def small(lo, hi, m_lo, m_hi, up_last):
         mid = 0.5 * lo + 0.5 * hi
         bound = (m_lo - m_hi) * (1.0 + 1e-3) < (k - 1) * jnp.exp(lo - lse)
         return bound | (mid <= lo) | (mid >= hi) | ~active
 
     def step(carry):
-        lo, hi, m_lo, m_hi = carry
-        mid = 0.5 * lo + 0.5 * hi
+        lo, hi, m_lo, m_hi, up_last = carry
+        done = small(*carry)
+        # Aim a little past the target, on the side of the bracket that did not move last.
+        slack = 0.25 * (k - 1) * jnp.exp(lo - lse)
+        aim = jnp.clip(jnp.where(up_last, target - slack, target + slack), m_hi, m_lo)
+        z_lo = probit(jnp.where(m_lo >= 1.0, guess, m_lo))
+        frac = (z_lo - probit(aim)) / (z_lo - probit(m_hi))
+        frac = jnp.clip(jnp.where(jnp.isfinite(frac), frac, 0.5), 1.0 / 64, 63.0 / 64)
+        mid = jnp.clip(lo + frac * (hi - lo), lo, hi)
         m = jnp.sum(jnp.where(x >= mid[..., None], w, 0.0), axis=-1)
         reached = mass_reached(m, target, strict)
-        up = reached & ~small(*carry)
-        down = ~reached & ~small(*carry)
-        return jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, m, m_lo), jnp.where(down, m, m_hi)
+        up = reached & ~done & (mid > lo)
+        down = ~reached & ~done & (mid < hi)
+        return (
+            jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, m, m_lo), jnp.where(down, m, m_hi),
+            jnp.where(up | down, up, up_last),
+        )
 
     # Unrolled: a while loop would carry (and copy) x and w; a skipped cond costs nothing.
-    carry = (lo, hi, jnp.ones_like(lse), m_hi)
+    carry = (lo, hi, jnp.ones_like(lse), m_hi, jnp.zeros(lo.shape, bool))
     for _ in range(_SEARCH_STEPS):
         carry = _math.cond(jnp.all(small(*carry)), lambda c: c, step, carry)
-    lo, hi, m_lo, m_hi = carry
+    lo, hi, m_lo, m_hi, _ = carry
     vals, ids = _candidates.top(jnp.where((x >= lo[..., None]) & (x < hi[..., None]), x, -jnp.inf), k)
     cum = m_hi[..., None] + jnp.cumsum(jnp.take_along_axis(w, ids, axis=-1), axis=-1)
     ok = mass_reached(cum, target[..., None], strict) & (vals > -jnp.inf)
