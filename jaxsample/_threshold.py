@@ -223,21 +223,21 @@ def _probability_search(
     """Cut-off for logits ``x [..., V]`` weighted by their probabilities ``w = exp(x - lse)``.
 
     For rows whose ``k`` largest logits (``top``: their values and weights) do not reach the target:
-    a search on the logit *value* keeps a bracket ``[lo, hi)`` holding the cut-off, with the mass
-    of ``x >= lo`` reaching the target and that of ``x >= hi`` not. It starts at ``lo =
-    lse + log((1 - target) / V)`` (all tokens below hold less than ``1 - target``) and just above
-    the ``k``-th largest, and stops once the bracket provably holds fewer than ``k`` tokens: each has probability
-    at least ``exp(lo - lse)``, so there are at most ``(m(lo) - m(hi)) / exp(lo - lse)``. Those
-    tokens (one top-``k`` of the masked row) and a cumulative sum on top of ``m(hi)`` then give the
-    cut-off exactly. Each step evaluates one masked sum at a point interpolated linearly in the
-    probit of the mass (exact for Gaussian logits, whose probability-weighted law is again
-    Gaussian), aimed a quarter of the bracket's token budget past the target on the side that
-    moved least recently, so that both ends close in: a flat row at ``V = 131072`` takes about 4
-    masked sums instead of the 12 of a bisection. Only ``active`` rows drive the loop.
+    a search on the logit *value* for a point ``lo`` whose mass ``m(lo)`` (of ``x >= lo``) reaches
+    the target by less than ``k - 2`` tokens' worth: every token at or above ``lo`` has probability
+    at least ``exp(lo - lse)``, so fewer than ``k - 2`` tokens then lie between ``lo`` and the
+    cut-off. Those tokens (the ``k`` smallest at or above ``lo``, one top-``k``) and ``m(lo)``
+    minus their cumulative sum give the cut-off exactly. Each step evaluates one masked sum at a
+    point interpolated linearly in the probit of the mass through the last two points (exact for
+    Gaussian logits, whose probability-weighted law is again Gaussian), kept inside the bracket
+    ``[lo, hi)`` of the points known to reach / miss the target. It starts from ``hi`` just above
+    the ``k``-th largest logit and ``lo = lse + log((1 - target) / V)`` (all tokens below hold less
+    than ``1 - target``): a flat row at ``V = 131072`` takes about 3 masked sums. Only ``active``
+    rows drive the loop.
 
     Returns:
-      ``(t float32[...], ok bool[...])``: ``ok`` marks the rows resolved here; rounding at the
-      bracket's ends can leave a row unresolved (the caller then runs the bit bisection).
+      ``(t float32[...], ok bool[...])``: ``ok`` marks the rows resolved here; rounding, ties or a
+      search that did not settle can leave a row unresolved (the caller then runs the bit bisection).
     """
     vocab = x.shape[-1]
     vals, w_cand = top
@@ -247,47 +247,49 @@ def _probability_search(
     hi = jnp.nextafter(kth, jnp.inf)
     # Every token above the k-th largest logit is a candidate: m(hi) is their mass.
     m_hi = jnp.sum(jnp.where(vals > kth[..., None], w_cand, 0.0), axis=-1)
-    # m(lo) is not evaluated at the start: 1 bounds it; the interpolation takes a guess instead.
+    # m(lo) is not evaluated at the start (NaN): the first interpolation takes a guess instead.
     guess = 1.0 - 0.125 * (1.0 - target)
 
     def probit(m):
         return ndtri(jnp.clip(m, 1e-6, 1.0 - 1e-6))
 
-    def small(lo, hi, m_lo, m_hi, up_last):
-        mid = 0.5 * lo + 0.5 * hi
-        bound = (m_lo - m_hi) * (1.0 + 1e-3) < (k - 1) * jnp.exp(lo - lse)
-        return bound | (mid <= lo) | (mid >= hi) | ~active
+    def settled(lo, hi, m_lo, m_hi, *points):
+        near = (m_lo - target) * (1.0 + 1e-3) < (k - 2) * jnp.exp(lo - lse)  # False while m_lo is NaN
+        return near | (jnp.nextafter(lo, jnp.inf) >= hi) | ~active
 
     def step(carry):
-        lo, hi, m_lo, m_hi, up_last = carry
-        done = small(*carry)
-        # Aim a little past the target, on the side of the bracket that did not move last.
-        slack = 0.25 * (k - 1) * jnp.exp(lo - lse)
-        aim = jnp.clip(jnp.where(up_last, target - slack, target + slack), m_hi, m_lo)
-        z_lo = probit(jnp.where(m_lo >= 1.0, guess, m_lo))
-        frac = (z_lo - probit(aim)) / (z_lo - probit(m_hi))
-        frac = jnp.clip(jnp.where(jnp.isfinite(frac), frac, 0.5), 1.0 / 64, 63.0 / 64)
-        mid = jnp.clip(lo + frac * (hi - lo), lo, hi)
+        lo, hi, m_lo, m_hi, a, m_a, b, m_b = carry
+        done = settled(*carry)
+        # Secant through the last two points, aimed at the middle of the band that settles.
+        aim = target + 0.5 * (k - 2) * jnp.exp(lo - lse)
+        z_a, z_b = (probit(jnp.where(jnp.isnan(m), guess, m)) for m in (m_a, m_b))
+        mid = b + (a - b) * (z_b - probit(aim)) / (z_b - z_a)
+        inner = jnp.where(jnp.isfinite(mid) & (mid > lo) & (mid < hi), mid, 0.5 * lo + 0.5 * hi)
+        mid = jnp.clip(inner, jnp.nextafter(lo, jnp.inf), hi)
         m = jnp.sum(jnp.where(x >= mid[..., None], w, 0.0), axis=-1)
         reached = mass_reached(m, target, strict)
-        up = reached & ~done & (mid > lo)
+        up = reached & ~done
         down = ~reached & ~done & (mid < hi)
+        moved = up | down
         return (
             jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, m, m_lo), jnp.where(down, m, m_hi),
-            jnp.where(up | down, up, up_last),
+            jnp.where(moved, b, a), jnp.where(moved, m_b, m_a), jnp.where(moved, mid, b), jnp.where(moved, m, m_b),
         )
 
     # Unrolled: a while loop would carry (and copy) x and w; a skipped cond costs nothing.
-    carry = (lo, hi, jnp.ones_like(lse), m_hi, jnp.zeros(lo.shape, bool))
+    # (a, m_a) and (b, m_b): the two points evaluated last, b the most recent.
+    nan = jnp.full(lo.shape, jnp.nan)
+    carry = (lo, hi, nan, m_hi, lo, nan, hi, m_hi)
     for _ in range(_SEARCH_STEPS):
-        carry = _math.cond(jnp.all(small(*carry)), lambda c: c, step, carry)
-    lo, hi, m_lo, m_hi, _ = carry
-    vals, ids = _candidates.top(jnp.where((x >= lo[..., None]) & (x < hi[..., None]), x, -jnp.inf), k)
-    cum = m_hi[..., None] + jnp.cumsum(jnp.take_along_axis(w, ids, axis=-1), axis=-1)
-    ok = mass_reached(cum, target[..., None], strict) & (vals > -jnp.inf)
-    found = jnp.any(ok, axis=-1)
-    t = _take(vals, jnp.argmax(ok, axis=-1))
-    return t, found & (vals[..., -1] == -jnp.inf)
+        carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, step, carry)
+    lo, _, m_lo = carry[:3]
+    # The k smallest tokens at or above lo, ascending; m(x >= v) = m(lo) - the mass below v.
+    neg, ids = _candidates.top(jnp.where(x >= lo[..., None], -x, -jnp.inf), k)
+    below = jnp.cumsum(jnp.take_along_axis(w, ids, axis=-1), axis=-1) - jnp.take_along_axis(w, ids, axis=-1)
+    reached = mass_reached(m_lo[..., None] - below, target[..., None], strict) & (neg > -jnp.inf)
+    last = jnp.sum(reached, axis=-1) - 1  # reached is a prefix: m(x >= v) falls as v rises
+    t = -_take(neg, jnp.maximum(last, 0))
+    return t, (last >= 0) & ~_take(reached | (neg == -jnp.inf), jnp.minimum(last + 1, k - 1)) & (last < k - 1)
 
 
 def kth_largest(
