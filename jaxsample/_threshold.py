@@ -202,12 +202,11 @@ def cutoff(
     def full():
         if target is None:
             return bits(None)
-        w = get_weights()
         if log_normaliser is None:
-            best = bits(w)
+            best = bits(get_weights())
         else:
-            found, ok = _probability_search(keys, w, log_normaliser, target, strict, (vals, w_cand), ~covered)
-            best = _candidates.choose(ok | covered, lambda: found, lambda: bits(w))
+            found, ok = _probability_search(keys, log_normaliser, target, strict, (vals, w_cand), ~covered)
+            best = _candidates.choose(ok | covered, lambda: found, lambda: bits(get_weights()))
         if kk is not None:
             # The count criterion is a separate search (one max pass when every min_count <= 1)
             # rather than a second reduction inside each pass.
@@ -218,9 +217,9 @@ def cutoff(
 
 
 def _probability_search(
-    x: Array, w: Array, lse: Array, target: Array, strict: bool, top: tuple[Array, Array], active: Array
+    x: Array, lse: Array, target: Array, strict: bool, top: tuple[Array, Array], active: Array
 ) -> tuple[Array, Array]:
-    """Cut-off for logits ``x [..., V]`` weighted by their probabilities ``w = exp(x - lse)``.
+    """Cut-off for logits ``x [..., V]`` weighted by their probabilities ``exp(x - lse)``.
 
     For rows whose ``k`` largest logits (``top``: their values and weights) do not reach the target:
     a search on the logit *value* for a point ``lo`` whose mass ``m(lo)`` (of ``x >= lo``) reaches
@@ -242,7 +241,11 @@ def _probability_search(
     vocab = x.shape[-1]
     vals, w_cand = top
     k, kth = vals.shape[-1], vals[..., -1]
-    lse = lse[..., 0]
+    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)[..., 0]  # rows with +-inf are covered, never active
+
+    def w(v):  # probabilities, computed where they are summed: one exp pass cheaper than storing them
+        return jnp.exp(v - lse[..., None])
+
     lo = jnp.minimum(lse + jnp.log(jnp.maximum(1.0 - target, 0.0) / vocab), kth)
     hi = jnp.nextafter(kth, jnp.inf)
     # Every token above the k-th largest logit is a candidate: m(hi) is their mass.
@@ -266,7 +269,7 @@ def _probability_search(
         mid = b + (a - b) * (z_b - probit(aim)) / (z_b - z_a)
         inner = jnp.where(jnp.isfinite(mid) & (mid > lo) & (mid < hi), mid, 0.5 * lo + 0.5 * hi)
         mid = jnp.clip(inner, jnp.nextafter(lo, jnp.inf), hi)
-        m = jnp.sum(jnp.where(x >= mid[..., None], w, 0.0), axis=-1)
+        m = jnp.sum(jnp.where(x >= mid[..., None], w(x), 0.0), axis=-1)
         reached = mass_reached(m, target, strict)
         up = reached & ~done
         down = ~reached & ~done & (mid < hi)
@@ -284,8 +287,9 @@ def _probability_search(
         carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, step, carry)
     lo, _, m_lo = carry[:3]
     # The k smallest tokens at or above lo, ascending; m(x >= v) = m(lo) - the mass below v.
-    neg, ids = _candidates.top(jnp.where(x >= lo[..., None], -x, -jnp.inf), k)
-    below = jnp.cumsum(jnp.take_along_axis(w, ids, axis=-1), axis=-1) - jnp.take_along_axis(w, ids, axis=-1)
+    neg, _ = _candidates.top(jnp.where(x >= lo[..., None], -x, -jnp.inf), k)
+    w_win = jnp.where(neg > -jnp.inf, w(-neg), 0.0)
+    below = jnp.cumsum(w_win, axis=-1) - w_win
     reached = mass_reached(m_lo[..., None] - below, target[..., None], strict) & (neg > -jnp.inf)
     last = jnp.sum(reached, axis=-1) - 1  # reached is a prefix: m(x >= v) falls as v rises
     t = -_take(neg, jnp.maximum(last, 0))

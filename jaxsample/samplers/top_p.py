@@ -40,7 +40,8 @@ def _probs(vals: Array, lse: Array) -> Array:
 def _log_normaliser(x: Array, top: tuple[Array, Array]) -> Array:
     """``float32[*B, 1]`` logsumexp of each row, over its candidates when they hold every finite logit."""
     complete = _candidates.complete(top[0], x.shape[-1])[..., None]
-    dense = _math.if_any(~complete, lambda: _math.logsumexp(x), lambda: jnp.zeros(complete.shape))
+    # The largest candidate is the row maximum: no max pass over the vocabulary.
+    dense = _math.if_any(~complete, lambda: _math.logsumexp(x, top[0][..., :1]), lambda: jnp.zeros(complete.shape))
     return jnp.where(complete, _math.logsumexp(top[0]), dense)
 
 
