@@ -84,11 +84,12 @@ def row_max(x: Array) -> Array:
     return jnp.max(x, axis=-1, keepdims=True)
 
 
-def shifted_normaliser(x: Array) -> tuple[Array, Array, Array]:
-    """``(m, shift, log_sum)``, each ``float32[..., 1]``: the row maximum, that maximum where finite
-    (else 0), and ``log(sum(exp(x - shift)))``. A finite logit's log-probability is
-    ``(x - shift) - log_sum`` exactly as :func:`log_softmax` computes it."""
-    m = row_max(x)
+def shifted_normaliser(x: Array, m: Array | None = None) -> tuple[Array, Array, Array]:
+    """``(m, shift, log_sum)``, each ``float32[..., 1]``: the row maximum (``m`` if the caller has it,
+    e.g. the first of :func:`jaxsample._candidates.top`), that maximum where finite (else 0), and
+    ``log(sum(exp(x - shift)))``. A finite logit's log-probability is ``(x - shift) - log_sum``
+    exactly as :func:`log_softmax` computes it."""
+    m = row_max(x) if m is None else m
     shift = jnp.where(jnp.isfinite(m), m, 0.0)
     return m, shift, jnp.log(jnp.sum(jnp.exp(x - shift), axis=-1, keepdims=True))
 
@@ -120,9 +121,10 @@ def entropy(logp: Array) -> tuple[Array, Array]:
     return probs, -jnp.sum(jnp.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
 
 
-def logsumexp(x: Array) -> Array:
-    """``float32[..., 1]`` log-normaliser (``-inf`` for empty rows, ``+inf`` with ``+inf`` logits)."""
-    m, shift, log_sum = shifted_normaliser(x)
+def logsumexp(x: Array, m: Array | None = None) -> Array:
+    """``float32[..., 1]`` log-normaliser (``-inf`` for empty rows, ``+inf`` with ``+inf`` logits);
+    ``m [..., 1]``: the row maximum if the caller has it."""
+    m, shift, log_sum = shifted_normaliser(x, m)
     return jnp.where(jnp.isfinite(m), shift + log_sum, m)
 
 

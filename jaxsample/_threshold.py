@@ -51,6 +51,7 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.scipy.special import ndtri
 
 from jaxsample import _candidates, _math
 from jaxsample._types import Array
@@ -60,7 +61,7 @@ MASS_RTOL = 2.0**-21
 
 _SIGN = np.uint32(0x80000000)  # numpy: importing jaxsample must not start a JAX backend
 
-#: Most bisection steps of :func:`_probability_search` (a flat row at ``V = 131072`` takes ~13).
+#: Most steps of :func:`_probability_search` (a flat row at ``V = 131072`` takes 3, a peaked one 1).
 _SEARCH_STEPS = 24
 
 
@@ -201,12 +202,11 @@ def cutoff(
     def full():
         if target is None:
             return bits(None)
-        w = get_weights()
         if log_normaliser is None:
-            best = bits(w)
+            best = bits(get_weights())
         else:
-            found, ok = _probability_search(keys, w, log_normaliser, target, strict, (vals, w_cand), ~covered)
-            best = _candidates.choose(ok | covered, lambda: found, lambda: bits(w))
+            found, ok = _probability_search(keys, log_normaliser, target, strict, (vals, w_cand), ~covered)
+            best = _candidates.choose(ok | covered, lambda: found, lambda: bits(get_weights()))
         if kk is not None:
             # The count criterion is a separate search (one max pass when every min_count <= 1)
             # rather than a second reduction inside each pass.
@@ -217,58 +217,83 @@ def cutoff(
 
 
 def _probability_search(
-    x: Array, w: Array, lse: Array, target: Array, strict: bool, top: tuple[Array, Array], active: Array
+    x: Array, lse: Array, target: Array, strict: bool, top: tuple[Array, Array], active: Array
 ) -> tuple[Array, Array]:
-    """Cut-off for logits ``x [..., V]`` weighted by their probabilities ``w = exp(x - lse)``.
+    """Cut-off for logits ``x [..., V]`` weighted by their probabilities ``exp(x - lse)``.
 
     For rows whose ``k`` largest logits (``top``: their values and weights) do not reach the target:
-    bisection on the logit *value* keeps a bracket ``[lo, hi)`` holding the cut-off, with the mass
-    of ``x >= lo`` reaching the target and that of ``x >= hi`` not. It starts at ``lo =
-    lse + log((1 - target) / V)`` (all tokens below hold less than ``1 - target``) and just above
-    the ``k``-th largest, and stops once the bracket provably holds fewer than ``k`` tokens: each has probability
-    at least ``exp(lo - lse)``, so there are at most ``(m(lo) - m(hi)) / exp(lo - lse)``. Those
-    tokens (one top-``k`` of the masked row) and a cumulative sum on top of ``m(hi)`` then give the
-    cut-off exactly. A flat row at ``V = 131072`` needs about 12 masked sums instead of 32. Only
-    ``active`` rows drive the loop.
+    a search on the logit *value* for a point ``lo`` whose mass ``m(lo)`` (of ``x >= lo``) reaches
+    the target by less than ``k - 2`` tokens' worth: every token at or above ``lo`` has probability
+    at least ``exp(lo - lse)``, so fewer than ``k - 2`` tokens then lie between ``lo`` and the
+    cut-off. Those tokens (the ``k`` smallest at or above ``lo``, one top-``k``) and ``m(lo)``
+    minus their cumulative sum give the cut-off exactly. Each step evaluates one masked sum at a
+    point interpolated linearly in the probit of the mass through the last two points (exact for
+    Gaussian logits, whose probability-weighted law is again Gaussian), kept inside the bracket
+    ``[lo, hi)`` of the points known to reach / miss the target. It starts from ``hi`` just above
+    the ``k``-th largest logit and ``lo = lse + log((1 - target) / V)`` (all tokens below hold less
+    than ``1 - target``): a flat row at ``V = 131072`` takes about 3 masked sums. Only ``active``
+    rows drive the loop.
 
     Returns:
-      ``(t float32[...], ok bool[...])``: ``ok`` marks the rows resolved here; rounding at the
-      bracket's ends can leave a row unresolved (the caller then runs the bit bisection).
+      ``(t float32[...], ok bool[...])``: ``ok`` marks the rows resolved here; rounding, ties or a
+      search that did not settle can leave a row unresolved (the caller then runs the bit bisection).
     """
     vocab = x.shape[-1]
     vals, w_cand = top
     k, kth = vals.shape[-1], vals[..., -1]
-    lse = lse[..., 0]
+    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)[..., 0]  # rows with +-inf are covered, never active
+
+    def w(v):  # probabilities, computed where they are summed: one exp pass cheaper than storing them
+        return jnp.exp(v - lse[..., None])
+
     lo = jnp.minimum(lse + jnp.log(jnp.maximum(1.0 - target, 0.0) / vocab), kth)
     hi = jnp.nextafter(kth, jnp.inf)
     # Every token above the k-th largest logit is a candidate: m(hi) is their mass.
     m_hi = jnp.sum(jnp.where(vals > kth[..., None], w_cand, 0.0), axis=-1)
+    # m(lo) is not evaluated at the start (NaN): the first interpolation takes a guess instead.
+    guess = 1.0 - 0.125 * (1.0 - target)
 
-    def small(lo, hi, m_lo, m_hi):
-        mid = 0.5 * lo + 0.5 * hi
-        bound = (m_lo - m_hi) * (1.0 + 1e-3) < (k - 1) * jnp.exp(lo - lse)
-        return bound | (mid <= lo) | (mid >= hi) | ~active
+    def probit(m):
+        return ndtri(jnp.clip(m, 1e-6, 1.0 - 1e-6))
+
+    def settled(lo, hi, m_lo, m_hi, *points):
+        near = (m_lo - target) * (1.0 + 1e-3) < (k - 2) * jnp.exp(lo - lse)  # False while m_lo is NaN
+        return near | (jnp.nextafter(lo, jnp.inf) >= hi) | ~active
 
     def step(carry):
-        lo, hi, m_lo, m_hi = carry
-        mid = 0.5 * lo + 0.5 * hi
-        m = jnp.sum(jnp.where(x >= mid[..., None], w, 0.0), axis=-1)
+        lo, hi, m_lo, m_hi, a, m_a, b, m_b = carry
+        done = settled(*carry)
+        # Secant through the last two points, aimed at the middle of the band that settles.
+        aim = target + 0.5 * (k - 2) * jnp.exp(lo - lse)
+        z_a, z_b = (probit(jnp.where(jnp.isnan(m), guess, m)) for m in (m_a, m_b))
+        mid = b + (a - b) * (z_b - probit(aim)) / (z_b - z_a)
+        inner = jnp.where(jnp.isfinite(mid) & (mid > lo) & (mid < hi), mid, 0.5 * lo + 0.5 * hi)
+        mid = jnp.clip(inner, jnp.nextafter(lo, jnp.inf), hi)
+        m = jnp.sum(jnp.where(x >= mid[..., None], w(x), 0.0), axis=-1)
         reached = mass_reached(m, target, strict)
-        up = reached & ~small(*carry)
-        down = ~reached & ~small(*carry)
-        return jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, m, m_lo), jnp.where(down, m, m_hi)
+        up = reached & ~done
+        down = ~reached & ~done & (mid < hi)
+        moved = up | down
+        return (
+            jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, m, m_lo), jnp.where(down, m, m_hi),
+            jnp.where(moved, b, a), jnp.where(moved, m_b, m_a), jnp.where(moved, mid, b), jnp.where(moved, m, m_b),
+        )
 
     # Unrolled: a while loop would carry (and copy) x and w; a skipped cond costs nothing.
-    carry = (lo, hi, jnp.ones_like(lse), m_hi)
+    # (a, m_a) and (b, m_b): the two points evaluated last, b the most recent.
+    nan = jnp.full(lo.shape, jnp.nan)
+    carry = (lo, hi, nan, m_hi, lo, nan, hi, m_hi)
     for _ in range(_SEARCH_STEPS):
-        carry = _math.cond(jnp.all(small(*carry)), lambda c: c, step, carry)
-    lo, hi, m_lo, m_hi = carry
-    vals, ids = _candidates.top(jnp.where((x >= lo[..., None]) & (x < hi[..., None]), x, -jnp.inf), k)
-    cum = m_hi[..., None] + jnp.cumsum(jnp.take_along_axis(w, ids, axis=-1), axis=-1)
-    ok = mass_reached(cum, target[..., None], strict) & (vals > -jnp.inf)
-    found = jnp.any(ok, axis=-1)
-    t = _take(vals, jnp.argmax(ok, axis=-1))
-    return t, found & (vals[..., -1] == -jnp.inf)
+        carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, step, carry)
+    lo, _, m_lo = carry[:3]
+    # The k smallest tokens at or above lo, ascending; m(x >= v) = m(lo) - the mass below v.
+    neg, _ = _candidates.top(jnp.where(x >= lo[..., None], -x, -jnp.inf), k)
+    w_win = jnp.where(neg > -jnp.inf, w(-neg), 0.0)
+    below = jnp.cumsum(w_win, axis=-1) - w_win
+    reached = mass_reached(m_lo[..., None] - below, target[..., None], strict) & (neg > -jnp.inf)
+    last = jnp.sum(reached, axis=-1) - 1  # reached is a prefix: m(x >= v) falls as v rises
+    t = -_take(neg, jnp.maximum(last, 0))
+    return t, (last >= 0) & ~_take(reached | (neg == -jnp.inf), jnp.minimum(last + 1, k - 1)) & (last < k - 1)
 
 
 def kth_largest(

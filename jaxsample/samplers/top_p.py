@@ -1,7 +1,8 @@
 """Top-p (nucleus): keep the smallest set of most probable tokens whose probability reaches ``p``.
 
 The cut-off is searched without a sort (:mod:`jaxsample._threshold`): the cumulative mass of the
-``K`` largest logits when the nucleus lies among them, else an exact bisection on the logit value.
+``K`` largest logits when the nucleus lies among them, else an exact search on the logit value
+(secant steps in the probit of the mass, finished on ``K`` tokens; the bit bisection if that fails).
 The stage is an entry of the candidate fast path (after it, a row's nucleus is its candidates)
 and has a candidate form (top-p after another filter).
 
@@ -10,7 +11,7 @@ candidates) over its candidates, :func:`_log_normaliser`, and sums probabilities
 order, exactly what the form does.
 
 Sharding/TPU: rows are independent; shard the batch axis. The candidates are one ``lax.top_k``
-over a whole vocabulary row. Skipping off batches, the exact fallback and each bisection step are
+over a whole vocabulary row. Skipping off batches, the exact fallback and each search step are
 batch-level ``lax.cond``s (an all-reduce of one bool under GSPMD; both branches under ``vmap``).
 """
 
@@ -40,7 +41,8 @@ def _probs(vals: Array, lse: Array) -> Array:
 def _log_normaliser(x: Array, top: tuple[Array, Array]) -> Array:
     """``float32[*B, 1]`` logsumexp of each row, over its candidates when they hold every finite logit."""
     complete = _candidates.complete(top[0], x.shape[-1])[..., None]
-    dense = _math.if_any(~complete, lambda: _math.logsumexp(x), lambda: jnp.zeros(complete.shape))
+    # The largest candidate is the row maximum: no max pass over the vocabulary.
+    dense = _math.if_any(~complete, lambda: _math.logsumexp(x, top[0][..., :1]), lambda: jnp.zeros(complete.shape))
     return jnp.where(complete, _math.logsumexp(top[0]), dense)
 
 
@@ -94,7 +96,7 @@ def top_p(
         ``ValueError`` if concretely ``< 0``.
       min_keep: keep at least this many most probable tokens (integer ``>= 0``, scalar or ``[...]``).
       candidates: static size of the fast path; a row whose nucleus does not fit takes the exact
-        bisection path.
+        value search.
 
     Returns:
       ``[..., V]`` logits in the input dtype.
