@@ -30,6 +30,7 @@ from jaxsample.chain import chain
 
 B, V, K = 4, 24, 8  # K candidates < V: rows qualify or not
 V_PRESET = 80  # presets use 64 candidates
+V_CHUNKED = 333  # > 16 K and > 32 K: _candidates.top cuts rows into chunks of 32
 P = 6  # prompt / encoder length
 
 def _settings(examples: int):
@@ -102,7 +103,9 @@ PRESETS = {
     "hf": presets.hf(do_sample=True, top_k=20, top_p=0.9, min_p=0.05, typical_p=0.9, epsilon_cutoff=1e-3,
                      eta_cutoff=1e-3, repetition_penalty=1.2, no_repeat_ngram_size=2, temperature=0.8),
 }
-CASES = {**{k: (c, V) for k, c in CHAINS.items()}, **{k: (p.sampler, V_PRESET) for k, p in PRESETS.items()}}
+CASES = {**{k: (c, V) for k, c in CHAINS.items()}, **{k: (p.sampler, V_PRESET) for k, p in PRESETS.items()},
+         # K candidates over 11 chunks (the last one padded): the chunked search and its -inf floors
+         "llama_cpp_chunked": (presets.llama_cpp(candidates=K).sampler, V_CHUNKED)}
 
 # -------------------------------------------------------------------------------------- drawing
 ROW_KINDS = ("normal", "ties", "peaked", "flat", "empty", "nan", "posinf", "sparse", "huge", "tiny_gaps")
@@ -229,7 +232,8 @@ _GIVEN = hypothesis.given(kinds=st.lists(st.sampled_from(ROW_KINDS), min_size=B,
 
 
 # The fast tier: every stage (all_top_k), both entries, the selectors without a form and one preset;
-# the slow tier below runs every case (forms_top_k, hf, vllm too) with 200 examples.
+# the slow tier below runs every case (forms_top_k, hf, vllm, llama_cpp_chunked too) with 200 examples.
+# (tests/test_candidates.py checks the chunked search itself in the fast tier.)
 FAST_CASES = ("adaptive_p", "all_top_k", "llama_cpp", "llama_cpp_mirostat", "mirostat", "mirostat_v2",
               "top_p_entry")
 
