@@ -22,6 +22,7 @@ import pytest
 
 from benchmarks.jsonschemabench_sample import load
 from jaxsample import structured as st
+from tests.test_structured_json_schema import SCHEMAS
 
 #: Pinned sample schemas (record index): regular medians, schemas with quotient walks, recursive ones.
 SAMPLE = (5, 17, 25, 32, 53, 130, 175, 178, 180, 188, 192, 198, 219)
@@ -33,16 +34,7 @@ expr   ::= term (("+" | "-") term)*
 term   ::= factor (("*" | "/") factor)*
 factor ::= [0-9]+ | "(" expr ")"
 '''
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "minLength": 1, "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 130},
-        "email": {"type": "string", "format": "email"},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3},
-    },
-    "required": ["name", "age"],
-}
+PERSON = SCHEMAS["person"]
 TREE = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {
     "v": {"type": "string"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}}}  # fmt: skip
 
