@@ -1,5 +1,7 @@
 """greedy / categorical: exactness of the candidate path, distribution, key handling, invariances."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,6 +82,36 @@ def test_candidate_and_full_paths_agree_with_gumbel_max(n_finite):
     np.testing.assert_array_equal(CATEGORICAL(keys, x, candidates=4), expected)
     # one candidate: the dense draw's pruning rarely proves its best, so most rows take the exact draw
     np.testing.assert_array_equal(CATEGORICAL(keys, x, candidates=1), expected)
+
+
+@functools.cache
+def _backend_programs(k: int):
+    """The CPU program (candidates, bounds) and the GPU/TPU one (every id hashed), jitted side by side."""
+    from jaxsample.samplers import categorical as cat
+
+    return jax.jit(lambda keys, x: (cat._on_candidates(keys, x, k), cat._whole_row(keys, x)))
+
+
+@pytest.mark.parametrize("kind", ["normal", "peaked", "ties", "sparse", "posinf", "empty", "huge"])
+def test_cpu_and_accelerator_programs_draw_the_same_token(kind):
+    """``draw`` runs the candidate program on CPU and the whole-row one elsewhere: same token."""
+    rng = np.random.default_rng(len(kind))
+    for k in (1, 4, 64):
+        for v in (1, 7, 300):
+            x = rng.normal(0.0, 8.0 if kind == "peaked" else 1.0, (6, v))
+            if kind == "ties":
+                x = rng.integers(-1, 2, (6, v)).astype(np.float64)
+            elif kind == "sparse":
+                x = np.where(rng.random((6, v)) < 0.05, x, -np.inf)
+            elif kind == "posinf":
+                x = np.where(rng.random((6, v)) < 0.3, np.inf, x)
+            elif kind == "empty":
+                x[::2] = -np.inf
+            elif kind == "huge":
+                x = x * 1e37
+            keys = jax.random.split(jax.random.key(k * v), 6)
+            cpu, accelerator = _backend_programs(k)(keys, jnp.asarray(x, jnp.float32))
+            np.testing.assert_array_equal(cpu, accelerator, err_msg=f"k={k} V={v}")
 
 
 def test_gumbel_bound_holds_for_every_uniform():

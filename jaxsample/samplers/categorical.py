@@ -5,16 +5,21 @@ finite logits draws noise for its candidates only and still returns exactly
 ``argmax(logits + gumbel)`` over the whole vocabulary. Other rows hash every token id but take
 the noise's logarithms for ``K`` tokens only (:func:`_dense`).
 
-Sharding/TPU: rows are independent; shard the batch axis. One ``lax.top_k`` of ``K + 1`` entries
-over a whole vocabulary row; rows with more finite logits hash every token id (and take a second
-``lax.top_k`` over the bounds), a batch-level ``lax.cond`` (an all-reduce of one bool under GSPMD; both branches under ``vmap``).
+Per backend (``lax.platform_dependent``, the same token everywhere): on CPU, one ``lax.top_k`` of
+``K + 1`` entries over a whole vocabulary row; rows with more finite logits hash every token id (and
+take a second ``lax.top_k`` over the bounds), a batch-level ``lax.cond`` (an all-reduce of one bool
+under GSPMD; both branches under ``vmap``). On GPU and TPU, where ``lax.top_k`` costs more than the
+logarithms it saves, every row hashes every token id in one fused pass and takes the ``argmax``
+(:func:`_whole_row`). Sharding: rows are independent; shard the batch axis.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
+from jax import lax
 
 from jaxsample import _candidates, _fastpath, _math, _noise, _validate
 from jaxsample._candidates import DEFAULT_CANDIDATES, Candidates
@@ -40,6 +45,11 @@ def certain(x: Array) -> Array:
     return _math.if_any(posinf, lambda: jnp.where(posinf, jnp.where(x == jnp.inf, 0.0, -jnp.inf), x), lambda: x)
 
 
+def _exact(keys: Array, x: Array) -> Array:
+    """``argmax(x + gumbel)`` over every token of NaN-free ``x [*B, V]``: ``int32[*B]`` (all ``-inf``: 0)."""
+    return _math.argmax(jnp.where(x > -jnp.inf, x + _noise.gumbel_all(keys, x.shape[-1]), -jnp.inf))
+
+
 def _dense(keys: Array, x: Array, k: int) -> Array:
     """``argmax(x + gumbel)`` over every token of NaN-free ``x [*B, V]`` (``x`` after :func:`certain`).
 
@@ -55,16 +65,17 @@ def _dense(keys: Array, x: Array, k: int) -> Array:
     vals = jnp.take_along_axis(x, ids[..., :k], axis=-1)
     y = jnp.where(vals > -jnp.inf, vals + _noise.gumbel_at(keys, ids[..., :k]), -jnp.inf)
     pruned = jnp.max(y, axis=-1) > bounds[..., k]
-
-    def exact():
-        return _math.argmax(jnp.where(x > -jnp.inf, x + _noise.gumbel_all(keys, vocab), -jnp.inf))
-
-    return _candidates.choose(pruned, lambda: gumbel_max(keys, vals, ids[..., :k]), exact)
+    return _candidates.choose(pruned, lambda: gumbel_max(keys, vals, ids[..., :k]), lambda: _exact(keys, x))
 
 
-def draw(keys: Array, x: Array, candidates: int) -> Array:
-    """The draw of :func:`categorical` on typed ``keys [*B]`` and NaN-free float32 ``x [*B, V]``: ``int32[*B]``
-    (shared by the adaptive selectors)."""
+def _whole_row(keys: Array, x: Array) -> Array:
+    """:func:`draw` as one fused pass over the row (GPU, TPU): every token id hashed, no ``lax.top_k``."""
+    return _exact(keys, certain(x))
+
+
+def _on_candidates(keys: Array, x: Array, candidates: int) -> Array:
+    """:func:`draw` through the ``K`` largest logits (CPU): noise for the candidates only where they
+    hold every finite logit, else :func:`_dense`."""
     batch, vocab = x.shape[:-1], x.shape[-1]
     k = min(candidates, vocab)
     vals, ids = _candidates.top(x, min(k + 1, vocab))
@@ -81,6 +92,15 @@ def draw(keys: Array, x: Array, candidates: int) -> Array:
         return _math.if_any(posinf, lambda: _dense(keys, certain(x), k), lambda: _dense(keys, x, k))
 
     return _candidates.choose(covered, lambda: gumbel_max(keys, vals, ids), full)
+
+
+def draw(keys: Array, x: Array, candidates: int) -> Array:
+    """The draw of :func:`categorical` on typed ``keys [*B]`` and NaN-free float32 ``x [*B, V]``: ``int32[*B]``
+    (shared by the adaptive selectors). The token is ``argmax(x + gumbel)`` on every backend; the
+    program that finds it is the backend's fastest (module docstring)."""
+    return lax.platform_dependent(
+        keys, x, cpu=functools.partial(_on_candidates, candidates=candidates), default=_whole_row
+    )
 
 
 def categorical(key: Key["*B"], logits: Float["*B V"], *, candidates: int = DEFAULT_CANDIDATES) -> Int["*B"]:
