@@ -16,6 +16,7 @@ GSPMD its predicate is an all-reduce over the batch shards, and under ``vmap`` b
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -185,15 +186,24 @@ def argmax(x: Array) -> Array:
     """``int32[...]``: index of the first maximal entry of each NaN-free row, as ``jnp.argmax``.
 
     ``jnp.argmax`` is a (value, index) reduction that XLA:CPU runs as a scalar loop (about 40x the
-    cost of ``max`` at ``V = 32000``). Here it is a ``max`` over chunks of ``~sqrt(V)`` entries, the
-    first chunk holding the row maximum, and the first maximum inside that chunk: one vectorised
-    pass plus two reductions over ``~sqrt(V)`` entries. (XLA's ``max`` need not propagate NaN, so
-    NaN must be mapped first, as :func:`prepare` does.)
+    cost of ``max`` at ``V = 32000``). On CPU it is therefore a ``max`` over chunks of ``~sqrt(V)``
+    entries, the first chunk holding the row maximum, and the first maximum inside that chunk: one
+    vectorised pass plus two reductions over ``~sqrt(V)`` entries. GPU and TPU run ``jnp.argmax``
+    (one fused reduction there, 0.8 ``logsumexp`` passes against 1.0 on an H100). The same index
+    either way. (XLA's ``max`` need not propagate NaN, so NaN must be mapped first, as
+    :func:`prepare` does.)
     """
     v = x.shape[-1]
     size = 1 << max(0, (math.isqrt(v) - 1).bit_length())  # power of two >= sqrt(V)
     if v <= 2 * size:
         return jnp.argmax(x, axis=-1).astype(jnp.int32)
+    return lax.platform_dependent(
+        x, cpu=functools.partial(_chunked_argmax, size=size), default=lambda x: jnp.argmax(x, axis=-1).astype(jnp.int32)
+    )
+
+
+def _chunked_argmax(x: Array, size: int) -> Array:
+    """:func:`argmax` on CPU: the first chunk of ``size`` entries holding the row maximum, then inside it."""
     xc = chunks(x, size)
     chunk = jnp.argmax(jnp.max(xc, axis=-1), axis=-1)
     block = jnp.take_along_axis(xc, chunk[..., None, None], axis=-2)[..., 0, :]

@@ -16,10 +16,31 @@ os.environ.setdefault("JAXSAMPLE_COMPILE_CACHE", "off")
 # costs ~14% of compile CPU (13 programs of the sampler chains: 12.4 -> 10.7 CPU-s). Appended to the
 # user's XLA_FLAGS, inherited by the subprocesses tests start (tests/_devices.py adds 8 simulated
 # devices to it).
-_FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
-                 "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
-if _FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
+_FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true",
+                 "--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
+_CHECKED = "JAXSAMPLE_TEST_XLA_FLAGS"  # set once by the first pytest process; xdist workers inherit it
+
+
+def _known_flags(flags: tuple[str, ...]) -> list[str]:
+    """``flags`` less those the installed XLA does not know (an unknown flag in ``XLA_FLAGS`` aborts
+    the process: jaxlib 0.11 dropped ``--xla_cpu_use_fusion_emitters``). One short subprocess."""
+    import subprocess
+    import sys
+
+    flags = list(flags)
+    while flags:
+        env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {' '.join(flags)}", "JAX_PLATFORMS": "cpu"}
+        probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env, capture_output=True, text=True)
+        unknown = [f for f in flags if f"Unknown flag in XLA_FLAGS: {f}" in probe.stderr]
+        if probe.returncode == 0 or not unknown:
+            return flags
+        flags = [f for f in flags if f not in unknown]
+    return flags
+
+
+if _CHECKED not in os.environ:
+    os.environ[_CHECKED] = " ".join(_known_flags(_FAST_COMPILE))
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {os.environ[_CHECKED]}".strip()
 
 import jax
 import pytest

@@ -114,6 +114,25 @@ def test_cpu_and_accelerator_programs_draw_the_same_token(kind):
             np.testing.assert_array_equal(cpu, accelerator, err_msg=f"k={k} V={v}")
 
 
+def test_chunked_argmax_is_jnp_argmax():
+    """``_math.argmax`` runs chunked on CPU and ``jnp.argmax`` elsewhere: the same first maximum."""
+    from jaxsample import _math
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 5000)).astype(np.float32)
+    x[1, [7, 4000]] = 9.0  # tie across chunks: the first
+    x[2, [4000, 4001]] = 9.0  # tie inside a chunk
+    x[3] = -np.inf  # all -inf: 0
+    x[4, 4999] = np.inf
+    x[5] = 0.0  # all tied
+    x[6, :4990] = -np.inf  # the maximum in the padded last chunk
+    for v in (5000, 4096, 130):
+        row = jnp.asarray(x[:, :v])
+        got = jax.jit(lambda r: _math._chunked_argmax(r, 128))(row)
+        np.testing.assert_array_equal(got, jnp.argmax(row, axis=-1), err_msg=f"V={v}")
+        np.testing.assert_array_equal(jax.jit(_math.argmax)(row), jnp.argmax(row, axis=-1))
+
+
 def test_gumbel_bound_holds_for_every_uniform():
     bits = jnp.arange(2**23, dtype=jnp.uint32) << 9  # every value the noise can take
     bound = jax.jit(_noise.gumbel_bound)(bits)
