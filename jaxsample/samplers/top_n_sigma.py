@@ -32,19 +32,20 @@ def _top_n_sigma(x: Array, n: Array) -> Array:
         # Moments of the distances to the row maximum: small numbers, so the float32 sums carry few
         # rounding errors and the result hardly depends on the summation order, which on XLA:CPU
         # changes with the batch size (rows of 1 + {0..3} ulp kept different tokens alone and in a
-        # batch when the moments were taken of the logits themselves). Rows with logits beyond 2**60
-        # take them in units of 2**k (exact: powers of two commute with rounding), so that no
-        # difference, sum or square overflows (near 1e37 the sums went to +-inf or NaN by order).
-        top = jnp.max(jnp.where(finite, x, -jnp.inf), axis=-1, keepdims=True)
-        _, e = jnp.frexp(jnp.max(jnp.where(finite, jnp.abs(x), 0.0), axis=-1, keepdims=True))
+        # batch when the moments were taken of the logits themselves). Rows whose maximum lies beyond
+        # 2**60 take them in units of 2**k (exact: powers of two commute with rounding), so that no
+        # sum or square overflows (near 1e37 the sums went to +-inf or NaN by summation order).
+        top = _math.row_max(x)
+        shift = jnp.where(jnp.isfinite(top), top, 0.0)
+        _, e = jnp.frexp(shift)
         k = jnp.where(e > 60, e - 20, 0)
-        d = jnp.where(finite, x * _pow2(-k) - top * _pow2(-k), 0.0)
+        d = jnp.where(finite, x * _pow2(-k) - shift * _pow2(-k), 0.0)
         mean = jnp.sum(d, axis=-1, keepdims=True) / count
         var = jnp.sum(jnp.where(finite, jnp.square(d - mean), 0.0), axis=-1, keepdims=True) / count
         std = jnp.sqrt(var) * _pow2(k)
         # std == 0 (one finite logit, or all equal) keeps the maxima even for n = inf (no inf * 0)
         margin = jnp.where((n > 0) & (std > 0), n * std, 0.0)
-        return _math.nonempty(_math.keep(x, (n <= 0) | (x >= _math.row_max(x) - margin)), x)
+        return _math.nonempty(_math.keep(x, (n <= 0) | (x >= top - margin)), x)
 
     return _math.if_any(n > 0, apply, lambda: x)
 
