@@ -118,6 +118,31 @@ def test_llama_top_n_sigma(n, expected):
     np.testing.assert_allclose(_dist_probs(small("top_n_sigma", probs_logits(P4), n)), expected, atol=1e-5)
 
 
+def _top_n_sigma_float64(x: np.ndarray, n: float) -> np.ndarray:
+    finite = np.isfinite(x)
+    y = x[finite].astype(np.float64)
+    return finite & (x >= y.max() - n * y.std())
+
+
+def test_top_n_sigma_rows_that_overflowed_or_cancelled_keep_the_float64_set_in_any_batch():
+    """Rows whose moments overflowed float32 (logits near 1e37) or cancelled (logits 1 + 0..3 ulp) keep
+    the tokens a float64 computation keeps, alone, in a batch of 8 and of 64 (before: alone and in a
+    batch kept different sets on XLA:CPU, whose summation order depends on the batch size)."""
+    rng = np.random.default_rng(3)
+    v = 1000
+    huge = (rng.normal(0.0, 3.0, v) * 1e37).astype(np.float32)
+    gaps = (1.0 + rng.integers(0, 4, v) * 1e-7).astype(np.float32)
+    gaps[rng.random(v) < 0.15] = -np.inf
+    rows = np.stack([huge, gaps] + [rng.normal(0.0, 3.0, v).astype(np.float32) for _ in range(62)])
+    n = np.full(64, 2.05, np.float32)
+    for r in (0, 1):
+        want = _top_n_sigma_float64(rows[r], 2.05)
+        assert 1 < want.sum() < np.isfinite(rows[r]).sum()  # the filter bites: neither all nor only the maximum
+        for batch in (rows[r : r + 1], rows[:8], rows):
+            got = np.asarray(J["top_n_sigma"](batch, n[: len(batch)]))[0 if len(batch) == 1 else r]
+            np.testing.assert_array_equal(got > -np.inf, want, err_msg=f"row {r}, batch of {len(batch)}")
+
+
 def test_llama_fork_p_less():
     out = small("p_less", probs_logits([0.1, 0.15, 0.2, 0.25, 0.3]), 1)
     np.testing.assert_allclose(_dist_probs(out), [0.54545455, 0.45454545], atol=1e-5)

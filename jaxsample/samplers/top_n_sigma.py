@@ -10,10 +10,16 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+from jax import lax
 
 from jaxsample import _fastpath, _math, _validate
 from jaxsample._types import Array, Float
 from jaxsample.chain import Param, Stage
+
+
+def _pow2(k: Array) -> Array:
+    """``float32`` ``2**k`` for integer ``|k| <= 126``, exactly (its bit pattern)."""
+    return lax.bitcast_convert_type((k.astype(jnp.int32) + 127) << 23, jnp.float32)
 
 
 def _top_n_sigma(x: Array, n: Array) -> Array:
@@ -23,11 +29,23 @@ def _top_n_sigma(x: Array, n: Array) -> Array:
     def apply():
         finite = jnp.isfinite(x)
         count = jnp.maximum(jnp.sum(finite, axis=-1, keepdims=True, dtype=jnp.float32), 1.0)
-        mean = jnp.sum(jnp.where(finite, x, 0.0), axis=-1, keepdims=True) / count
-        std = jnp.sqrt(jnp.sum(jnp.where(finite, jnp.square(x - mean), 0.0), axis=-1, keepdims=True) / count)
+        # Moments of the distances to the row maximum: small numbers, so the float32 sums carry few
+        # rounding errors and the result hardly depends on the summation order, which on XLA:CPU
+        # changes with the batch size (rows of 1 + {0..3} ulp kept different tokens alone and in a
+        # batch when the moments were taken of the logits themselves). Rows whose maximum lies beyond
+        # 2**60 take them in units of 2**k (exact: powers of two commute with rounding), so that no
+        # sum or square overflows (near 1e37 the sums went to +-inf or NaN by summation order).
+        top = _math.row_max(x)
+        shift = jnp.where(jnp.isfinite(top), top, 0.0)
+        _, e = jnp.frexp(shift)
+        k = jnp.where(e > 60, e - 20, 0)
+        d = jnp.where(finite, x * _pow2(-k) - shift * _pow2(-k), 0.0)
+        mean = jnp.sum(d, axis=-1, keepdims=True) / count
+        var = jnp.sum(jnp.where(finite, jnp.square(d - mean), 0.0), axis=-1, keepdims=True) / count
+        std = jnp.sqrt(var) * _pow2(k)
         # std == 0 (one finite logit, or all equal) keeps the maxima even for n = inf (no inf * 0)
         margin = jnp.where((n > 0) & (std > 0), n * std, 0.0)
-        return _math.nonempty(_math.keep(x, (n <= 0) | (x >= _math.row_max(x) - margin)), x)
+        return _math.nonempty(_math.keep(x, (n <= 0) | (x >= top - margin)), x)
 
     return _math.if_any(n > 0, apply, lambda: x)
 
