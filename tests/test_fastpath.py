@@ -10,7 +10,9 @@ do and do not qualify for candidates in one batch. For every chain, two decoding
 * the candidate computation alone (:func:`jaxsample._fastpath.candidate_path`, no switch) with the
   dense step in every row it claims to represent (so mixed batches test the forms row by row);
 * one row alone with its row of the batch (batch invariance: a batch-level skip such as
-  ``lax.cond(any(on), ...)`` must not change rows that are off, NaN parameters included).
+  ``lax.cond(any(on), ...)`` must not change rows that are off, NaN parameters included). "Alone" is
+  the row repeated over the whole batch: every batch-level reduction then sees only that row, as in a
+  batch of one, and the step's own compiled program checks all three computations (no second compile).
 """
 
 from __future__ import annotations
@@ -167,25 +169,21 @@ def _values(rng, sampler, v: int) -> dict:
 
 @functools.cache
 def _compiled(case: str):
-    """``init``, one program returning the three computations of a step, and the dense step alone (for
-    the one-row batch, which only needs the dense definition: a smaller second compilation)."""
+    """``init`` and one program returning the three computations of a step."""
     sampler, v = CASES[case]
 
     def init(params, prompt):
         w = max(16, sampler.history_size())
         return sampler.init(params, vocab_size=v, prompt=prompt, encoder_ids=prompt, history_size=w)
 
-    def dense_step(x, state, params):
+    def step(x, state, params):
         processed, dense = sampler.process(x, state, params)
         tokens, dense = sampler.select(processed, dense, params)
-        return (tokens, processed, sampler.accept(tokens, dense, params)), (tokens, processed, dense)
-
-    def step(x, state, params):
-        want, (tokens, processed, dense) = dense_step(x, state, params)
+        want = (tokens, processed, sampler.accept(tokens, dense, params))
         fast = _fastpath.candidate_path(sampler, jnp.where(jnp.isnan(x), -jnp.inf, x), state, params)
         return sampler.sample(x, state, params), want, fast, (tokens, processed, dense.stages, dense.selector)
 
-    return sampler, v, jax.jit(init), jax.jit(step), jax.jit(lambda *a: dense_step(*a)[0])
+    return sampler, v, jax.jit(init), jax.jit(step)
 
 
 def _bits(tree):
@@ -203,28 +201,35 @@ def _assert_rows_equal(a, b, rows, what: str):
 
 
 def _check(case, kinds, seed):
-    sampler, v, init, step_fn, dense_fn = _compiled(case)
+    sampler, v, init, step_fn = _compiled(case)
     rng = np.random.default_rng(seed)
     x = jnp.asarray(np.stack([_row(rng, k, v) for k in kinds]))
     params = {**sampler.params((B,)), **{k: jnp.asarray(a) for k, a in _values(rng, sampler, v).items()}}
     prompt = jnp.asarray(np.where(rng.random((B, P)) < 0.2, -1, rng.integers(0, v, (B, P))).astype(np.int32))
     state = init(params, prompt)
     for step in range(2):
-        got, want, fast, before_accept = step_fn(x, state, params)
-        assert not np.isnan(np.asarray(want[1])).any(), f"{case}: NaN in processed logits"
-        _assert_rows_equal(got, want, np.arange(B), f"{case} step {step}")
-        if fast is not None:
-            tokens, processed, stage_states, selector, ok = fast
-            rows = np.flatnonzero(np.asarray(ok))
-            _assert_rows_equal((tokens, processed, stage_states, selector), before_accept, rows,
-                               f"{case} step {step}: candidates of rows {rows.tolist()}")
-        if step == 0:  # batch invariance: one row alone gives its row of the batch
+        out = step_fn(x, state, params)
+        _check_step(case, f"step {step}", out)
+        if step == 0:  # batch invariance: one row alone (repeated over the batch) gives its row of the batch
             r = seed % B
-            alone = jax.tree.map(lambda a: a[r : r + 1], (x, state, params))
-            _assert_rows_equal(dense_fn(*alone), jax.tree.map(lambda a: a[r : r + 1], want), [0],
-                               f"{case}: row {r} alone")
-        state = want[2]
+            alone = step_fn(*jax.tree.map(lambda a: jnp.repeat(a[r : r + 1], B, axis=0), (x, state, params)))
+            _check_step(case, f"row {r} alone", alone)
+            _assert_rows_equal(alone[:2], jax.tree.map(lambda a: jnp.repeat(a[r : r + 1], B, axis=0), out[:2]),
+                               np.arange(B), f"{case}: row {r} alone")
+        state = out[1][2]
         x = jnp.asarray(np.stack([_row(rng, k, v) for k in kinds]))
+
+
+def _check_step(case, what, out):
+    """The switching step equals the dense step in every row, the candidates equal it in the rows they claim."""
+    got, want, fast, before_accept = out
+    assert not np.isnan(np.asarray(want[1])).any(), f"{case}: NaN in processed logits"
+    _assert_rows_equal(got, want, np.arange(B), f"{case} {what}")
+    if fast is not None:
+        tokens, processed, stage_states, selector, ok = fast
+        rows = np.flatnonzero(np.asarray(ok))
+        _assert_rows_equal((tokens, processed, stage_states, selector), before_accept, rows,
+                           f"{case} {what}: candidates of rows {rows.tolist()}")
 
 
 _GIVEN = hypothesis.given(kinds=st.lists(st.sampled_from(ROW_KINDS), min_size=B, max_size=B),

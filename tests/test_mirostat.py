@@ -1,5 +1,6 @@
 """mirostat / mirostat_v2 / adaptive_p: formulas, sort-based differential tests, dynamics, chain selectors."""
 
+import functools
 import math
 
 import jax
@@ -91,13 +92,14 @@ def test_mirostat_matches_sort_based_reference(version):
     assert run.traces == 1
 
 
+@functools.partial(jax.jit, static_argnums=(0, 4))  # one program per selector: tau and eta traced
 def _run_chain(fn, x, tau, eta, steps, seed=0):
     def step(mu, i):
         tok, mu = fn(jax.random.fold_in(jax.random.key(seed), i), x, mu, tau, eta)
         return mu, (mu, tok)
 
-    _, (mus, toks) = jax.lax.scan(step, jnp.float32(2 * tau), jnp.arange(steps))
-    return np.asarray(mus), np.asarray(toks)
+    _, (mus, toks) = jax.lax.scan(step, 2 * jnp.float32(tau), jnp.arange(steps))
+    return mus, toks
 
 
 @pytest.mark.parametrize("fn", [pytest.param(js.mirostat, marks=pytest.mark.slow), js.mirostat_v2])
@@ -108,7 +110,7 @@ def test_mu_dynamics_on_a_fixed_distribution(fn):
     surprise_orig = -np.asarray(jax.nn.log_softmax(x)) / math.log(2)
     means = {}
     for tau in (3.0, 5.0):
-        mus, toks = _run_chain(jax.jit(fn), x, tau, 0.1, 2000)
+        mus, toks = map(np.asarray, _run_chain(fn, x, tau, 0.1, 2000))
         settled = mus[500:]
         assert settled.max() - settled.min() < 8.0
         assert abs(settled[:750].mean() - settled[750:].mean()) < 1.0  # no drift

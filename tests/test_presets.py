@@ -66,13 +66,16 @@ def test_llama_chain_equals_functions_by_hand_and_compiles_once():
     step = CountingJit(p.sampler.sample)
     tokens, processed, _ = step(x, state, params)
 
-    h = jnp.where(prompt >= 0, prompt, -1)
-    y = js.penalties(x, h, 1.3, 0.2, 0.0, 8)
-    y = js.dry(y, h, 0.8, 1.75, 2, 8)
-    y = js.top_k(y, jnp.array([5, 40, 2]), exact=True)
-    y = js.top_p(y, 0.95, 0)
-    y = js.min_p(y, 0.05, 0)
-    y = js.dynamic_temperature(y, jnp.array([0.7, 0.0, 1.3]), 0.0)
+    @jax.jit  # the functions one after another, in one compiled program (eager: each op compiled alone)
+    def by_hand(x, h):
+        y = js.penalties(x, h, 1.3, 0.2, 0.0, 8)
+        y = js.dry(y, h, 0.8, 1.75, 2, 8)
+        y = js.top_k(y, jnp.array([5, 40, 2]), exact=True)
+        y = js.top_p(y, 0.95, 0)
+        y = js.min_p(y, 0.05, 0)
+        return js.dynamic_temperature(y, jnp.array([0.7, 0.0, 1.3]), 0.0)
+
+    y = by_hand(x, jnp.where(prompt >= 0, prompt, -1))
     np.testing.assert_allclose(processed, y, rtol=1e-6)
     assert js.greedy(y)[1] == tokens[1]  # temperature 0 row is greedy
     # another llama configuration with the same structure: same sampler, no new compilation
@@ -115,13 +118,13 @@ def test_vllm_batch_rows_follow_their_request():
     prompt = jnp.array([[1, 2], [3, -1], [5, 5]])
     params = batch.params((3,))
     state = batch.sampler.init(params, vocab_size=V, prompt=prompt, history_size=8)
-    tokens, processed, _ = jax.jit(batch.sampler.sample)(x, state, params)
+    sample = jax.jit(batch.sampler.sample)  # each request's own sampler is equal to it: one compile per shape
+    tokens, processed, _ = sample(x, state, params)
     for i, r in enumerate(reqs):
         one = presets.vllm(**r, eos_token_ids=[0])
         assert one.sampler == batch.sampler
         p1 = one.params((1,))
-        t1, y1, _ = jax.jit(one.sampler.sample)(x[i : i + 1], one.sampler.init(p1, vocab_size=V, prompt=prompt[i : i + 1],
-                                                                                  history_size=8), p1)
+        t1, y1, _ = sample(x[i : i + 1], one.sampler.init(p1, vocab_size=V, prompt=prompt[i : i + 1], history_size=8), p1)
         np.testing.assert_array_equal(processed[i], y1[0])
         assert int(t1[0]) == int(tokens[i])
     assert not bool(jnp.isfinite(processed[2, jnp.array([0, 4])]).any())  # min_tokens bans EOS and stop ids
