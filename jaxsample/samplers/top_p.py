@@ -50,15 +50,21 @@ def _cut(x: Array, p: Array, min_count: Array, candidates: int, top) -> Array:
     """``float32[*B]`` cut-off (keep ``x >= t``) for ``p >= 0`` and ``min_count >= 1``."""
     lse = _log_normaliser(x, top)
     off = p >= 1
+    target = jnp.where(off, 0.0, p)
+    # Rows with an infinite lse are covered by the candidates: the search never reads them.
+    c = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    # Every token below lse + log((1 - p) / V) holds less than (1 - p) / V.
+    start = c[..., 0] + jnp.log(jnp.maximum(1.0 - target, 0.0) / x.shape[-1])
+    search = _threshold.Search(x, lambda v: v, lambda v: jnp.exp(v - c), c[..., 0], start)
     t = _threshold.cutoff(
         x,
         weights=lambda: _probs(x, lse),
         weights_at=lambda vals, ids: _probs(vals, lse),
-        target=jnp.where(off, 0.0, p),
+        target=target,
         min_count=min_count,
         candidates=candidates,
         top=top,
-        log_normaliser=lse,
+        search=search,
     )
     return jnp.where(off, -jnp.inf, t)
 

@@ -26,16 +26,31 @@ def _typical(x: Array, p: Array, min_keep: Array, candidates: int) -> Array:
     off = p >= 1
 
     def apply():
-        logp = _math.log_softmax(x)
-        probs, entropy = _math.entropy(logp)
-        keys = -jnp.abs(logp + entropy)
+        # Log-probabilities, probabilities and keys are recomputed from x in each pass that uses them.
+        logp = _math.log_probs(x)
+        entropy = _math.entropy(logp(x))[1]
+
+        def key(v):
+            return -jnp.abs(logp(v) + entropy)
+
+        def weight(v):
+            return jnp.exp(logp(v))
+
+        target = jnp.where(off, 0.0, p)
+        h = entropy[..., 0]
+        # Below the key -d with d >= H (no log-probability exceeds 0 = -H + H) and d >= log(V / (1 - p)) - H
+        # lie only tokens of probability < exp(-H - d) <= (1 - p) / V.
+        start = -jnp.maximum(h, jnp.log(x.shape[-1] / jnp.maximum(1.0 - target, 0.0)) - h)
+        keys = key(x)
         t = _threshold.cutoff(
             keys,
-            weights=probs,
-            target=jnp.where(off, 0.0, p),
+            weights=lambda: weight(x),
+            weights_at=lambda vals, ids: weight(jnp.take_along_axis(x, ids, axis=-1)),
+            target=target,
             min_count=jnp.maximum(min_keep, 1),
             strict=True,
             candidates=candidates,
+            search=_threshold.Search(x, key, weight, h, start, two_sided=True),
         )
         return _math.keep(x, off[..., None] | (keys >= t[..., None]))
 
