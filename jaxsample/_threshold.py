@@ -46,6 +46,7 @@ each step is one masked reduction over a whole vocabulary row.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 import jax.numpy as jnp
@@ -66,6 +67,9 @@ _SEARCH_STEPS = 24
 
 #: Tokens the value search finishes on (one top-``k`` of this size; its cost barely depends on it).
 _WINDOW = 512
+
+#: Steps of :func:`_value_search` that only sum weights; the later ones also count tokens.
+_UNCOUNTED = 2
 
 
 def mass_reached(mass: Array, target: Array, strict: bool = False) -> Array:
@@ -118,8 +122,12 @@ class Search(NamedTuple):
       floor: ``float32[...]`` finite ``c`` with ``weight >= exp(key - c)`` for every token.
       start: ``float32[...]`` a key whose prefix provably reaches the target (the tokens below it
         hold less than ``1 - target``), the search's first lower end.
-      two_sided: the prefix is a window around a centre (typical): masses are interpolated in the
-        probit of ``(1 + m) / 2`` rather than of ``m``.
+      first: ``float32[...]`` or None: with ``two_sided``, a guess at the cut-off, the first key evaluated.
+      uncovered: ``bool[...]`` or None: rows that the ``K`` largest keys provably do not cover and
+        whose keys are all ``<= 0``. They search without the candidates (which are not computed
+        at all when every row is such a row).
+      two_sided: the prefix is a window around a centre at key 0 (typical): masses are interpolated
+        in the probit of ``(1 + m) / 2`` rather than of ``m``, through key 0 (mass 0).
     """
 
     x: Array
@@ -127,6 +135,8 @@ class Search(NamedTuple):
     weight: Callable[[Array], Array]
     floor: Array
     start: Array
+    first: Array | None = None
+    uncovered: Array | None = None
     two_sided: bool = False
 
 
@@ -205,12 +215,6 @@ def cutoff(
     kk = None if min_count is None else jnp.clip(min_count, 1, vocab).astype(jnp.int32)
     get_weights = weights if callable(weights) else (lambda: weights)
 
-    vals, ids = _candidates.top(keys, k) if top is None else top
-    w_cand = None
-    if target is not None:
-        w_cand = weights_at(vals, ids) if weights_at else jnp.take_along_axis(get_weights(), ids, axis=-1)
-    t, covered = candidate_cutoff(vals, w_cand, target, kk, strict, _candidates.complete(vals, vocab))
-
     def bits(w):
         u = order_key(keys)
         if target is None:
@@ -224,21 +228,35 @@ def cutoff(
             best = jnp.minimum(_bisect(u, reached), order_key(jnp.max(keys, axis=-1)))
         return from_order_key(jnp.maximum(best, order_key(jnp.float32(-jnp.inf))))
 
-    def full():
-        if target is None:
-            return bits(None)
-        if search is None:
-            best = bits(get_weights())
-        else:
-            found, ok = _value_search(search, target, strict, (vals, w_cand), ~covered)
-            best = _candidates.choose(ok | covered, lambda: found, lambda: bits(get_weights()))
-        if kk is not None:
-            # The count criterion is a separate search (one max pass when every min_count <= 1)
-            # rather than a second reduction inside each pass.
-            best = jnp.minimum(best, kth_largest(keys, kk, k, top=(vals, ids)))
-        return best
+    def searched(top, active, covered):
+        found, ok = _value_search(search, target, strict, top, active)
+        return _candidates.choose(ok | covered, lambda: found, lambda: bits(get_weights()))
 
-    return _candidates.choose(covered, lambda: t, full)
+    def with_count(best, top):
+        # The count criterion is a separate search (one max pass when every min_count <= 1)
+        # rather than a second reduction inside each pass.
+        return best if kk is None else jnp.minimum(best, kth_largest(keys, kk, k, top=top))
+
+    def with_candidates():
+        vals, ids = _candidates.top(keys, k) if top is None else top
+        w_cand = None
+        if target is not None:
+            w_cand = weights_at(vals, ids) if weights_at else jnp.take_along_axis(get_weights(), ids, axis=-1)
+        t, covered = candidate_cutoff(vals, w_cand, target, kk, strict, _candidates.complete(vals, vocab))
+
+        def full():
+            if target is None:
+                return bits(None)
+            best = bits(get_weights()) if search is None else searched((vals, w_cand), ~covered, covered)
+            return with_count(best, (vals, ids))
+
+        return _candidates.choose(covered, lambda: t, full)
+
+    if search is None or search.uncovered is None or target is None:
+        return with_candidates()
+    everywhere = jnp.ones(search.uncovered.shape, bool)
+    return _math.cond(jnp.all(search.uncovered), lambda: with_count(searched(None, everywhere, ~everywhere), None),
+                      with_candidates)
 
 
 def _value_search(
@@ -264,16 +282,21 @@ def _value_search(
       search that did not settle can leave a row unresolved (the caller then runs the bit bisection).
     """
     x, key, weight = search.x, search.key, search.weight
-    vals, w_cand = top
-    k, kth = vals.shape[-1], vals[..., -1]
     w = min(_WINDOW, x.shape[-1])
     floor = search.floor
-
-    lo = jnp.minimum(search.start, kth)
-    hi = jnp.nextafter(kth, jnp.inf)
-    # Every token above the k-th largest key is a candidate: m(hi), n(hi) are their mass and count.
-    above = vals > kth[..., None]
-    m_hi, n_hi = jnp.sum(jnp.where(above, w_cand, 0.0), axis=-1), jnp.sum(above, axis=-1, dtype=jnp.int32)
+    # Rows without candidates start from hi just above 0, above every key: m(hi) = n(hi) = 0.
+    lo, hi = search.start, jnp.full(search.start.shape, np.finfo(np.float32).smallest_subnormal)
+    m_hi, n_hi = jnp.zeros(lo.shape), jnp.zeros(lo.shape, jnp.int32)
+    if top is not None:
+        vals, w_cand = top
+        kth = vals[..., -1]
+        # Every token above the k-th largest key is a candidate: m(hi), n(hi) are their mass and count.
+        above = vals > kth[..., None]
+        own = jnp.zeros(lo.shape, bool) if search.uncovered is None else search.uncovered  # as without candidates
+        lo = jnp.where(own, lo, jnp.minimum(lo, kth))
+        hi = jnp.where(own, hi, jnp.nextafter(kth, jnp.inf))
+        m_hi = jnp.where(own, m_hi, jnp.sum(jnp.where(above, w_cand, 0.0), axis=-1))
+        n_hi = jnp.where(own, n_hi, jnp.sum(above, axis=-1, dtype=jnp.int32))
     # m(lo) is not evaluated at the start (NaN): the first interpolation takes a guess instead.
     guess = 1.0 - 0.125 * (1.0 - target)
 
@@ -285,7 +308,9 @@ def _value_search(
         near = (m_lo - target) * (1.0 + 1e-3) < (w - 2) * jnp.exp(lo - floor)  # False while m_lo is NaN
         return near | (n_lo - n_hi < w) | (jnp.nextafter(lo, jnp.inf) >= hi) | ~active
 
-    def step(carry):
+    unknown = x.shape[-1] + w  # n(lo) not counted: conservative (so is n(hi) = 0)
+
+    def step(carry, counted):
         lo, hi, m_lo, m_hi, n_lo, n_hi, a, m_a, b, m_b = carry
         done = settled(*carry)
         # Secant through the last two points, aimed at the middle of the band that settles.
@@ -296,27 +321,31 @@ def _value_search(
         mid = jnp.clip(inner, jnp.nextafter(lo, jnp.inf), hi)
         inside = key(x) >= mid[..., None]
         m = jnp.sum(jnp.where(inside, weight(x), 0.0), axis=-1)
-        n = jnp.sum(inside, axis=-1, dtype=jnp.int32)
+        # A second reduction per pass: only the later steps count (near the cut-off, where lumps of
+        # heavy tokens can keep the mass bound from settling).
+        n = jnp.sum(inside, axis=-1, dtype=jnp.int32) if counted else None
         reached = mass_reached(m, target, strict)
         up = reached & ~done
         down = ~reached & ~done & (mid < hi)
         moved = up | down
         return (
             jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, m, m_lo), jnp.where(down, m, m_hi),
-            jnp.where(up, n, n_lo), jnp.where(down, n, n_hi),
+            jnp.where(up, unknown if n is None else n, n_lo), jnp.where(down, 0 if n is None else n, n_hi),
             jnp.where(moved, b, a), jnp.where(moved, m_b, m_a), jnp.where(moved, mid, b), jnp.where(moved, m, m_b),
         )
 
     # Unrolled: a while loop would carry (and copy) x; a skipped cond costs nothing.
     # (a, m_a) and (b, m_b): the two points evaluated last, b the most recent.
     nan = jnp.full(lo.shape, jnp.nan)
-    if search.two_sided:  # the first secant passes through key 0, whose window is empty (mass 0)
-        points = (hi, m_hi, jnp.zeros_like(hi), jnp.zeros_like(m_hi))
+    if search.two_sided:
+        # Key 0 (an empty window, mass 0) and a point that puts the first step at search.first.
+        aim = target + 0.5 * (w - 2) * jnp.exp(lo - floor)
+        points = (search.first, aim, jnp.zeros(lo.shape), jnp.zeros(lo.shape))
     else:
         points = (lo, nan, hi, m_hi)
-    carry = (lo, hi, nan, m_hi, jnp.full(lo.shape, x.shape[-1] + w, jnp.int32), n_hi) + points
-    for _ in range(_SEARCH_STEPS):
-        carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, step, carry)
+    carry = (lo, hi, nan, m_hi, jnp.full(lo.shape, unknown, jnp.int32), n_hi) + points
+    for i in range(_SEARCH_STEPS):
+        carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, functools.partial(step, counted=i >= _UNCOUNTED), carry)
     lo, _, m_lo = carry[:3]
     # The w smallest keys at or above lo, ascending; m(key >= v) = m(lo) - the mass below v.
     keys = key(x)

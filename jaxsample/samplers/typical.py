@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+from jax.scipy.special import ndtri
 
 from jaxsample import _fastpath, _math, _threshold, _validate
 from jaxsample._candidates import DEFAULT_CANDIDATES
@@ -27,7 +28,8 @@ def _typical(x: Array, p: Array, min_keep: Array, candidates: int) -> Array:
 
     def apply():
         # Log-probabilities, probabilities and keys are recomputed from x in each pass that uses them.
-        logp = _math.log_probs(x)
+        m, _, log_sum = _math.shifted_normaliser(x)
+        logp = _math.log_probs(x, m)
         entropy = _math.entropy(logp(x))[1]
 
         def key(v):
@@ -37,10 +39,16 @@ def _typical(x: Array, p: Array, min_keep: Array, candidates: int) -> Array:
             return jnp.exp(logp(v))
 
         target = jnp.where(off, 0.0, p)
-        h = entropy[..., 0]
+        h, vocab = entropy[..., 0], x.shape[-1]
         # Below the key -d with d >= H (no log-probability exceeds 0 = -H + H) and d >= log(V / (1 - p)) - H
         # lie only tokens of probability < exp(-H - d) <= (1 - p) / V.
-        start = -jnp.maximum(h, jnp.log(x.shape[-1] / jnp.maximum(1.0 - target, 0.0)) - h)
+        start = -jnp.maximum(h, jnp.log(vocab / jnp.maximum(1.0 - target, 0.0)) - h)
+        # Gaussian logits of deviation s have H = log V - s^2 / 2 and log-probabilities distributed
+        # (by mass) as N(-H, s^2): the window of mass p has half-width s * probit((1 + p) / 2).
+        s = jnp.sqrt(2.0 * jnp.maximum(jnp.log(jnp.float32(vocab)) - h, 1e-6))
+        first = -s * ndtri(jnp.clip(0.5 + 0.5 * target, 0.5, 1.0 - 1e-6))
+        # The K candidates weigh at most K times the largest probability, exp(-log_sum).
+        uncovered = jnp.isfinite(m[..., 0]) & (candidates * jnp.exp(-log_sum[..., 0]) * (1.0 + 1e-3) < target)
         keys = key(x)
         t = _threshold.cutoff(
             keys,
@@ -50,7 +58,7 @@ def _typical(x: Array, p: Array, min_keep: Array, candidates: int) -> Array:
             min_count=jnp.maximum(min_keep, 1),
             strict=True,
             candidates=candidates,
-            search=_threshold.Search(x, key, weight, h, start, two_sided=True),
+            search=_threshold.Search(x, key, weight, h, start, first, uncovered, two_sided=True),
         )
         return _math.keep(x, off[..., None] | (keys >= t[..., None]))
 
@@ -80,6 +88,7 @@ def typical(
       ``[..., V]`` logits in the input dtype.
 
     >>> import jax.numpy as jnp
+from jax.scipy.special import ndtri
     >>> x = jnp.log(jnp.array([0.4, 0.2, 0.2, 0.2]))
     >>> (typical(x, 0.5) > -jnp.inf).tolist()
     [False, True, True, True]
