@@ -62,10 +62,12 @@ MASS_RTOL = 2.0**-21
 
 _SIGN = np.uint32(0x80000000)  # numpy: importing jaxsample must not start a JAX backend
 
-#: Most steps of :func:`_value_search` (a flat row at ``V = 131072`` takes 3, a peaked one 1).
+#: Most steps of :func:`_value_search` (a flat row at ``V = 131072`` takes 2-3 under top-p, 3-7 under typical).
 _SEARCH_STEPS = 24
 
-#: Tokens the value search finishes on (one top-``k`` of this size; its cost barely depends on it).
+#: Tokens the value search finishes on (one top-``k`` of this size): a wider window settles in
+#: fewer steps (typical at p = 0.9, 64 flat rows of V = 131072: windows of 256 / 512 / 1024 / 2048
+#: tokens took 7-9 / 6-7 / 5-8 / 5 steps) but its top-k costs more.
 _WINDOW = 512
 
 #: Steps of :func:`_value_search` that only sum weights; the later ones also count tokens.
@@ -260,22 +262,26 @@ def cutoff(
 
 
 def _value_search(
-    search: Search, target: Array, strict: bool, top: tuple[Array, Array], active: Array
+    search: Search, target: Array, strict: bool, top: tuple[Array, Array] | None, active: Array
 ) -> tuple[Array, Array]:
     """Cut-off for the keys and weights of ``search`` (:class:`Search`) by a search on the key value.
 
-    For rows whose ``k`` largest keys (``top``: their values and weights) do not reach the target:
-    a search on the key *value* for a point ``lo`` whose mass ``m(lo)`` (of ``key >= lo``) reaches
-    the target by less than ``k - 2`` tokens' worth: every token at or above ``lo`` weighs at least
-    ``exp(lo - floor)``, so fewer than ``k - 2`` tokens then lie between ``lo`` and the cut-off.
-    Those tokens (the ``k`` smallest at or above ``lo``, one top-``k``) and ``m(lo)`` minus their
-    cumulative sum give the cut-off exactly. Each step evaluates one masked sum at a point
-    interpolated linearly in the probit of the mass through the last two points (exact for Gaussian
-    logits under top-p, whose probability-weighted law is again Gaussian, and, with ``two_sided``,
-    under typical, whose window is centred on that law's mean), kept inside the bracket ``[lo, hi)``
-    of the points known to reach / miss the target. It starts from ``hi`` just above the ``k``-th
-    largest key and ``lo = start``: a flat row at ``V = 131072`` takes about 3 masked sums. Only
-    ``active`` rows drive the loop.
+    For ``active`` rows (whose candidates do not resolve them; ``top``: the ``K`` largest keys and
+    their weights, or None): a search on the key *value* for a point ``lo`` whose mass ``m(lo)`` (of
+    ``key >= lo``) reaches the target with fewer than ``w - 1`` tokens (``w = 512``, the finish
+    window) between ``lo`` and the cut-off, either bounded by mass (every token at or above ``lo``
+    weighs at least ``exp(lo - floor)``, so ``m(lo) - target < (w - 2) exp(lo - floor)`` suffices)
+    or counted (fewer than ``w`` tokens in the bracket ``[lo, hi)``, ``hi`` a point that misses the
+    target; the mass bound alone rarely settles a typical window, whose heavy tokens make the mass
+    jump). The ``w`` smallest keys at or above ``lo`` (one top-``w``) and ``m(lo)`` minus their
+    cumulative sum then give the cut-off exactly. Each step evaluates one masked sum (and, from the
+    third step on, a count) at a point interpolated linearly in the probit of the mass through the
+    last two points (exact for Gaussian logits under top-p, whose probability-weighted law is again
+    Gaussian; with ``two_sided``, typical, in the probit of ``(1 + m) / 2``, the first secant through
+    key 0 and ``search.first``), kept inside ``[lo, hi)``. ``lo`` starts at ``start`` and ``hi`` just
+    above the ``K``-th largest key (above 0 without candidates). A flat row at ``V = 131072`` takes
+    2-3 steps under top-p and 3-7 under typical (the most a batch of 64 rows needed at ``p = 0.9``:
+    6-7). Only active rows drive the loop; each row's steps depend on that row alone.
 
     Returns:
       ``(t float32[...], ok bool[...])``: ``ok`` marks the rows resolved here; rounding, ties or a
@@ -345,7 +351,8 @@ def _value_search(
         points = (lo, nan, hi, m_hi)
     carry = (lo, hi, nan, m_hi, jnp.full(lo.shape, unknown, jnp.int32), n_hi) + points
     for i in range(_SEARCH_STEPS):
-        carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, functools.partial(step, counted=i >= _UNCOUNTED), carry)
+        step_i = functools.partial(step, counted=i >= _UNCOUNTED)
+        carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, step_i, carry)
     lo, _, m_lo = carry[:3]
     # The w smallest keys at or above lo, ascending; m(key >= v) = m(lo) - the mass below v.
     keys = key(x)

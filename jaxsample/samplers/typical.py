@@ -1,11 +1,16 @@
 """Locally typical sampling (llama.cpp ``typical``, HF ``TypicalLogitsWarper``).
 
 Tokens are taken in increasing distance ``|-log p - H|`` from the entropy until their mass exceeds
-``p``: a cut-off search over the negated distances (:mod:`jaxsample._threshold`), no sort.
+``p``: a cut-off search over the negated distances (:mod:`jaxsample._threshold`), no sort. The
+``K`` tokens nearest the entropy resolve most peaked rows; other rows take an exact search on the
+distance (two-sided secant steps in the probit of the mass, the first at a Gaussian guess, finished
+on 512 tokens; the bit bisection where that does not settle). Log-probabilities, distances and
+probabilities are recomputed from the logits in each pass that reads them, never stored.
 
-Sharding/TPU: rows are independent; shard the batch axis. A log-softmax, the entropy and a
-cut-off search over the vocabulary; skipping off batches and the exact fallback are batch-level
-``lax.cond``s (an all-reduce of one bool under GSPMD; both branches under ``vmap``).
+Sharding/TPU: rows are independent; shard the batch axis. A log-softmax normaliser, the entropy
+and a cut-off search over the vocabulary; skipping off batches, the candidates, the exact fallback
+and each search step are batch-level ``lax.cond``s (an all-reduce of one bool under GSPMD; both
+branches under ``vmap``).
 """
 
 from __future__ import annotations
