@@ -65,13 +65,6 @@ _SIGN = np.uint32(0x80000000)  # numpy: importing jaxsample must not start a JAX
 #: Most steps of :func:`_value_search` (a flat row at ``V = 131072`` takes 2-3 under top-p, 3-7 under typical).
 _SEARCH_STEPS = 24
 
-#: Tokens the value search finishes on (one top-``k`` of this size): a wider window settles in
-#: fewer steps (typical at p = 0.9, 64 flat rows of V = 131072: windows of 256 / 512 / 1024 / 2048
-#: tokens took 7-9 / 6-7 / 5-8 / 5 steps) but its top-k costs more.
-_WINDOW = 512
-
-#: Steps of :func:`_value_search` that only sum weights; the later ones also count tokens.
-_UNCOUNTED = 2
 
 
 def mass_reached(mass: Array, target: Array, strict: bool = False) -> Array:
@@ -130,6 +123,12 @@ class Search(NamedTuple):
         at all when every row is such a row).
       two_sided: the prefix is a window around a centre at key 0 (typical): masses are interpolated
         in the probit of ``(1 + m) / 2`` rather than of ``m``, through key 0 (mass 0).
+      window: tokens the search finishes on (one top-``k`` of this size): a wider window settles in
+        fewer steps but its top-k costs more (typical at p = 0.9, 64 flat rows of V = 131072:
+        windows of 256 / 512 / 1024 / 2048 tokens took 7-9 / 6-7 / 5-8 / 5 steps; top-p settles in
+        2-3 steps with 64).
+      uncounted: steps that only sum weights; the later ones also count tokens (a second reduction
+        per pass), which settles rows whose heavy tokens make the mass jump past the band (typical).
     """
 
     x: Array
@@ -140,6 +139,8 @@ class Search(NamedTuple):
     first: Array | None = None
     uncovered: Array | None = None
     two_sided: bool = False
+    window: int = 64
+    uncounted: int = 24
 
 
 def candidate_cutoff(
@@ -288,7 +289,7 @@ def _value_search(
       search that did not settle can leave a row unresolved (the caller then runs the bit bisection).
     """
     x, key, weight = search.x, search.key, search.weight
-    w = min(_WINDOW, x.shape[-1])
+    w = min(search.window, x.shape[-1])
     floor = search.floor
     # Rows without candidates start from hi just above 0, above every key: m(hi) = n(hi) = 0.
     lo, hi = search.start, jnp.full(search.start.shape, np.finfo(np.float32).smallest_subnormal)
@@ -351,7 +352,7 @@ def _value_search(
         points = (lo, nan, hi, m_hi)
     carry = (lo, hi, nan, m_hi, jnp.full(lo.shape, unknown, jnp.int32), n_hi) + points
     for i in range(_SEARCH_STEPS):
-        step_i = functools.partial(step, counted=i >= _UNCOUNTED)
+        step_i = functools.partial(step, counted=i >= search.uncounted)
         carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, step_i, carry)
     lo, _, m_lo = carry[:3]
     # The w smallest keys at or above lo, ascending; m(key >= v) = m(lo) - the mass below v.
