@@ -95,17 +95,29 @@ def shifted_normaliser(x: Array, m: Array | None = None) -> tuple[Array, Array, 
     return m, shift, jnp.log(jnp.sum(jnp.exp(x - shift), axis=-1, keepdims=True))
 
 
+def log_probs(x: Array, m: Array | None = None) -> Callable[[Array], Array]:
+    """The log-softmax of ``x [..., V]`` as an elementwise map: ``f(x)`` is :func:`log_softmax` ``(x)``
+    bit for bit, ``f(x[..., ids])`` the same entries of it. For passes that recompute
+    log-probabilities from ``x`` where they are used instead of reading a stored copy.
+    ``m [..., 1]``: the row maximum if the caller has it."""
+    m, shift, log_sum = shifted_normaliser(x, m)
+
+    def certain():  # rows holding n > 0 logits of +inf: log(1 / n) for those, -inf for the rest
+        n = jnp.sum(x == jnp.inf, axis=-1, keepdims=True, dtype=x.dtype)
+        return jnp.where(n > 0, -jnp.log(n), jnp.inf)
+
+    lp_inf = if_any(m == jnp.inf, certain, lambda: jnp.full(m.shape, jnp.inf, x.dtype))  # +inf: no such row
+
+    def f(v):
+        out = jnp.where(v > NEG_INF, (v - shift) - log_sum, NEG_INF)
+        return jnp.where(lp_inf < jnp.inf, jnp.where(v == jnp.inf, lp_inf, NEG_INF), out)
+
+    return f
+
+
 def log_softmax(x: Array) -> Array:
     """Log-probabilities ``[..., V]`` that stay NaN-free for empty rows and ``+inf`` logits."""
-    m, shift, lse = shifted_normaliser(x)
-    out = jnp.where(x > NEG_INF, (x - shift) - lse, NEG_INF)
-
-    def certain():
-        posinf = x == jnp.inf
-        n_posinf = jnp.sum(posinf, axis=-1, keepdims=True, dtype=x.dtype)
-        return jnp.where(n_posinf > 0, jnp.where(posinf, -jnp.log(n_posinf), NEG_INF), out)
-
-    return if_any(m == jnp.inf, certain, lambda: out)
+    return log_probs(x)(x)
 
 
 def softmax(x: Array) -> Array:

@@ -46,7 +46,8 @@ each step is one masked reduction over a whole vocabulary row.
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
+from typing import Callable, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -61,8 +62,9 @@ MASS_RTOL = 2.0**-21
 
 _SIGN = np.uint32(0x80000000)  # numpy: importing jaxsample must not start a JAX backend
 
-#: Most steps of :func:`_probability_search` (a flat row at ``V = 131072`` takes 3, a peaked one 1).
+#: Most steps of :func:`_value_search` (a flat row at ``V = 131072`` takes 2-3 under top-p, 3-7 under typical).
 _SEARCH_STEPS = 24
+
 
 
 def mass_reached(mass: Array, target: Array, strict: bool = False) -> Array:
@@ -103,6 +105,42 @@ def _bisect(u: Array, predicate: Callable[[Array], Array]) -> Array:
         return jnp.where(predicate(trial), trial, t)
 
     return lax.fori_loop(0, 32, body, jnp.zeros(u.shape[:-1], jnp.uint32))
+
+
+class Search(NamedTuple):
+    """What :func:`cutoff`'s value search reads: keys and weights recomputed from ``x`` in each pass.
+
+    Attributes:
+      x: ``float32[..., V]`` the array each pass reads.
+      key: elementwise map ``x -> keys`` (also applied to entries gathered from ``x``).
+      weight: elementwise map ``x -> weights``.
+      floor: ``float32[...]`` finite ``c`` with ``weight >= exp(key - c)`` for every token.
+      start: ``float32[...]`` a key whose prefix provably reaches the target (the tokens below it
+        hold less than ``1 - target``), the search's first lower end.
+      first: ``float32[...]`` or None: with ``two_sided``, a guess at the cut-off, the first key evaluated.
+      uncovered: ``bool[...]`` or None: rows that the ``K`` largest keys provably do not cover and
+        whose keys are all ``<= 0``. They search without the candidates (which are not computed
+        at all when every row is such a row).
+      two_sided: the prefix is a window around a centre at key 0 (typical): masses are interpolated
+        in the probit of ``(1 + m) / 2`` rather than of ``m``, through key 0 (mass 0).
+      window: tokens the search finishes on (one top-``k`` of this size): a wider window settles in
+        fewer steps but its top-k costs more (typical at p = 0.9, 64 flat rows of V = 131072:
+        windows of 256 / 512 / 1024 / 2048 tokens took 7-9 / 6-7 / 5-8 / 5 steps; top-p settles in
+        2-3 steps with 64).
+      uncounted: steps that only sum weights; the later ones also count tokens (a second reduction
+        per pass), which settles rows whose heavy tokens make the mass jump past the band (typical).
+    """
+
+    x: Array
+    key: Callable[[Array], Array]
+    weight: Callable[[Array], Array]
+    floor: Array
+    start: Array
+    first: Array | None = None
+    uncovered: Array | None = None
+    two_sided: bool = False
+    window: int = 64
+    uncounted: int = 24
 
 
 def candidate_cutoff(
@@ -151,7 +189,7 @@ def cutoff(
     strict: bool = False,
     candidates: int = _candidates.DEFAULT_CANDIDATES,
     top: tuple[Array, Array] | None = None,
-    log_normaliser: Array | None = None,
+    search: Search | None = None,
 ) -> Array:
     """Per-row cut-off key of the smallest prefix meeting every given criterion.
 
@@ -167,8 +205,8 @@ def cutoff(
       strict: compare the weight with ``>`` instead of ``>=``.
       candidates: static size ``K`` of the fast path.
       top: ``_candidates.top(keys, K)`` if the caller already has it.
-      log_normaliser: ``float32[..., 1]`` ``lse`` when ``keys`` are logits and ``weights`` their
-        probabilities ``exp(keys - lse)`` (top-p): uncovered rows then take a faster exact search.
+      search: with a ``target``, ``keys`` and ``weights`` as functions of one array (:class:`Search`):
+        uncovered rows then take a faster exact search on the key value (:func:`_value_search`).
 
     Returns:
       ``float32[...]`` cut-off ``t``: keep ``keys >= t``. ``-inf`` when no prefix qualifies.
@@ -179,12 +217,6 @@ def cutoff(
     k = min(int(candidates), vocab)
     kk = None if min_count is None else jnp.clip(min_count, 1, vocab).astype(jnp.int32)
     get_weights = weights if callable(weights) else (lambda: weights)
-
-    vals, ids = _candidates.top(keys, k) if top is None else top
-    w_cand = None
-    if target is not None:
-        w_cand = weights_at(vals, ids) if weights_at else jnp.take_along_axis(get_weights(), ids, axis=-1)
-    t, covered = candidate_cutoff(vals, w_cand, target, kk, strict, _candidates.complete(vals, vocab))
 
     def bits(w):
         u = order_key(keys)
@@ -199,101 +231,139 @@ def cutoff(
             best = jnp.minimum(_bisect(u, reached), order_key(jnp.max(keys, axis=-1)))
         return from_order_key(jnp.maximum(best, order_key(jnp.float32(-jnp.inf))))
 
-    def full():
-        if target is None:
-            return bits(None)
-        if log_normaliser is None:
-            best = bits(get_weights())
-        else:
-            found, ok = _probability_search(keys, log_normaliser, target, strict, (vals, w_cand), ~covered)
-            best = _candidates.choose(ok | covered, lambda: found, lambda: bits(get_weights()))
-        if kk is not None:
-            # The count criterion is a separate search (one max pass when every min_count <= 1)
-            # rather than a second reduction inside each pass.
-            best = jnp.minimum(best, kth_largest(keys, kk, k, top=(vals, ids)))
-        return best
+    def searched(top, active, covered):
+        found, ok = _value_search(search, target, strict, top, active)
+        return _candidates.choose(ok | covered, lambda: found, lambda: bits(get_weights()))
 
-    return _candidates.choose(covered, lambda: t, full)
+    def with_count(best, top):
+        # The count criterion is a separate search (one max pass when every min_count <= 1)
+        # rather than a second reduction inside each pass.
+        return best if kk is None else jnp.minimum(best, kth_largest(keys, kk, k, top=top))
+
+    def with_candidates():
+        vals, ids = _candidates.top(keys, k) if top is None else top
+        w_cand = None
+        if target is not None:
+            w_cand = weights_at(vals, ids) if weights_at else jnp.take_along_axis(get_weights(), ids, axis=-1)
+        t, covered = candidate_cutoff(vals, w_cand, target, kk, strict, _candidates.complete(vals, vocab))
+
+        def full():
+            if target is None:
+                return bits(None)
+            best = bits(get_weights()) if search is None else searched((vals, w_cand), ~covered, covered)
+            return with_count(best, (vals, ids))
+
+        return _candidates.choose(covered, lambda: t, full)
+
+    if search is None or search.uncovered is None or target is None:
+        return with_candidates()
+    everywhere = jnp.ones(search.uncovered.shape, bool)
+    return _math.cond(jnp.all(search.uncovered), lambda: with_count(searched(None, everywhere, ~everywhere), None),
+                      with_candidates)
 
 
-def _probability_search(
-    x: Array, lse: Array, target: Array, strict: bool, top: tuple[Array, Array], active: Array
+def _value_search(
+    search: Search, target: Array, strict: bool, top: tuple[Array, Array] | None, active: Array
 ) -> tuple[Array, Array]:
-    """Cut-off for logits ``x [..., V]`` weighted by their probabilities ``exp(x - lse)``.
+    """Cut-off for the keys and weights of ``search`` (:class:`Search`) by a search on the key value.
 
-    For rows whose ``k`` largest logits (``top``: their values and weights) do not reach the target:
-    a search on the logit *value* for a point ``lo`` whose mass ``m(lo)`` (of ``x >= lo``) reaches
-    the target by less than ``k - 2`` tokens' worth: every token at or above ``lo`` has probability
-    at least ``exp(lo - lse)``, so fewer than ``k - 2`` tokens then lie between ``lo`` and the
-    cut-off. Those tokens (the ``k`` smallest at or above ``lo``, one top-``k``) and ``m(lo)``
-    minus their cumulative sum give the cut-off exactly. Each step evaluates one masked sum at a
-    point interpolated linearly in the probit of the mass through the last two points (exact for
-    Gaussian logits, whose probability-weighted law is again Gaussian), kept inside the bracket
-    ``[lo, hi)`` of the points known to reach / miss the target. It starts from ``hi`` just above
-    the ``k``-th largest logit and ``lo = lse + log((1 - target) / V)`` (all tokens below hold less
-    than ``1 - target``): a flat row at ``V = 131072`` takes about 3 masked sums. Only ``active``
-    rows drive the loop.
+    For ``active`` rows (whose candidates do not resolve them; ``top``: the ``K`` largest keys and
+    their weights, or None): a search on the key *value* for a point ``lo`` whose mass ``m(lo)`` (of
+    ``key >= lo``) reaches the target with fewer than ``w - 1`` tokens (``w = 512``, the finish
+    window) between ``lo`` and the cut-off, either bounded by mass (every token at or above ``lo``
+    weighs at least ``exp(lo - floor)``, so ``m(lo) - target < (w - 2) exp(lo - floor)`` suffices)
+    or counted (fewer than ``w`` tokens in the bracket ``[lo, hi)``, ``hi`` a point that misses the
+    target; the mass bound alone rarely settles a typical window, whose heavy tokens make the mass
+    jump). The ``w`` smallest keys at or above ``lo`` (one top-``w``) and ``m(lo)`` minus their
+    cumulative sum then give the cut-off exactly. Each step evaluates one masked sum (and, from the
+    third step on, a count) at a point interpolated linearly in the probit of the mass through the
+    last two points (exact for Gaussian logits under top-p, whose probability-weighted law is again
+    Gaussian; with ``two_sided``, typical, in the probit of ``(1 + m) / 2``, the first secant through
+    key 0 and ``search.first``), kept inside ``[lo, hi)``. ``lo`` starts at ``start`` and ``hi`` just
+    above the ``K``-th largest key (above 0 without candidates). A flat row at ``V = 131072`` takes
+    2-3 steps under top-p and 3-7 under typical (the most a batch of 64 rows needed at ``p = 0.9``:
+    6-7). Only active rows drive the loop; each row's steps depend on that row alone.
 
     Returns:
       ``(t float32[...], ok bool[...])``: ``ok`` marks the rows resolved here; rounding, ties or a
       search that did not settle can leave a row unresolved (the caller then runs the bit bisection).
     """
-    vocab = x.shape[-1]
-    vals, w_cand = top
-    k, kth = vals.shape[-1], vals[..., -1]
-    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)[..., 0]  # rows with +-inf are covered, never active
-
-    def w(v):  # probabilities, computed where they are summed: one exp pass cheaper than storing them
-        return jnp.exp(v - lse[..., None])
-
-    lo = jnp.minimum(lse + jnp.log(jnp.maximum(1.0 - target, 0.0) / vocab), kth)
-    hi = jnp.nextafter(kth, jnp.inf)
-    # Every token above the k-th largest logit is a candidate: m(hi) is their mass.
-    m_hi = jnp.sum(jnp.where(vals > kth[..., None], w_cand, 0.0), axis=-1)
+    x, key, weight = search.x, search.key, search.weight
+    w = min(search.window, x.shape[-1])
+    floor = search.floor
+    # Rows without candidates start from hi just above 0, above every key: m(hi) = n(hi) = 0.
+    lo, hi = search.start, jnp.full(search.start.shape, np.finfo(np.float32).smallest_subnormal)
+    m_hi, n_hi = jnp.zeros(lo.shape), jnp.zeros(lo.shape, jnp.int32)
+    if top is not None:
+        vals, w_cand = top
+        kth = vals[..., -1]
+        # Every token above the k-th largest key is a candidate: m(hi), n(hi) are their mass and count.
+        above = vals > kth[..., None]
+        own = jnp.zeros(lo.shape, bool) if search.uncovered is None else search.uncovered  # as without candidates
+        lo = jnp.where(own, lo, jnp.minimum(lo, kth))
+        hi = jnp.where(own, hi, jnp.nextafter(kth, jnp.inf))
+        m_hi = jnp.where(own, m_hi, jnp.sum(jnp.where(above, w_cand, 0.0), axis=-1))
+        n_hi = jnp.where(own, n_hi, jnp.sum(above, axis=-1, dtype=jnp.int32))
     # m(lo) is not evaluated at the start (NaN): the first interpolation takes a guess instead.
     guess = 1.0 - 0.125 * (1.0 - target)
 
     def probit(m):
-        return ndtri(jnp.clip(m, 1e-6, 1.0 - 1e-6))
+        return ndtri(jnp.clip(0.5 + 0.5 * m if search.two_sided else m, 1e-6, 1.0 - 1e-6))
 
-    def settled(lo, hi, m_lo, m_hi, *points):
-        near = (m_lo - target) * (1.0 + 1e-3) < (k - 2) * jnp.exp(lo - lse)  # False while m_lo is NaN
-        return near | (jnp.nextafter(lo, jnp.inf) >= hi) | ~active
+    def settled(lo, hi, m_lo, m_hi, n_lo, n_hi, *points):
+        # Fewer than w - 1 tokens between lo and the cut-off: bounded by their mass, or counted.
+        near = (m_lo - target) * (1.0 + 1e-3) < (w - 2) * jnp.exp(lo - floor)  # False while m_lo is NaN
+        return near | (n_lo - n_hi < w) | (jnp.nextafter(lo, jnp.inf) >= hi) | ~active
 
-    def step(carry):
-        lo, hi, m_lo, m_hi, a, m_a, b, m_b = carry
+    unknown = x.shape[-1] + w  # n(lo) not counted: conservative (so is n(hi) = 0)
+
+    def step(carry, counted):
+        lo, hi, m_lo, m_hi, n_lo, n_hi, a, m_a, b, m_b = carry
         done = settled(*carry)
         # Secant through the last two points, aimed at the middle of the band that settles.
-        aim = target + 0.5 * (k - 2) * jnp.exp(lo - lse)
+        aim = target + 0.5 * (w - 2) * jnp.exp(lo - floor)
         z_a, z_b = (probit(jnp.where(jnp.isnan(m), guess, m)) for m in (m_a, m_b))
         mid = b + (a - b) * (z_b - probit(aim)) / (z_b - z_a)
         inner = jnp.where(jnp.isfinite(mid) & (mid > lo) & (mid < hi), mid, 0.5 * lo + 0.5 * hi)
         mid = jnp.clip(inner, jnp.nextafter(lo, jnp.inf), hi)
-        m = jnp.sum(jnp.where(x >= mid[..., None], w(x), 0.0), axis=-1)
+        inside = key(x) >= mid[..., None]
+        m = jnp.sum(jnp.where(inside, weight(x), 0.0), axis=-1)
+        # A second reduction per pass: only the later steps count (near the cut-off, where lumps of
+        # heavy tokens can keep the mass bound from settling).
+        n = jnp.sum(inside, axis=-1, dtype=jnp.int32) if counted else None
         reached = mass_reached(m, target, strict)
         up = reached & ~done
         down = ~reached & ~done & (mid < hi)
         moved = up | down
         return (
             jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, m, m_lo), jnp.where(down, m, m_hi),
+            jnp.where(up, unknown if n is None else n, n_lo), jnp.where(down, 0 if n is None else n, n_hi),
             jnp.where(moved, b, a), jnp.where(moved, m_b, m_a), jnp.where(moved, mid, b), jnp.where(moved, m, m_b),
         )
 
-    # Unrolled: a while loop would carry (and copy) x and w; a skipped cond costs nothing.
+    # Unrolled: a while loop would carry (and copy) x; a skipped cond costs nothing.
     # (a, m_a) and (b, m_b): the two points evaluated last, b the most recent.
     nan = jnp.full(lo.shape, jnp.nan)
-    carry = (lo, hi, nan, m_hi, lo, nan, hi, m_hi)
-    for _ in range(_SEARCH_STEPS):
-        carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, step, carry)
+    if search.two_sided:
+        # Key 0 (an empty window, mass 0) and a point that puts the first step at search.first.
+        aim = target + 0.5 * (w - 2) * jnp.exp(lo - floor)
+        points = (search.first, aim, jnp.zeros(lo.shape), jnp.zeros(lo.shape))
+    else:
+        points = (lo, nan, hi, m_hi)
+    carry = (lo, hi, nan, m_hi, jnp.full(lo.shape, unknown, jnp.int32), n_hi) + points
+    for i in range(_SEARCH_STEPS):
+        step_i = functools.partial(step, counted=i >= search.uncounted)
+        carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, step_i, carry)
     lo, _, m_lo = carry[:3]
-    # The k smallest tokens at or above lo, ascending; m(x >= v) = m(lo) - the mass below v.
-    neg, _ = _candidates.top(jnp.where(x >= lo[..., None], -x, -jnp.inf), k)
-    w_win = jnp.where(neg > -jnp.inf, w(-neg), 0.0)
+    # The w smallest keys at or above lo, ascending; m(key >= v) = m(lo) - the mass below v.
+    keys = key(x)
+    neg, ids = _candidates.top(jnp.where(keys >= lo[..., None], -keys, -jnp.inf), w)
+    w_win = jnp.where(neg > -jnp.inf, weight(jnp.take_along_axis(x, ids, axis=-1)), 0.0)
     below = jnp.cumsum(w_win, axis=-1) - w_win
     reached = mass_reached(m_lo[..., None] - below, target[..., None], strict) & (neg > -jnp.inf)
-    last = jnp.sum(reached, axis=-1) - 1  # reached is a prefix: m(x >= v) falls as v rises
+    last = jnp.sum(reached, axis=-1) - 1  # reached is a prefix: m(key >= v) falls as v rises
     t = -_take(neg, jnp.maximum(last, 0))
-    return t, (last >= 0) & ~_take(reached | (neg == -jnp.inf), jnp.minimum(last + 1, k - 1)) & (last < k - 1)
+    return t, (last >= 0) & ~_take(reached | (neg == -jnp.inf), jnp.minimum(last + 1, w - 1)) & (last < w - 1)
 
 
 def kth_largest(

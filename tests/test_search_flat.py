@@ -1,7 +1,7 @@
 """top_p / typical on rows whose cut-off lies beyond the candidates: the exact searches against a sort.
 
-``candidates=8`` on ``V = 4096`` forces every row through the value search (top-p) or the bit
-bisection (typical); rows are built so that the boundary sits on ties, on groups of equal
+``candidates=8`` on ``V = 4096`` forces every row through the value searches (or the bit bisection
+where they do not settle); rows are built so that the boundary sits on ties, on groups of equal
 probability (the target just above or below a group's exact mass), beside ``-inf`` entries, on a
 single finite token, with per-row ``p`` and ``min_keep``.
 """
@@ -56,3 +56,53 @@ def test_equal_mass_groups_are_kept_or_cut_whole():
     kept = np.asarray(_fns("top_p")[0](x, p, min_keep) > -jnp.inf).sum(-1)
     assert kept[5] == V and kept[6] == V // 2  # target just above / below the upper half's mass
     assert kept[2] >= 3000 and kept[8] == 1 and kept[9] == V  # min_keep, one finite token, all tied
+
+
+def _bisection_typical(x, p, min_keep, candidates):
+    """typical with the bit bisection as its only exact path (the implementation before the value search)."""
+    from jaxsample import _math, _threshold
+
+    x = _math.clean(x)
+    logp = _math.log_softmax(x)
+    probs, entropy = _math.entropy(logp)
+    keys = -jnp.abs(logp + entropy)
+    off = p >= 1
+    t = _threshold.cutoff(keys, weights=probs, target=jnp.where(off, 0.0, p), min_count=jnp.maximum(min_keep, 1),
+                          strict=True, candidates=candidates)
+    return jnp.where(off[:, None] | (keys >= t[:, None]), x, -jnp.inf)
+
+
+def _typical_rows(seed):
+    rng = np.random.default_rng(seed)
+    n = 24
+    x = rng.normal(size=(n, V)).astype(np.float32) * rng.uniform(0.5, 3.0, size=(n, 1)).astype(np.float32)
+    x[1] = np.round(x[1] * 2) / 2  # ties
+    x[2] = -1.6 * np.log(1 + rng.permutation(V)).astype(np.float32)  # peaked (Zipf)
+    x[3, rng.random(V) < 0.7] = -np.inf
+    x[4] = -np.inf  # empty row
+    x[5, :100] = np.nan
+    x[6, 7] = np.inf
+    x[7, :100] = np.inf  # more +inf tokens than candidates
+    x[8] = 0.0  # uniform
+    x[9] = np.where(np.arange(V) < 3, 5.0, x[9])
+    p = rng.choice(np.array([1e-6, 0.2, 0.5, 0.9, 0.95, 0.999, 1 - 1e-7, 1.0], np.float32), size=n)
+    p[:12] = [0.9, 0.5, 0.9, 0.95, 0.9, 0.9, 0.9, 0.9, 0.5, 0.9, 0.999, 1e-6]
+    min_keep = rng.choice(np.array([1, 1, 1, 5, 3000], np.int32), size=n)
+    return jnp.asarray(x), jnp.asarray(p), jnp.asarray(min_keep)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_typical_value_search_is_the_bit_bisection(seed):
+    """The value search keeps what the exhaustive bit bisection keeps, with and without candidates
+    (a batch of flat rows skips them), and a row alone equals its row of the batch."""
+    x, p, min_keep = _typical_rows(seed)
+    fast = jax.jit(functools.partial(js.typical, candidates=8))
+    bisection = jax.jit(functools.partial(_bisection_typical, candidates=8))
+    got = np.asarray(fast(x, p, min_keep))
+    np.testing.assert_array_equal(got, np.asarray(bisection(x, p, min_keep)))
+    for i in (0, 2, 3, 7, 9):
+        np.testing.assert_array_equal(np.asarray(fast(x[i:i + 1], p[i:i + 1], min_keep[i:i + 1]))[0], got[i])
+    flat, p_flat, one = x[10:], jnp.full((14,), 0.9), jnp.ones((14,), jnp.int32)  # no candidates
+    got = np.asarray(fast(flat, p_flat, one))
+    np.testing.assert_array_equal(got, np.asarray(bisection(flat, p_flat, one)))
+    np.testing.assert_array_equal(np.asarray(fast(x[:11], jnp.full((11,), 0.9), one[:11]))[10], got[0])

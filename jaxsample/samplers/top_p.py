@@ -2,7 +2,8 @@
 
 The cut-off is searched without a sort (:mod:`jaxsample._threshold`): the cumulative mass of the
 ``K`` largest logits when the nucleus lies among them, else an exact search on the logit value
-(secant steps in the probit of the mass, finished on ``K`` tokens; the bit bisection if that fails).
+(secant steps in the probit of the mass, finished on the 512 smallest logits above the lower end it
+settles on, :func:`jaxsample._threshold._value_search`; the bit bisection if that fails).
 The stage is an entry of the candidate fast path (after it, a row's nucleus is its candidates)
 and has a candidate form (top-p after another filter).
 
@@ -50,15 +51,21 @@ def _cut(x: Array, p: Array, min_count: Array, candidates: int, top) -> Array:
     """``float32[*B]`` cut-off (keep ``x >= t``) for ``p >= 0`` and ``min_count >= 1``."""
     lse = _log_normaliser(x, top)
     off = p >= 1
+    target = jnp.where(off, 0.0, p)
+    # Rows with an infinite lse are covered by the candidates: the search never reads them.
+    c = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    # Every token below lse + log((1 - p) / V) holds less than (1 - p) / V.
+    start = c[..., 0] + jnp.log(jnp.maximum(1.0 - target, 0.0) / x.shape[-1])
+    search = _threshold.Search(x, lambda v: v, lambda v: jnp.exp(v - c), c[..., 0], start)
     t = _threshold.cutoff(
         x,
         weights=lambda: _probs(x, lse),
         weights_at=lambda vals, ids: _probs(vals, lse),
-        target=jnp.where(off, 0.0, p),
+        target=target,
         min_count=min_count,
         candidates=candidates,
         top=top,
-        log_normaliser=lse,
+        search=search,
     )
     return jnp.where(off, -jnp.inf, t)
 

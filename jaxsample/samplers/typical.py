@@ -1,11 +1,16 @@
 """Locally typical sampling (llama.cpp ``typical``, HF ``TypicalLogitsWarper``).
 
 Tokens are taken in increasing distance ``|-log p - H|`` from the entropy until their mass exceeds
-``p``: a cut-off search over the negated distances (:mod:`jaxsample._threshold`), no sort.
+``p``: a cut-off search over the negated distances (:mod:`jaxsample._threshold`), no sort. The
+``K`` tokens nearest the entropy resolve most peaked rows; other rows take an exact search on the
+distance (two-sided secant steps in the probit of the mass, the first at a Gaussian guess, finished
+on 512 tokens; the bit bisection where that does not settle). Log-probabilities, distances and
+probabilities are recomputed from the logits in each pass that reads them, never stored.
 
-Sharding/TPU: rows are independent; shard the batch axis. A log-softmax, the entropy and a
-cut-off search over the vocabulary; skipping off batches and the exact fallback are batch-level
-``lax.cond``s (an all-reduce of one bool under GSPMD; both branches under ``vmap``).
+Sharding/TPU: rows are independent; shard the batch axis. A log-softmax normaliser, the entropy
+and a cut-off search over the vocabulary; skipping off batches, the candidates, the exact fallback
+and each search step are batch-level ``lax.cond``s (an all-reduce of one bool under GSPMD; both
+branches under ``vmap``).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+from jax.scipy.special import ndtri
 
 from jaxsample import _fastpath, _math, _threshold, _validate
 from jaxsample._candidates import DEFAULT_CANDIDATES
@@ -26,16 +32,38 @@ def _typical(x: Array, p: Array, min_keep: Array, candidates: int) -> Array:
     off = p >= 1
 
     def apply():
-        logp = _math.log_softmax(x)
-        probs, entropy = _math.entropy(logp)
-        keys = -jnp.abs(logp + entropy)
+        # Log-probabilities, probabilities and keys are recomputed from x in each pass that uses them.
+        m, _, log_sum = _math.shifted_normaliser(x)
+        logp = _math.log_probs(x, m)
+        entropy = _math.entropy(logp(x))[1]
+
+        def key(v):
+            return -jnp.abs(logp(v) + entropy)
+
+        def weight(v):
+            return jnp.exp(logp(v))
+
+        target = jnp.where(off, 0.0, p)
+        h, vocab = entropy[..., 0], x.shape[-1]
+        # Below the key -d with d >= H (no log-probability exceeds 0 = -H + H) and d >= log(V / (1 - p)) - H
+        # lie only tokens of probability < exp(-H - d) <= (1 - p) / V.
+        start = -jnp.maximum(h, jnp.log(vocab / jnp.maximum(1.0 - target, 0.0)) - h)
+        # Gaussian logits of deviation s have H = log V - s^2 / 2 and log-probabilities distributed
+        # (by mass) as N(-H, s^2): the window of mass p has half-width s * probit((1 + p) / 2).
+        s = jnp.sqrt(2.0 * jnp.maximum(jnp.log(jnp.float32(vocab)) - h, 1e-6))
+        first = -s * ndtri(jnp.clip(0.5 + 0.5 * target, 0.5, 1.0 - 1e-6))
+        # The K candidates weigh at most K times the largest probability, exp(-log_sum).
+        uncovered = jnp.isfinite(m[..., 0]) & (candidates * jnp.exp(-log_sum[..., 0]) * (1.0 + 1e-3) < target)
+        keys = key(x)
         t = _threshold.cutoff(
             keys,
-            weights=probs,
-            target=jnp.where(off, 0.0, p),
+            weights=lambda: weight(x),
+            weights_at=lambda vals, ids: weight(jnp.take_along_axis(x, ids, axis=-1)),
+            target=target,
             min_count=jnp.maximum(min_keep, 1),
             strict=True,
             candidates=candidates,
+            search=_threshold.Search(x, key, weight, h, start, first, uncovered, two_sided=True, window=512, uncounted=2),
         )
         return _math.keep(x, off[..., None] | (keys >= t[..., None]))
 
@@ -65,6 +93,7 @@ def typical(
       ``[..., V]`` logits in the input dtype.
 
     >>> import jax.numpy as jnp
+from jax.scipy.special import ndtri
     >>> x = jnp.log(jnp.array([0.4, 0.2, 0.2, 0.2]))
     >>> (typical(x, 0.5) > -jnp.inf).tolist()
     [False, True, True, True]
