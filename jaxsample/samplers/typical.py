@@ -93,7 +93,6 @@ def typical(
       ``[..., V]`` logits in the input dtype.
 
     >>> import jax.numpy as jnp
-from jax.scipy.special import ndtri
     >>> x = jnp.log(jnp.array([0.4, 0.2, 0.2, 0.2]))
     >>> (typical(x, 0.5) > -jnp.inf).tolist()
     [False, True, True, True]
