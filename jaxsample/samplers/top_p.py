@@ -2,7 +2,7 @@
 
 The cut-off is searched without a sort (:mod:`jaxsample._threshold`): the cumulative mass of the
 ``K`` largest logits when the nucleus lies among them, else an exact search on the logit value
-(secant steps in the probit of the mass, finished on the 512 smallest logits above the lower end it
+(secant steps in the probit of the mass, finished on the 64 smallest logits above the lower end it
 settles on, :func:`jaxsample._threshold._value_search`; the bit bisection if that fails).
 The stage is an entry of the candidate fast path (after it, a row's nucleus is its candidates)
 and has a candidate form (top-p after another filter).
