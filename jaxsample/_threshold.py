@@ -269,7 +269,7 @@ def _value_search(
 
     For ``active`` rows (whose candidates do not resolve them; ``top``: the ``K`` largest keys and
     their weights, or None): a search on the key *value* for a point ``lo`` whose mass ``m(lo)`` (of
-    ``key >= lo``) reaches the target with fewer than ``w - 1`` tokens (``w = 512``, the finish
+    ``key >= lo``) reaches the target with fewer than ``w - 1`` tokens (``w = search.window``, the finish
     window) between ``lo`` and the cut-off, either bounded by mass (every token at or above ``lo``
     weighs at least ``exp(lo - floor)``, so ``m(lo) - target < (w - 2) exp(lo - floor)`` suffices)
     or counted (fewer than ``w`` tokens in the bracket ``[lo, hi)``, ``hi`` a point that misses the
