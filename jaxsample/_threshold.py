@@ -275,8 +275,8 @@ def _value_search(
     or counted (fewer than ``w`` tokens in the bracket ``[lo, hi)``, ``hi`` a point that misses the
     target; the mass bound alone rarely settles a typical window, whose heavy tokens make the mass
     jump). The ``w`` smallest keys at or above ``lo`` (one top-``w``) and ``m(lo)`` minus their
-    cumulative sum then give the cut-off exactly. Each step evaluates one masked sum (and, from the
-    third step on, a count) at a point interpolated linearly in the probit of the mass through the
+    cumulative sum then give the cut-off exactly. Each step evaluates one masked sum (and, after
+    ``search.uncounted`` steps, a count) at a point interpolated linearly in the probit of the mass through the
     last two points (exact for Gaussian logits under top-p, whose probability-weighted law is again
     Gaussian; with ``two_sided``, typical, in the probit of ``(1 + m) / 2``, the first secant through
     key 0 and ``search.first``), kept inside ``[lo, hi)``. ``lo`` starts at ``start`` and ``hi`` just
