@@ -54,18 +54,10 @@ def _scale(x: Array, t: Array, m: Array | None = None) -> Array:
 
 def _entropy(x: Array) -> tuple[Array, Array]:
     """``(m, H)``, each ``float32[*B, 1]``: the row maximum and :func:`_math.entropy` of
-    :func:`_math.log_softmax` of NaN-free ``x [*B, V]``, without writing the log-probabilities.
-
-    Rows without ``+inf`` logits fuse the log-softmax into the entropy's reduction (the same
-    elementwise ops, so the same bits); a batch holding ``+inf`` takes the two functions as they are.
-    """
-    m, shift, log_sum = _math.shifted_normaliser(x)
-
-    def fused():
-        logp = jnp.where(x > -jnp.inf, (x - shift) - log_sum, -jnp.inf)
-        return _math.entropy(logp)[1]
-
-    return m, _math.cond(jnp.any(m == jnp.inf), lambda: _math.entropy(_math.log_softmax(x))[1], fused)
+    :func:`_math.log_softmax` of NaN-free ``x [*B, V]``, without writing the log-probabilities
+    (:func:`_math.log_probs` computes them inside the entropy's reduction: the same bits)."""
+    m = _math.row_max(x)
+    return m, _math.entropy(_math.log_probs(x, m)(x))[1]
 
 
 def _finite_count(x: Array, m: Array) -> Array:
