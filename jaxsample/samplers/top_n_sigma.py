@@ -39,7 +39,8 @@ def _top_n_sigma(x: Array, n: Array) -> Array:
         shift = jnp.where(jnp.isfinite(top), top, 0.0)
         _, e = jnp.frexp(shift)
         k = jnp.where(e > 60, e - 20, 0)
-        d = jnp.where(finite, x * _pow2(-k) - shift * _pow2(-k), 0.0)
+        scale = _pow2(-k)
+        d = jnp.where(finite, x * scale - shift * scale, 0.0)
         mean = jnp.sum(d, axis=-1, keepdims=True) / count
         var = jnp.sum(jnp.where(finite, jnp.square(d - mean), 0.0), axis=-1, keepdims=True) / count
         std = jnp.sqrt(var) * _pow2(k)
