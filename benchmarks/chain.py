@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxsample as js
-from benchmarks.samplers import flat_logits, lse_pass, peaked_logits, time_interleaved, time_ms
+from benchmarks.samplers import flat_logits, lse_pass, markdown, peaked_logits, time_interleaved, time_ms
 from jaxsample import presets
 from tests import reference_samplers as ref
 
@@ -61,6 +61,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=131072)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--markdown", action="store_true", help="also print the README table")
     args = parser.parse_args(argv)
     b, v = args.batch, args.vocab
     sets = {"peaked": peaked_logits(jax.random.key(0), b, v), "flat": flat_logits(jax.random.key(0), b, v)}
@@ -74,12 +75,17 @@ def main(argv=None):
     header = f"{'case':<17}{'logits':<8}{'jaxsample ms':>13}{'sorted ms':>11}{'speed-up':>10}{'in lse passes':>15}"
     print(header)
     print("-" * len(header))
+    results = {}
     for name, fast, slow in cases:
         for set_name, x in sets.items():
             ms = time_interleaved({"fast": fast, "lse": lse_pass}, x, args.repeats)
             f = ms["fast"]
             s = time_ms(slow, x, 2)
+            results[name, set_name] = dict(ms=f, lse_ms=ms["lse"], speedup=s / f, passes=f / ms["lse"])
             print(f"{name:<17}{set_name:<8}{f:>13.1f}{s:>11.1f}{s / f:>9.1f}x{f / ms['lse']:>15.1f}", flush=True)
+    if args.markdown:
+        print("\n" + markdown(results, "case (`benchmarks/chain.py`, logits -> token)", "the sorted chain"))
+    return results
 
 
 if __name__ == "__main__":

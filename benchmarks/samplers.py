@@ -118,6 +118,39 @@ def lse_pass(x):
     return jax.nn.logsumexp(x, axis=-1)
 
 
+def cpu_name() -> str:
+    """The host CPU's model name (the pass unit depends on it), or the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor() or "unknown CPU"
+
+
+def markdown(results: dict, first: str, ratio_of: str) -> str:
+    """README rows from ``{(case, set): {"ms", "ref_ms", "passes"}}``: one row per case, peaked / flat side by side."""
+    import os
+
+    def pair(case, key, fmt):
+        values = [results[case, s][key] for s in ("peaked", "flat") if (case, s) in results]
+        return " / ".join("-" if v != v else fmt.format(v) for v in values)
+
+    lse_ms = [r["lse_ms"] for r in results.values()]
+    lse = f"{min(lse_ms):.1f}-{max(lse_ms):.1f}"
+    lines = [
+        f"<!-- {jax.default_backend()}, {cpu_name()}, jax {jax.__version__}, load average "
+        f"{os.getloadavg()[0]:.1f}; one logsumexp pass (ms): {lse} -->",
+        f"| {first} | passes peaked / flat | ms peaked / flat | speed-up over {ratio_of} (peaked / flat) |",
+        "|---|---:|---:|---:|",
+    ]
+    for case in dict.fromkeys(c for c, _ in results):
+        lines.append(f"| {case} | {pair(case, 'passes', '{:.1f}')} | {pair(case, 'ms', '{:.1f}')} | "
+                     f"{pair(case, 'speedup', '{:.0f}x')} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=64)
@@ -126,6 +159,7 @@ def main(argv=None):
     parser.add_argument("--ref-repeats", type=int, default=2, help="timed calls of the (slow) references")
     parser.add_argument("--only", nargs="*", default=None, help="case names starting with these words")
     parser.add_argument("--no-reference", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="also print the README table")
     args = parser.parse_args(argv)
 
     key = jax.random.key(0)
@@ -138,6 +172,7 @@ def main(argv=None):
     header = f"{'case':<18}{'logits':<8}{'fast ms':>10}{'ref ms':>11}{'speed-up':>10}{'lse passes':>12}"
     print(header)
     print("-" * len(header))
+    results = {}
     for case in cases:
         for set_name, x in sets.items():
             ms = time_interleaved({"fast": case.fast, "lse": lse_pass}, x, args.repeats)
@@ -147,7 +182,11 @@ def main(argv=None):
                 ref_ms = time_ms(case.reference, x, args.ref_repeats)
                 ratio = ref_ms / ms["fast"]
             passes = ms["fast"] / ms["lse"]
+            results[case.name, set_name] = dict(ms=ms["fast"], lse_ms=ms["lse"], speedup=ratio, passes=passes)
             print(f"{case.name:<18}{set_name:<8}{ms['fast']:>10.1f}{ref_ms:>11.1f}{ratio:>9.1f}x{passes:>12.1f}", flush=True)
+    if args.markdown:
+        print("\n" + markdown(results, "function (`benchmarks/samplers.py`)", "the sorted reference"))
+    return results
 
 
 if __name__ == "__main__":
