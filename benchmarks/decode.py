@@ -129,6 +129,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--beams", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--markdown", action="store_true", help="also print the README table row")
     ap.add_argument(
         "--chain", default=None, help="module:function returning a Sampler (default: llama.cpp chain)"
     )
@@ -198,6 +199,10 @@ def main(argv=None) -> dict:
     overhead = med["chain"] / med["greedy"] - 1.0
     beam_ratio = med[f"beam {args.beams}"] / med["greedy"]
     print(f"chain overhead over greedy: {100 * overhead:+.1f}%   (beam {args.beams}: {beam_ratio:.2f}x greedy time)")
+    if args.markdown:  # the README row: ms per step
+        step = {k: f"{1000 * t / n:.1f}" for k, t in med.items()}
+        print(f"| {args.d_model} | {step['model only']} | {step['greedy']} | {step['chain']} | {100 * overhead:+.1f}% "
+              f"| {step[f'beam {args.beams}']} ({beam_ratio:.2f}x greedy) |")
     return {"median_s": med, "chain_overhead": overhead}
 
 
