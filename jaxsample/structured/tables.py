@@ -339,19 +339,23 @@ def stack(
     return Tables(*jax.device_put(arrays), depth=d, max_pops=max_pops, window=window)  # one transfer call: ~4x faster
 
 
-def _row_modes(nxt: np.ndarray, live: np.ndarray) -> np.ndarray:
-    """``int[S]``: the most common live value of each row (the smallest among equally common ones; 0 if none)."""
-    rows, cols = nxt.shape
-    keyed = np.where(live, nxt.astype(np.int64), int(nxt.max(initial=0)) + 1 + np.arange(cols))  # dead: distinct, last
-    flat = np.sort(keyed, axis=1).ravel()
-    new = np.ones(flat.size, bool)
-    new[1:] = flat[1:] != flat[:-1]
-    new[::cols] = True
-    first = np.flatnonzero(new)
-    length = np.diff(np.append(first, flat.size))
-    row = first // cols
-    order = np.lexsort((-length, row))  # per row, the longest run first (stable: the smallest value on ties)
-    return np.where(live.any(axis=1), flat[first[order[np.searchsorted(row[order], np.arange(rows))]]], 0)
+def _row_modes(row: np.ndarray, value: np.ndarray, rows: int) -> np.ndarray:
+    """``int[rows]``: the most common value per row of sparse entries (the smallest among equally common
+    ones; 0 for a row without entries)."""
+    out = np.zeros(rows, np.int64)
+    if row.size == 0:
+        return out
+    span = int(value.max()) + 1
+    key = np.sort(row.astype(np.int64) * span + value, kind="stable")  # (timsort: rows come sorted, values in runs)
+    first = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))  # runs of one value in one row
+    length = np.diff(np.append(first, key.size))
+    run_row = key[first] // span
+    starts = np.flatnonzero(np.concatenate([[True], run_row[1:] != run_row[:-1]]))  # each row's first run
+    best = np.repeat(np.maximum.reduceat(length, starts), np.diff(np.append(starts, run_row.size)))
+    top = np.flatnonzero(length == best)  # the longest runs; per row the first has the smallest value
+    top = top[np.concatenate([[True], run_row[top[1:]] != run_row[top[:-1]]])]
+    out[run_row[top]] = key[first[top]] % span
+    return out
 
 
 def _bitsets(sets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -373,14 +377,18 @@ def _packed_next(nxt: np.ndarray):
       targets int[N])``; set 0 is the dead state's (empty) in both.
     """
     live = nxt != 0
+    at = np.flatnonzero(live)  # row-major
+    value, r = nxt.ravel()[at], at // nxt.shape[1]
+    default = _row_modes(r, value, nxt.shape[0])
+    keep = value != default[r]
+    exc = np.zeros_like(live)
+    exc.ravel()[at[keep]] = True
     first_live, live_set = unique_rows(live)  # the dead state (row 0) comes first
-    default = _row_modes(nxt, live)
-    exc = live & (nxt != default[:, None])
     first, pattern = unique_rows(exc)
     bits, rank = _bitsets(exc[first])
-    count = exc.sum(axis=1)
+    count = np.bincount(r[keep], minlength=nxt.shape[0])
     offset = np.where(count > 0, np.cumsum(count) - count, 0)  # 0 where never read: offsets stay below N
-    return live_set, _bitsets(live[first_live])[0], default, pattern, bits, rank, offset, nxt[exc]
+    return live_set, _bitsets(live[first_live])[0], default, pattern, bits, rank, offset, value[keep]
 
 
 def _blocks(masks: np.ndarray):
