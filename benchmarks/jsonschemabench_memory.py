@@ -52,7 +52,8 @@ def main(argv=None):
     total = np.array([sum(b for b, _, _ in f.values()) for f in found])
     median = found[int(np.argsort(total)[len(total) // 2])]
     mib = " / ".join(f"{v / 2**20:.3g}" for v in np.percentile(total, [50, 90, 100]))
-    print(f"{len(found)} of {len(records)} schemas compiled (every {args.every}th, {args.timeout} s): device MiB p50 / p90 / max {mib}")
+    print(f"{len(found)} of {len(records)} schemas compiled (sample indices 0, {args.every}, {2 * args.every}, ...; "
+          f"{args.timeout} s each): device MiB p50 / p90 / max {mib}")
     print("| array | total MiB | share | median grammar |\n|---|---|---|---|")
     for name in sorted(found[0], key=lambda k: -sum(f[k][0] for f in found)):
         s = sum(f[name][0] for f in found)

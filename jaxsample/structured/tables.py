@@ -18,15 +18,14 @@ unconstrained). Per step, for a row in state ``s`` of grammar ``g``::
 blocks are empty or shared by many masks (8x fewer blocks than mask words at the median of
 JSONSchemaBench), so a mask costs ``V/256`` block ids plus its distinct blocks.
 
-**next** is stored per state as its live class set (one of ``U`` distinct sets, a bitset over
-classes: ``live_bits[row_live[s]]``), a *default* target (the most common target of its live
-classes: the state itself inside strings, a counter's next state, ...) and the *exceptions*: live
-classes whose target differs. A state's exception set is one of ``U`` distinct class sets
-``p = row_pattern[s]``, a bitset ``pattern_bits[p]`` with the count of set bits before each word
-(``pattern_rank[p]``); the exception targets of every state lie in ``targets`` from
-``row_offset[s]`` on::
+**next** is stored per state as its live classes, a *default* target (the most common target of
+its live classes: the state itself inside strings, a counter's next state, ...) and the
+*exceptions*: live classes whose target differs. A state's pair of class sets (live, exceptions)
+is one of ``U`` distinct pairs ``p = row_sets[s]``, bitsets over classes (``live_bits[p]``,
+``pattern_bits[p]``) with the count of exceptions before each word (``pattern_rank[p]``); the
+exception targets of every state lie in ``targets`` from ``row_offset[s]`` on::
 
-    live = live_bits[g, row_live[g, s], c // 32] >> c % 32 & 1
+    live = live_bits[g, p, c // 32] >> c % 32 & 1
     w    = pattern_bits[g, p, c // 32]
     k    = pattern_rank[g, p, c // 32] + popcount(w & ((1 << c % 32) - 1))
     s'   = where(live, where(w >> c % 32 & 1, targets[g, row_offset[g, s] + k], row_default[g, s]), 0)
@@ -100,9 +99,8 @@ class Tables:
     ``idx`` below is the smallest of ``uint8`` / ``uint16`` / ``int32`` holding the values' bucket.
 
     Attributes:
-      row_live: ``idx[G, S]`` each state's live class set (0: none).
+      row_sets: ``idx[G, S]`` each state's pair of class sets (live, exceptions; 0: the dead state's, empty).
       live_bits: ``uint32[G, U, ceil(C/32)]`` the live class sets as bitsets (bit ``c % 32`` of word ``c // 32``).
-      row_pattern: ``idx[G, S]`` each state's exception class set (0: none).
       pattern_bits: ``uint32[G, U, ceil(C/32)]`` the exception class sets as bitsets.
       pattern_rank: ``idx[G, U, ceil(C/32)]`` set bits of an exception set before each word.
       row_default: ``idx[G, S]`` each state's next state for live classes outside its exception set.
@@ -127,9 +125,8 @@ class Tables:
       window: static number of stack-dependent tokens examined per row and step.
     """
 
-    row_live: Array
+    row_sets: Array
     live_bits: Array
-    row_pattern: Array
     pattern_bits: Array
     pattern_rank: Array
     row_default: Array
@@ -216,7 +213,7 @@ def stack(
       num_states: fixed ``S`` (default: the power-of-two bucket, at least ``MIN_STATES``).
       num_classes: fixed ``C`` (default: the power-of-two bucket, at least ``MIN_CLASSES``).
       num_masks: fixed ``U`` (default: the power-of-two bucket, at least ``MIN_MASKS``), for the
-        distinct bitmasks and the distinct live and exception class sets of ``next`` alike.
+        distinct bitmasks and the distinct pairs of class sets of ``next`` alike.
       num_transitions: fixed ``N``, the stored exceptions of ``next`` of a grammar, at most its
         live (state, class) pairs (default: the power-of-two bucket, at least ``MIN_TRANSITIONS``).
       num_blocks: fixed ``K``, the distinct mask blocks of a grammar (default: the power-of-two
@@ -253,8 +250,8 @@ def stack(
     c = _size(num_classes, max(g.num_classes for g in grammars), MIN_CLASSES, "num_classes", sizes)
     packed = [_packed_next(g.next) for g in grammars]
     blocked = [_blocks(g.masks) for g in grammars]
-    u = _size(num_masks, max(max(g.masks.shape[0], p[1].shape[0], p[4].shape[0]) for g, p in zip(grammars, packed)),
-              MIN_MASKS, "num_masks", sizes)  # fmt: skip
+    u = _size(num_masks, max(max(g.masks.shape[0], p[1].shape[0]) for g, p in zip(grammars, packed)), MIN_MASKS,
+              "num_masks", sizes)  # fmt: skip
     n_live = _size(num_transitions, max(p[-1].size for p in packed), MIN_TRANSITIONS, "num_transitions", sizes)
     k_size = _size(num_blocks, max(b[1].shape[0] for b in blocked), MIN_BLOCKS, "num_blocks", sizes)
     d = _size(num_depth, max(max(limits), 1), MIN_DEPTH, "num_depth", sizes) if rec else int(num_depth or 0)
@@ -275,9 +272,8 @@ def stack(
     v = vocab.pop()
     s_rec, s_pop = (s if rec else 1), (s if window else 1)  # stack arrays only where the code reads them
     cw = -(-c // 32)
-    row_live = np.zeros((n, s), _index_dtype(u))
+    row_sets = np.zeros((n, s), _index_dtype(u))
     live_bits = np.zeros((n, u, cw), np.uint32)
-    row_pattern = np.zeros((n, s), _index_dtype(u))
     pattern_bits = np.zeros((n, u, cw), np.uint32)
     pattern_rank = np.zeros((n, u, cw), _index_dtype(c))
     row_default = np.zeros((n, s), _index_dtype(s + n_eff))
@@ -300,11 +296,10 @@ def stack(
     start = np.zeros(n, np.int32)  # padding grammars: start in the dead state
     for i, (g, p) in enumerate(zip(grammars, pds)):
         k = g.num_states
-        live, live_sets, default, pattern, bits, rank, offset, exc = packed[i]
+        pair, live, default, bits, rank, offset, exc = packed[i]
         remap = lambda x: np.where(x >= k, x - k + s, x)  # noqa: E731  (effects follow the padded states)
-        row_live[i, :k] = live
-        live_bits[i, : live_sets.shape[0], : live_sets.shape[1]] = live_sets
-        row_pattern[i, :k] = pattern
+        row_sets[i, :k] = pair
+        live_bits[i, : live.shape[0], : live.shape[1]] = live
         pattern_bits[i, : bits.shape[0], : bits.shape[1]] = bits
         pattern_rank[i, : rank.shape[0], : rank.shape[1]] = rank
         row_default[i, :k] = remap(default)
@@ -334,7 +329,7 @@ def stack(
             pop_token[i, : p.pop_token.size] = p.pop_token
         bottom[i] = p.bottom
         limit[i] = limits[i]
-    arrays = [row_live, live_bits, row_pattern, pattern_bits, pattern_rank, row_default, row_offset, targets, class_of, forced, start, mask_id,
+    arrays = [row_sets, live_bits, pattern_bits, pattern_rank, row_default, row_offset, targets, class_of, forced, start, mask_id,
               mask_rows, mask_blocks, accept, need, effect, pop_start, pop_count, pop_token, bottom, limit, eos]  # fmt: skip
     return Tables(*jax.device_put(arrays), depth=d, max_pops=max_pops, window=window)  # one transfer call: ~4x faster
 
@@ -369,12 +364,12 @@ def _bitsets(sets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _packed_next(nxt: np.ndarray):
-    """``next`` as live sets, defaults and exceptions (see the module docstring).
+    """``next`` as pairs of class sets, defaults and exceptions (see the module docstring).
 
     Returns:
-      ``(live set int[S], live sets uint32[L, ceil(C/32)], default int[S], exception set int[S],
-      exception sets uint32[P, ceil(C/32)], their ranks int[P, ceil(C/32)], offset int[S],
-      targets int[N])``; set 0 is the dead state's (empty) in both.
+      ``(pair int[S], live sets uint32[P, ceil(C/32)], default int[S], exception sets
+      uint32[P, ceil(C/32)], their ranks int[P, ceil(C/32)], offset int[S], targets int[N])``;
+      pair 0 is the dead state's (empty).
     """
     live = nxt != 0
     at = np.flatnonzero(live)  # row-major
@@ -383,12 +378,11 @@ def _packed_next(nxt: np.ndarray):
     keep = value != default[r]
     exc = np.zeros_like(live)
     exc.ravel()[at[keep]] = True
-    first_live, live_set = unique_rows(live)  # the dead state (row 0) comes first
-    first, pattern = unique_rows(exc)
+    first, pair = unique_rows(np.concatenate([live, exc], axis=1))  # the dead state (row 0) comes first
     bits, rank = _bitsets(exc[first])
     count = np.bincount(r[keep], minlength=nxt.shape[0])
     offset = np.where(count > 0, np.cumsum(count) - count, 0)  # 0 where never read: offsets stay below N
-    return live_set, _bitsets(live[first_live])[0], default, pattern, bits, rank, offset, value[keep]
+    return pair, _bitsets(live[first])[0], default, bits, rank, offset, value[keep]
 
 
 def _blocks(masks: np.ndarray):
@@ -401,10 +395,10 @@ def _blocks(masks: np.ndarray):
 
 
 def _next(tables: Tables, g: Array, q: Array, cls: Array) -> Array:
-    """``next[g, q, cls]`` from the live sets, defaults and exceptions (0 where dead); any matching shapes."""
+    """``next[g, q, cls]`` from the class sets, defaults and exceptions (0 where dead); any matching shapes."""
+    p = tables.row_sets[g, q].astype(jnp.int32)
     bit = (cls & 31).astype(jnp.uint32)
-    live = (tables.live_bits[g, tables.row_live[g, q].astype(jnp.int32), cls >> 5] >> bit) & 1 != 0
-    p = tables.row_pattern[g, q].astype(jnp.int32)
+    live = (tables.live_bits[g, p, cls >> 5] >> bit) & 1 != 0
     word = tables.pattern_bits[g, p, cls >> 5]
     below = lax.population_count(word & ((jnp.uint32(1) << bit) - 1)).astype(jnp.int32)
     at = tables.row_offset[g, q].astype(jnp.int32) + tables.pattern_rank[g, p, cls >> 5].astype(jnp.int32) + below
