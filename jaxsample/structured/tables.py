@@ -15,8 +15,8 @@ unconstrained). Per step, for a row in state ``s`` of grammar ``g``::
     s'            = next[g, s, class_of[g, token]]            # a few scalar gathers (packed, below)
 
 **Masks** are cut into blocks of ``BLOCK`` words (256 tokens), deduplicated per grammar: most
-blocks are empty or shared by many masks (8x fewer blocks than mask words at the median of
-JSONSchemaBench), so a mask costs ``V/256`` block ids plus its distinct blocks.
+blocks are empty or shared by many masks (on JSONSchemaBench 4-32x fewer distinct blocks than
+mask blocks, 9x at the median), so a mask costs ``V/256`` block ids plus its distinct blocks.
 
 **next** is stored per state as its live classes, a *default* target (the most common target of
 its live classes: the state itself inside strings, a counter's next state, ...) and the
@@ -31,8 +31,8 @@ exception targets of every state lie in ``targets`` from ``row_offset[s]`` on::
     s'   = where(live, where(w >> c % 32 & 1, targets[g, row_offset[g, s] + k], row_default[g, s]), 0)
 
 The earlier forms held more: the dense ``[S, C]`` table 2.6-5.8x the bytes of the unpadded one,
-itself 15-25x the live entries; every live entry with an ``int16[U, C]`` rank table, up to 7x the
-exceptions; and the full ``uint32[U, V/32]`` masks.
+itself 15-25x the live entries; every live entry with an ``int16[U, C]`` rank table, 1.2-18x the
+exceptions (3.2x at the median of JSONSchemaBench); and the full ``uint32[U, V/32]`` masks.
 
 A row's state is a :class:`GrammarState`: the automaton state, and for recursive grammars a stack
 of return states (``int32[B, D]``, ``D`` the stack capacity) with its depth. For regular grammars
