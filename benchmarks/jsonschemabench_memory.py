@@ -57,7 +57,8 @@ def main(argv=None):
     print("| array | total MiB | share | median grammar |\n|---|---|---|---|")
     for name in sorted(found[0], key=lambda k: -sum(f[k][0] for f in found)):
         s = sum(f[name][0] for f in found)
-        print(f"| `{name}` | {s / 2**20:.2f} | {s / total.sum():.1%} | {median[name][0] / 1024:.1f} KiB `{median[name][1]}{list(median[name][2])}` |")
+        size, dtype, shape = median[name]
+        print(f"| `{name}` | {s / 2**20:.2f} | {s / total.sum():.1%} | {size / 1024:.1f} KiB `{dtype}{list(shape)}` |")
 
 
 if __name__ == "__main__":
