@@ -152,7 +152,8 @@ def test_packed_tables_are_exactly_the_straightforward_form(grammars, pins):
         np.testing.assert_array_equal(words[: g.num_states, :, :w], masks)
         assert not words[g.num_states :].any() and not words[..., w:].any()  # padded states and words: nothing allowed
     stored = [_packed_next(g.next)[-1].size for g in gs]
-    assert all(n < int((g.next != 0).sum()) for n, g in zip(stored, gs))  # only the exceptions to each state's default
+    live = [int((g.next != 0).sum()) for g in gs]
+    assert all(n <= m for n, m in zip(stored, live)) and stored[-2] < 0.8 * live[-2]  # a default per state, the exceptions
     assert max(stored) <= t.targets.shape[1] < (2 * max(max(stored), 256) if not pins else 1 << 17)
     assert sum(g.pushdown is not None for g in gs) == 2
 

@@ -22,13 +22,14 @@ mask blocks, 9x at the median), so a mask costs ``V/256`` block ids plus its dis
 its live classes: the state itself inside strings, a counter's next state, ...) and the
 *exceptions*: live classes whose target differs. A state's pair of class sets (live, exceptions)
 is one of ``U`` distinct pairs ``p = row_sets[s]``, bitsets over classes (``live_bits[p]``,
-``pattern_bits[p]``) with the count of exceptions before each word (``pattern_rank[p]``); the
-exception targets of every state lie in ``targets`` from ``row_offset[s]`` on::
+``pattern_bits[p]``) with the count of exceptions before each word (``pattern_rank[p]``). A state
+with live classes has its default and then its exception targets in ``targets`` from
+``row_offset[s]`` on::
 
     live = live_bits[g, p, c // 32] >> c % 32 & 1
     w    = pattern_bits[g, p, c // 32]
-    k    = pattern_rank[g, p, c // 32] + popcount(w & ((1 << c % 32) - 1))
-    s'   = where(live, where(w >> c % 32 & 1, targets[g, row_offset[g, s] + k], row_default[g, s]), 0)
+    k    = where(w >> c % 32 & 1, 1 + pattern_rank[g, p, c // 32] + popcount(w & ((1 << c % 32) - 1)), 0)
+    s'   = where(live, targets[g, row_offset[g, s] + k], 0)
 
 The earlier forms held more: the dense ``[S, C]`` table 2.6-5.8x the bytes of the unpadded one,
 itself 15-25x the live entries; every live entry with an ``int16[U, C]`` rank table, 1.2-18x the
@@ -103,9 +104,9 @@ class Tables:
       live_bits: ``uint32[G, U, ceil(C/32)]`` the live class sets as bitsets (bit ``c % 32`` of word ``c // 32``).
       pattern_bits: ``uint32[G, U, ceil(C/32)]`` the exception class sets as bitsets.
       pattern_rank: ``idx[G, U, ceil(C/32)]`` set bits of an exception set before each word.
-      row_default: ``idx[G, S]`` each state's next state for live classes outside its exception set.
-      row_offset: ``idx[G, S]`` where each state's exception targets start in ``targets``.
-      targets: ``idx[G, N]`` next state or effect (``>= S``) of every exception, row-major.
+      row_offset: ``idx[G, S]`` where each state's default and exception targets start in ``targets``.
+      targets: ``idx[G, N]`` per state with live classes: the next state or effect (``>= S``) of
+        the live classes outside its exceptions, then of each exception in class order.
       class_of: ``idx[G, V]`` token class per logits column.
       forced: ``int16|int32[G, S]`` the only allowed token of a state, ``-1`` if none, several, or it depends on the stack.
       start: ``int32[G]`` initial state of each grammar.
@@ -129,7 +130,6 @@ class Tables:
     live_bits: Array
     pattern_bits: Array
     pattern_rank: Array
-    row_default: Array
     row_offset: Array
     targets: Array
     class_of: Array
@@ -214,8 +214,9 @@ def stack(
       num_classes: fixed ``C`` (default: the power-of-two bucket, at least ``MIN_CLASSES``).
       num_masks: fixed ``U`` (default: the power-of-two bucket, at least ``MIN_MASKS``), for the
         distinct bitmasks and the distinct pairs of class sets of ``next`` alike.
-      num_transitions: fixed ``N``, the stored exceptions of ``next`` of a grammar, at most its
-        live (state, class) pairs (default: the power-of-two bucket, at least ``MIN_TRANSITIONS``).
+      num_transitions: fixed ``N``, the stored targets of ``next`` of a grammar (a default per state
+        with live classes, and the exceptions), at most its live (state, class) pairs (default: the
+        power-of-two bucket, at least ``MIN_TRANSITIONS``).
       num_blocks: fixed ``K``, the distinct mask blocks of a grammar (default: the power-of-two
         bucket, at least ``MIN_BLOCKS``).
       max_depth: stack limit of every recursive grammar (default: each grammar's own); a traced
@@ -276,7 +277,6 @@ def stack(
     live_bits = np.zeros((n, u, cw), np.uint32)
     pattern_bits = np.zeros((n, u, cw), np.uint32)
     pattern_rank = np.zeros((n, u, cw), _index_dtype(c))
-    row_default = np.zeros((n, s), _index_dtype(s + n_eff))
     row_offset = np.zeros((n, s), _index_dtype(n_live))
     targets = np.zeros((n, n_live), _index_dtype(s + n_eff))
     forced = np.full((n, s), -1, np.int16 if v <= 1 << 15 else np.int32)
@@ -296,15 +296,14 @@ def stack(
     start = np.zeros(n, np.int32)  # padding grammars: start in the dead state
     for i, (g, p) in enumerate(zip(grammars, pds)):
         k = g.num_states
-        pair, live, default, bits, rank, offset, exc = packed[i]
+        pair, live, bits, rank, offset, stored = packed[i]
         remap = lambda x: np.where(x >= k, x - k + s, x)  # noqa: E731  (effects follow the padded states)
         row_sets[i, :k] = pair
         live_bits[i, : live.shape[0], : live.shape[1]] = live
         pattern_bits[i, : bits.shape[0], : bits.shape[1]] = bits
         pattern_rank[i, : rank.shape[0], : rank.shape[1]] = rank
-        row_default[i, :k] = remap(default)
         row_offset[i, :k] = offset
-        targets[i, : exc.size] = remap(exc)
+        targets[i, : stored.size] = remap(stored)
         forced[i, :k] = g.forced
         class_of[i] = g.class_of
         ids, blocks = blocked[i]
@@ -329,7 +328,7 @@ def stack(
             pop_token[i, : p.pop_token.size] = p.pop_token
         bottom[i] = p.bottom
         limit[i] = limits[i]
-    arrays = [row_sets, live_bits, pattern_bits, pattern_rank, row_default, row_offset, targets, class_of, forced, start, mask_id,
+    arrays = [row_sets, live_bits, pattern_bits, pattern_rank, row_offset, targets, class_of, forced, start, mask_id,
               mask_rows, mask_blocks, accept, need, effect, pop_start, pop_count, pop_token, bottom, limit, eos]  # fmt: skip
     return Tables(*jax.device_put(arrays), depth=d, max_pops=max_pops, window=window)  # one transfer call: ~4x faster
 
@@ -367,9 +366,8 @@ def _packed_next(nxt: np.ndarray):
     """``next`` as pairs of class sets, defaults and exceptions (see the module docstring).
 
     Returns:
-      ``(pair int[S], live sets uint32[P, ceil(C/32)], default int[S], exception sets
-      uint32[P, ceil(C/32)], their ranks int[P, ceil(C/32)], offset int[S], targets int[N])``;
-      pair 0 is the dead state's (empty).
+      ``(pair int[S], live sets uint32[P, ceil(C/32)], exception sets uint32[P, ceil(C/32)], their
+      ranks int[P, ceil(C/32)], offset int[S], targets int[N])``; pair 0 is the dead state's (empty).
     """
     live = nxt != 0
     at = np.flatnonzero(live)  # row-major
@@ -380,9 +378,15 @@ def _packed_next(nxt: np.ndarray):
     exc.ravel()[at[keep]] = True
     first, pair = unique_rows(np.concatenate([live, exc], axis=1))  # the dead state (row 0) comes first
     bits, rank = _bitsets(exc[first])
-    count = np.bincount(r[keep], minlength=nxt.shape[0])
-    offset = np.where(count > 0, np.cumsum(count) - count, 0)  # 0 where never read: offsets stay below N
-    return pair, _bitsets(live[first])[0], default, bits, rank, offset, value[keep]
+    has = live.any(axis=1)
+    n_exc = np.bincount(r[keep], minlength=nxt.shape[0])
+    size = has + n_exc  # per state: its default, then its exceptions
+    offset = np.where(has, np.cumsum(size) - size, 0)  # 0 where never read: offsets stay below N
+    targets = np.zeros(int(size.sum()), nxt.dtype)
+    targets[offset[has]] = default[has]
+    row = r[keep]
+    targets[offset[row] + 1 + np.arange(row.size) - (np.cumsum(n_exc) - n_exc)[row]] = value[keep]
+    return pair, _bitsets(live[first])[0], bits, rank, offset, targets
 
 
 def _blocks(masks: np.ndarray):
@@ -401,10 +405,9 @@ def _next(tables: Tables, g: Array, q: Array, cls: Array) -> Array:
     live = (tables.live_bits[g, p, cls >> 5] >> bit) & 1 != 0
     word = tables.pattern_bits[g, p, cls >> 5]
     below = lax.population_count(word & ((jnp.uint32(1) << bit) - 1)).astype(jnp.int32)
-    at = tables.row_offset[g, q].astype(jnp.int32) + tables.pattern_rank[g, p, cls >> 5].astype(jnp.int32) + below
-    at = jnp.minimum(at, tables.targets.shape[1] - 1)  # (past the end only where the default is read)
-    out = jnp.where((word >> bit) & 1 != 0, tables.targets[g, at], tables.row_default[g, q]).astype(jnp.int32)
-    return jnp.where(live, out, 0)
+    k = jnp.where((word >> bit) & 1 != 0, 1 + tables.pattern_rank[g, p, cls >> 5].astype(jnp.int32) + below, 0)
+    at = jnp.minimum(tables.row_offset[g, q].astype(jnp.int32) + k, tables.targets.shape[1] - 1)  # (past the end: dead)
+    return jnp.where(live, tables.targets[g, at].astype(jnp.int32), 0)
 
 
 def nbytes(tables: Tables) -> int:
