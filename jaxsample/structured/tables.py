@@ -32,8 +32,8 @@ with live classes has its default and then its exception targets in ``targets`` 
     s'   = where(live, targets[g, row_offset[g, s] + k], 0)
 
 The earlier forms held more: the dense ``[S, C]`` table 2.6-5.8x the bytes of the unpadded one,
-itself 15-25x the live entries; every live entry with an ``int16[U, C]`` rank table, 1.2-18x the
-exceptions (3.2x at the median of JSONSchemaBench); and the full ``uint32[U, V/32]`` masks.
+itself 15-25x the live entries; every live entry with an ``int16[U, C]`` rank table, up to 17x the
+stored targets (2.5x at the median of JSONSchemaBench); and the full ``uint32[U, V/32]`` masks.
 
 A row's state is a :class:`GrammarState`: the automaton state, and for recursive grammars a stack
 of return states (``int32[B, D]``, ``D`` the stack capacity) with its depth. For regular grammars
