@@ -287,7 +287,7 @@ def stack(
     accept = np.zeros((n, s), bool)
     need = np.zeros((n, s_rec), np.int32)
     effect = np.zeros((n, n_eff, width), np.int32)
-    pop_start = np.zeros((n, s_pop), _index_dtype(n_pop))
+    pop_start = np.zeros((n, s_pop), _index_dtype(n_pop + 1))  # (an empty list may start at the end)
     pop_count = np.zeros((n, s_pop), _index_dtype(window + 1))
     pop_token = np.zeros((n, n_pop if window else 1), _index_dtype(v))
     bottom = np.zeros(n, np.int32)
