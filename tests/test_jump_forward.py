@@ -16,7 +16,7 @@ from tests._structured_vocab import bpe_vocab
 
 V = 1216
 EOS = (0, 2)
-BUCKETS = dict(num_grammars=4, num_states=256, num_classes=128, num_masks=128, num_transitions=8192)
+BUCKETS = dict(num_grammars=4, num_states=256, num_classes=128, num_masks=128, num_transitions=8192, num_blocks=512)
 TABLE = {"logits": jnp.asarray(np.random.default_rng(5).standard_normal((V, V)).astype(np.float32) * 2.0)}
 PROMPT = np.array([[1, 5, -1], [1, -1, -1], [1, 9, 7], [1, -1, -1]])
 ORDER = {  # long required keys: forced runs of several tokens after each value

@@ -20,7 +20,7 @@ generate_module = importlib.import_module("jaxsample.decoding.loop")  # the comp
 
 V = 1216  # logits wider than the 1200-token tokenizer: padded columns
 EOS = (0, 2)
-BUCKETS = dict(num_grammars=4, num_states=256, num_classes=128, num_masks=64, num_transitions=8192)
+BUCKETS = dict(num_grammars=4, num_states=256, num_classes=128, num_masks=64, num_transitions=8192, num_blocks=512)
 MODEL_PARAMS = {"logits": jnp.asarray(np.random.default_rng(3).standard_normal((V, V)).astype(np.float32) * 2.0)}
 PROMPT = np.array([[1, 5, -1], [1, -1, -1], [1, 9, 7], [1, -1, -1]])
 SEEDS = np.array([11, 12, 13, 14])

@@ -275,7 +275,7 @@ def test_new_recursive_grammar_in_the_same_buckets_does_not_recompile():
     x = jnp.zeros((2, V))
     rows = jnp.array([0, -1])
     pins = dict(num_states=512, num_classes=256, num_masks=256, num_depth=32, num_returns=512, num_pop_tokens=4096,
-                num_transitions=16384)
+                num_transitions=16384, num_blocks=1024)
     for g in (st.compile_gbnf(ARITHMETIC, v), st.compile_json(v), st.compile_json_schema(TREE, v)):
         t = st.stack([g], **pins)
         jax.block_until_ready(f(x, t, rows, st.initial_state(t, rows)))

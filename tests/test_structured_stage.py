@@ -92,7 +92,7 @@ def test_new_schema_in_the_same_bucket_does_not_recompile(grammars):
     x = jnp.zeros((2, V))
     ids = jnp.array([0, -1])
     for k in "acd":
-        t = st.stack([grammars[k]], num_states=128, num_classes=128, num_masks=64, num_transitions=4096)
+        t = st.stack([grammars[k]], num_states=128, num_classes=128, num_masks=64, num_transitions=4096, num_blocks=512)
         jax.block_until_ready(f(x, t, ids, st.initial_state(t, ids)))
     assert f.traces == 1
 
@@ -114,24 +114,48 @@ def test_stack_validation(grammars):
     assert st.nbytes(t) > 0
 
 
-def test_packed_next_is_exactly_the_dense_table(grammars):
-    """Every (grammar, state, class) of the packed device ``next`` equals the host table (0 where dead)."""
-    from jaxsample.structured.tables import _next
+def _straightforward(g, s_size: int, rooms: int):
+    """The plain layout of a grammar: dense ``next`` (effects after the padded states), a mask per (state, room)."""
+    dense = g.next.astype(np.int64)
+    nxt = np.where(dense >= g.num_states, dense - g.num_states + s_size, dense)
+    room_ids = g.mask_id[:, None] if g.pushdown is None else g.pushdown.room_mask_id
+    ids = room_ids[:, np.minimum(np.arange(rooms), room_ids.shape[1] - 1)]
+    return nxt, g.masks[ids]  # [S, C], uint32[S, R, W]
 
-    arith = st.compile_gbnf('root ::= e\ne ::= "(" e ")" | [0-9]+', bpe_vocab(V))
-    gs = [grammars["a"], grammars["b"], grammars["c"], arith]
-    t = st.stack(gs)
-    s_size = t.forced.shape[1]
+
+@pytest.mark.parametrize("pins", [{}, dict(num_states=1024, num_classes=512, num_masks=512, num_transitions=70000,
+                                           num_blocks=70000)])  # fmt: skip  (wider dtypes: uint16, int32)
+def test_packed_tables_are_exactly_the_straightforward_form(grammars, pins):
+    """Every (grammar, state, class) of the packed device ``next`` equals the dense host table (0 where dead,
+    padded states and classes included), and every (state, room) mask rebuilt from its blocks equals the
+    host bitmask, for regular and recursive grammars stacked together (so dtypes are chosen by the buckets)."""
+    from jaxsample.structured.tables import _mask_words, _next, _packed_next
+
+    v = bpe_vocab(V)
+    extra = [st.compile_gbnf('root ::= e\ne ::= "(" e ")" | [0-9]+', v), st.compile_json(v),
+             st.compile_json_schema({"type": "string", "minLength": 3, "maxLength": 40}, v)]  # fmt: skip
+    gs = [grammars["a"], grammars["b"], grammars["c"], grammars["d"], *extra]
+    t = st.stack(gs, **pins)
+    s_size, rooms, w = t.forced.shape[1], t.mask_id.shape[2], -(-V // 32)
+    classes = t.live_bits.shape[2] * 32
+    q, c = np.meshgrid(np.arange(s_size), np.arange(classes), indexing="ij")
+    qr, r = np.meshgrid(np.arange(s_size), np.arange(rooms), indexing="ij")
+    next_fn, words_fn = jax.jit(_next), jax.jit(_mask_words)
     for i, g in enumerate(gs):
-        q, c = np.meshgrid(np.arange(t.forced.shape[1]), np.arange(t.slot.shape[2]), indexing="ij")
-        got = np.asarray(jax.jit(_next)(t, jnp.full(q.shape, i), jnp.asarray(q), jnp.asarray(c)))
+        nxt, masks = _straightforward(g, s_size, rooms)
+        got = np.asarray(next_fn(t, jnp.full(q.shape, i), jnp.asarray(q), jnp.asarray(c)))
         want = np.zeros(q.shape, np.int64)
-        dense = g.next.astype(np.int64)
-        want[: g.num_states, : g.num_classes] = np.where(dense >= g.num_states, dense - g.num_states + s_size, dense)
+        want[: g.num_states, : g.num_classes] = nxt
         np.testing.assert_array_equal(got, want)
-    live = max(int((g.next != 0).sum()) for g in gs)
-    assert live <= t.targets.shape[1] < 2 * max(live, 256)  # the live entries, not S x C
-    assert arith.pushdown is not None
+        words = np.asarray(words_fn(t, jnp.full(qr.size, i), jnp.asarray(qr.ravel()), jnp.asarray(r.ravel())))
+        words = words.reshape(s_size, rooms, -1)
+        np.testing.assert_array_equal(words[: g.num_states, :, :w], masks)
+        assert not words[g.num_states :].any() and not words[..., w:].any()  # padded states and words: nothing allowed
+    stored = [_packed_next(g.next)[-1].size for g in gs]
+    live = [int((g.next != 0).sum()) for g in gs]
+    assert all(n <= m for n, m in zip(stored, live)) and stored[-2] < 0.8 * live[-2]  # a default per state, the exceptions
+    assert max(stored) <= t.targets.shape[1] < (2 * max(max(stored), 256) if not pins else 1 << 17)
+    assert sum(g.pushdown is not None for g in gs) == 2
 
 
 def _toy_logits(seed=0):
@@ -176,7 +200,7 @@ def test_end_to_end_decode_with_per_row_grammars(grammars):
     b = 5
     run = _decode(sampler, 60)
     rows = ["a", "b", None, "c", "d"]
-    buckets = dict(num_grammars=4, num_states=256, num_classes=128, num_masks=64, num_transitions=4096)
+    buckets = dict(num_grammars=4, num_states=256, num_classes=128, num_masks=64, num_transitions=4096, num_blocks=512)
     results = []
     for trial in range(2):  # second call with rows permuted: same compiled loop
         order = rows if trial == 0 else rows[::-1]
@@ -279,7 +303,7 @@ def test_traced_grammar_values_single_trace(grammars):
     ids = jnp.array([0, 0])
     calls = []
     for k in "ad":
-        t = st.stack([grammars[k]], num_states=256, num_classes=128, num_masks=64, num_transitions=4096)
+        t = st.stack([grammars[k]], num_states=256, num_classes=128, num_masks=64, num_transitions=4096, num_blocks=512)
         calls.append((x, t, ids, st.initial_state(t, ids)))
     outs = assert_single_trace(st.mask, calls)
     assert not np.array_equal(np.isfinite(outs[0]), np.isfinite(outs[1]))

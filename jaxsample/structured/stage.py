@@ -124,6 +124,7 @@ def grammar_params(
     num_returns: int | None = None,
     num_pop_tokens: int | None = None,
     num_transitions: int | None = None,
+    num_blocks: int | None = None,
 ) -> dict:
     """Sampler parameter values binding one grammar (or ``None``: unconstrained) to each row.
 
@@ -134,7 +135,8 @@ def grammar_params(
     and never recompile the decode loop. Pin the buckets (``num_grammars=``, ``num_states=``, ...)
     to serve any mix of schemas with one compilation. ``max_depth`` overrides the stack limit of
     recursive grammars (traced); ``num_depth``, ``num_returns``, ``num_pop_tokens`` pin their buckets
-    (``num_transitions``: the live (state, class) pairs of the packed ``next`` table).
+    (``num_transitions``: the stored exceptions of the packed ``next`` table; ``num_blocks``: the
+    distinct blocks of the masks).
 
     Args:
       grammars: one entry per row, row-major over ``batch_shape``.
@@ -169,7 +171,7 @@ def grammar_params(
         tables = _tables.stack(
             uniq, num_grammars=num_grammars, num_states=num_states, num_classes=num_classes, num_masks=num_masks,
             max_depth=max_depth, num_depth=num_depth, num_returns=num_returns, num_pop_tokens=num_pop_tokens,
-            num_transitions=num_transitions,
+            num_transitions=num_transitions, num_blocks=num_blocks,
         )  # fmt: skip
     return {tables_key: tables, ids_key: np.asarray(ids, np.int32).reshape(batch_shape)}
 

@@ -1,26 +1,39 @@
 """Device tables for compiled grammars, bucketed shapes, and the jit-side mask / advance gathers.
 
 Several :class:`~jaxsample.structured.tokens.TokenGrammar` are stacked along a leading grammar axis
-``G`` and padded to power-of-two buckets of grammars ``G``, states ``S``, classes ``C`` and distinct
-masks ``U`` (and, for recursive grammars, effects, stack-dependent tokens and stack rooms), so a new
-schema (or a new mix of schemas) reuses the compiled decode loop unless it crosses a bucket. A row
-selects its grammar with an id (``-1`` = unconstrained). Per step, for a row in state ``s`` of
-grammar ``g``::
+``G`` and padded to power-of-two buckets of grammars ``G``, states ``S``, classes ``C``, distinct
+masks and class sets ``U``, mask blocks ``K`` and stored transitions ``N`` (and, for recursive
+grammars, effects, stack-dependent tokens and stack rooms), so a new schema (or a new mix of
+schemas) reuses the compiled decode loop unless it crosses a bucket. Index arrays take the smallest
+of ``uint8`` / ``uint16`` / ``int32`` that holds their bucket (a function of the buckets only, so
+equal buckets give equal dtypes and no recompile). A row selects its grammar with an id (``-1`` =
+unconstrained). Per step, for a row in state ``s`` of grammar ``g``::
 
-    words         = masks[g, mask_id[g, s, room]]        # one [B, V/32] row gather
-    allowed[b, v] = (words[b, v // 32] >> (v % 32)) & 1  # elementwise unpack, fused into the where
-    s'            = next[g, s, class_of[g, token]]       # a few scalar gathers (packed, below)
+    ids           = mask_rows[g, mask_id[g, s, room]]         # [B, V/256] block ids of the state's mask
+    words         = mask_blocks[g, ids].reshape(B, -1)        # one [B, V/32] gather of 8-word blocks
+    allowed[b, v] = (words[b, v // 32] >> (v % 32)) & 1       # elementwise unpack, fused into the where
+    s'            = next[g, s, class_of[g, token]]            # a few scalar gathers (packed, below)
 
-``next`` is sparse (4-7% of (state, class) pairs are live on JSONSchemaBench) and is stored packed:
-the live targets of every state in one list ``targets`` (state ``s``'s from ``row_offset[s]``), and
-per distinct live-class set ``p = row_pattern[s]`` the rank of each class in it (``slot[p, c]``,
-``-1`` where dead)::
+**Masks** are cut into blocks of ``BLOCK`` words (256 tokens), deduplicated per grammar: most
+blocks are empty or shared by many masks (on JSONSchemaBench 4-32x fewer distinct blocks than
+mask blocks, 9x at the median), so a mask costs ``V/256`` block ids plus its distinct blocks.
 
-    k  = slot[g, row_pattern[g, s], c]
-    s' = where(k >= 0, targets[g, row_offset[g, s] + k], 0)
+**next** is stored per state as its live classes, a *default* target (the most common target of
+its live classes: the state itself inside strings, a counter's next state, ...) and the
+*exceptions*: live classes whose target differs. A state's pair of class sets (live, exceptions)
+is one of ``U`` distinct pairs ``p = row_sets[s]``, bitsets over classes (``live_bits[p]``,
+``pattern_bits[p]``) with the count of exceptions before each word (``pattern_rank[p]``). A state
+with live classes has its default and then its exception targets in ``targets`` from
+``row_offset[s]`` on::
 
-(the dense ``[S, C]`` table, padded to buckets, held 2.6-5.8x the bytes of the unpadded one, itself
-15-25x the live entries).
+    live = live_bits[g, p, c // 32] >> c % 32 & 1
+    w    = pattern_bits[g, p, c // 32]
+    k    = where(w >> c % 32 & 1, 1 + pattern_rank[g, p, c // 32] + popcount(w & ((1 << c % 32) - 1)), 0)
+    s'   = where(live, targets[g, row_offset[g, s] + k], 0)
+
+The earlier forms held more: the dense ``[S, C]`` table 2.6-5.8x the bytes of the unpadded one,
+itself 15-25x the live entries; every live entry with an ``int16[U, C]`` rank table, up to 17x the
+stored targets (2.5x at the median of JSONSchemaBench); and the full ``uint32[U, V/32]`` masks.
 
 A row's state is a :class:`GrammarState`: the automaton state, and for recursive grammars a stack
 of return states (``int32[B, D]``, ``D`` the stack capacity) with its depth. For regular grammars
@@ -29,12 +42,13 @@ of return states (``int32[B, D]``, ``D`` the stack capacity) with its depth. For
 ``S`` on is an effect (a stay that pushes, or a return that pops and continues in the popped state
 with another class, at most ``max_pops`` times per token); the few tokens that return and go on in
 the caller are listed per state (a window of ``W`` per row) and resolved by those gathers; EOS also
-needs every state on the stack to be able to end.
+needs every state on the stack to be able to end. The stack arrays of a stack without recursion
+(or without stack-dependent tokens) are one column wide: the code that reads them is not traced.
 
 The mask is a packed bitmask rather than ``next[s, class_of[v]]`` because a per-element ``[B, V]``
 gather is ~50x slower than the unpack on CPU (measured: 9 ms vs 0.16 ms at B=32, V=32k).
-Padded states and classes are all-dead and unreachable; padded logits columns are class 0 (dead)
-and never set in a mask.
+Padded states are all-dead and unreachable; padded logits columns are class 0 (dead) and never
+set in a mask.
 
 >>> import numpy as np
 >>> from jaxsample.structured import compile_regex, Vocabulary
@@ -53,6 +67,7 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jaxsample._types import NEG_INF, Array, ArrayLike
 from jaxsample.structured.minimise import unique_rows
@@ -63,6 +78,8 @@ MIN_STATES = 64
 MIN_CLASSES = 32
 MIN_MASKS = 16
 MIN_TRANSITIONS = 256
+MIN_BLOCKS = 128
+BLOCK = 8  # words (256 tokens) per mask block
 # recursive grammars: stack capacity, stack-dependent tokens per row and in all, stack rooms, effects,
 # pushes per token, returns per token (generous minimums: most grammars share one bucket)
 MIN_DEPTH = 8
@@ -80,21 +97,27 @@ _STATIC = ("depth", "max_pops", "window")
 class Tables:
     """Stacked grammar tables (a pytree of device arrays; pass it to ``jit`` as an argument).
 
+    ``idx`` below is the smallest of ``uint8`` / ``uint16`` / ``int32`` holding the values' bucket.
+
     Attributes:
-      row_pattern: ``int16|int32[G, S]`` each state's live-class set (0: none).
-      slot: ``int16|int32[G, U, C]`` rank of class ``c`` among the live classes of a set, ``-1`` if dead.
-      row_offset: ``int32[G, S]`` where each state's live targets start in ``targets``.
-      targets: ``int16|int32[G, N]`` next state or effect (``>= S``) of every live (state, class), row-major.
-      class_of: ``int16|int32[G, V]`` token class per logits column.
-      forced: ``int32[G, S]`` the only allowed token of a state, ``-1`` if none, several, or it depends on the stack.
+      row_sets: ``idx[G, S]`` each state's pair of class sets (live, exceptions; 0: the dead state's, empty).
+      live_bits: ``uint32[G, U, ceil(C/32)]`` the live class sets as bitsets (bit ``c % 32`` of word ``c // 32``).
+      pattern_bits: ``uint32[G, U, ceil(C/32)]`` the exception class sets as bitsets.
+      pattern_rank: ``idx[G, U, ceil(C/32)]`` set bits of an exception set before each word.
+      row_offset: ``idx[G, S]`` where each state's default and exception targets start in ``targets``.
+      targets: ``idx[G, N]`` per state with live classes: the next state or effect (``>= S``) of
+        the live classes outside its exceptions, then of each exception in class order.
+      class_of: ``idx[G, V]`` token class per logits column.
+      forced: ``int16|int32[G, S]`` the only allowed token of a state, ``-1`` if none, several, or it depends on the stack.
       start: ``int32[G]`` initial state of each grammar.
-      mask_id: ``int32[G, S, R]`` bitmask index of each state per stack room (``R = 1`` without recursion).
-      masks: ``uint32[G, U, ceil(V/32)]`` distinct allowed-token bitmasks.
+      mask_id: ``idx[G, S, R]`` bitmask index of each state per stack room (``R = 1`` without recursion).
+      mask_rows: ``idx[G, U, ceil(V/32/BLOCK)]`` the distinct allowed-token bitmasks as block ids.
+      mask_blocks: ``uint32[G, K, BLOCK]`` distinct mask blocks (block 0 is empty).
       accept: ``bool[G, S]`` states where the current rule may end.
-      need: ``int32[G, S]`` stack room needed to finish the current rule.
+      need: ``int32[G, S]`` stack room needed to finish the current rule (``[G, 1]`` without recursion).
       effect: ``int32[G, E, 4 + P]`` effects (see :class:`~jaxsample.structured.tokens.PushdownTables`).
-      pop_start, pop_count: ``int32[G, S]`` each state's stack-dependent tokens in ``pop_token``.
-      pop_token: ``int32[G, T]``.
+      pop_start, pop_count: ``idx[G, S]`` each state's stack-dependent tokens in ``pop_token`` (``[G, 1]`` if ``window == 0``).
+      pop_token: ``idx[G, T]`` (``[G, 1]`` if ``window == 0``).
       bottom: ``int32[G]`` the state below every stack.
       limit: ``int32[G]`` stack limit (traced: changing it never recompiles; ``<= depth``).
       eos: ``int32[G, N]`` EOS ids (``-1`` padding).
@@ -103,15 +126,18 @@ class Tables:
       window: static number of stack-dependent tokens examined per row and step.
     """
 
-    row_pattern: Array
-    slot: Array
+    row_sets: Array
+    live_bits: Array
+    pattern_bits: Array
+    pattern_rank: Array
     row_offset: Array
     targets: Array
     class_of: Array
     forced: Array
     start: Array
     mask_id: Array
-    masks: Array
+    mask_rows: Array
+    mask_blocks: Array
     accept: Array
     need: Array
     effect: Array
@@ -155,7 +181,8 @@ def bucket(n: int, minimum: int) -> int:
 
 
 def _index_dtype(n: int):
-    return np.int16 if n <= np.iinfo(np.int16).max else np.int32
+    """The smallest of ``uint8`` / ``uint16`` / ``int32`` holding ``0 .. n - 1``."""
+    return np.uint8 if n <= 1 << 8 else np.uint16 if n <= 1 << 16 else np.int32
 
 
 def _size(value, need: int, minimum: int, name: str, sizes: dict) -> int:
@@ -176,6 +203,7 @@ def stack(
     num_returns: int | None = None,
     num_pop_tokens: int | None = None,
     num_transitions: int | None = None,
+    num_blocks: int | None = None,
 ) -> Tables:
     """Device tables for several grammars (same vocabulary), padded to bucketed shapes.
 
@@ -185,9 +213,12 @@ def stack(
       num_states: fixed ``S`` (default: the power-of-two bucket, at least ``MIN_STATES``).
       num_classes: fixed ``C`` (default: the power-of-two bucket, at least ``MIN_CLASSES``).
       num_masks: fixed ``U`` (default: the power-of-two bucket, at least ``MIN_MASKS``), for the
-        distinct bitmasks and the distinct live-class sets of ``next`` alike.
-      num_transitions: fixed ``N``, the live (state, class) pairs of a grammar (default: the
+        distinct bitmasks and the distinct pairs of class sets of ``next`` alike.
+      num_transitions: fixed ``N``, the stored targets of ``next`` of a grammar (a default per state
+        with live classes, and the exceptions), at most its live (state, class) pairs (default: the
         power-of-two bucket, at least ``MIN_TRANSITIONS``).
+      num_blocks: fixed ``K``, the distinct mask blocks of a grammar (default: the power-of-two
+        bucket, at least ``MIN_BLOCKS``).
       max_depth: stack limit of every recursive grammar (default: each grammar's own); a traced
         value: changing it within the capacity never recompiles.
       num_depth: fixed stack capacity ``D`` (default: the power-of-two bucket of the largest limit,
@@ -219,9 +250,11 @@ def stack(
     s = _size(num_states, max(g.num_states for g in grammars), MIN_STATES, "num_states", sizes)
     c = _size(num_classes, max(g.num_classes for g in grammars), MIN_CLASSES, "num_classes", sizes)
     packed = [_packed_next(g.next) for g in grammars]
+    blocked = [_blocks(g.masks) for g in grammars]
     u = _size(num_masks, max(max(g.masks.shape[0], p[1].shape[0]) for g, p in zip(grammars, packed)), MIN_MASKS,
               "num_masks", sizes)  # fmt: skip
-    n_live = _size(num_transitions, max(p[3].size for p in packed), MIN_TRANSITIONS, "num_transitions", sizes)
+    n_live = _size(num_transitions, max(p[-1].size for p in packed), MIN_TRANSITIONS, "num_transitions", sizes)
+    k_size = _size(num_blocks, max(b[1].shape[0] for b in blocked), MIN_BLOCKS, "num_blocks", sizes)
     d = _size(num_depth, max(max(limits), 1), MIN_DEPTH, "num_depth", sizes) if rec else int(num_depth or 0)
     longest = max([int(p.pop_count.max(initial=0)) for p in rec], default=0)
     window = _size(num_returns, longest, MIN_RETURNS, "num_returns", sizes) if longest else int(num_returns or 0)
@@ -238,34 +271,44 @@ def stack(
     max_pops = bucket(max(p.max_pops for p in rec), MIN_POPS) if rec else 0
     n_eos = max(len(g.eos_ids) for g in grammars) or 1
     v = vocab.pop()
-    row_pattern = np.zeros((n, s), _index_dtype(u))
-    slot = np.full((n, u, c), -1, _index_dtype(c))
-    row_offset = np.zeros((n, s), np.int32)
+    s_rec, s_pop = (s if rec else 1), (s if window else 1)  # stack arrays only where the code reads them
+    cw = -(-c // 32)
+    row_sets = np.zeros((n, s), _index_dtype(u))
+    live_bits = np.zeros((n, u, cw), np.uint32)
+    pattern_bits = np.zeros((n, u, cw), np.uint32)
+    pattern_rank = np.zeros((n, u, cw), _index_dtype(c))
+    row_offset = np.zeros((n, s), _index_dtype(n_live))
     targets = np.zeros((n, n_live), _index_dtype(s + n_eff))
-    forced = np.full((n, s), -1, np.int32)
+    forced = np.full((n, s), -1, np.int16 if v <= 1 << 15 else np.int32)
     class_of = np.zeros((n, v), _index_dtype(c))
-    mask_id = np.zeros((n, s, rooms), np.int32)
-    masks = np.zeros((n, u, -(-v // 32)), np.uint32)
+    mask_id = np.zeros((n, s, rooms), _index_dtype(u))
+    mask_rows = np.zeros((n, u, blocked[0][0].shape[1]), _index_dtype(k_size))
+    mask_blocks = np.zeros((n, k_size, BLOCK), np.uint32)
     accept = np.zeros((n, s), bool)
-    need = np.zeros((n, s), np.int32)
+    need = np.zeros((n, s_rec), np.int32)
     effect = np.zeros((n, n_eff, width), np.int32)
-    pop_start = np.zeros((n, s), np.int32)
-    pop_count = np.zeros((n, s), np.int32)
-    pop_token = np.zeros((n, n_pop), np.int32)
+    pop_start = np.zeros((n, s_pop), _index_dtype(n_pop + 1))  # (an empty list may start at the end)
+    pop_count = np.zeros((n, s_pop), _index_dtype(window + 1))
+    pop_token = np.zeros((n, n_pop if window else 1), _index_dtype(v))
     bottom = np.zeros(n, np.int32)
     limit = np.zeros(n, np.int32)
     eos = np.full((n, n_eos), -1, np.int32)
     start = np.zeros(n, np.int32)  # padding grammars: start in the dead state
     for i, (g, p) in enumerate(zip(grammars, pds)):
         k = g.num_states
-        pattern, slots, offset, live = packed[i]
-        row_pattern[i, :k] = pattern
-        slot[i, : slots.shape[0], : g.num_classes] = slots
+        pair, live, bits, rank, offset, stored = packed[i]
+        remap = lambda x: np.where(x >= k, x - k + s, x)  # noqa: E731  (effects follow the padded states)
+        row_sets[i, :k] = pair
+        live_bits[i, : live.shape[0], : live.shape[1]] = live
+        pattern_bits[i, : bits.shape[0], : bits.shape[1]] = bits
+        pattern_rank[i, : rank.shape[0], : rank.shape[1]] = rank
         row_offset[i, :k] = offset
-        targets[i, : live.size] = np.where(live >= k, live - k + s, live)  # effects follow the padded states
+        targets[i, : stored.size] = remap(stored)
         forced[i, :k] = g.forced
         class_of[i] = g.class_of
-        masks[i, : g.masks.shape[0]] = g.masks
+        ids, blocks = blocked[i]
+        mask_rows[i, : ids.shape[0]] = ids
+        mask_blocks[i, : blocks.shape[0]] = blocks
         accept[i, :k] = g.accept
         eos[i, : len(g.eos_ids)] = g.eos_ids
         start[i] = g.start
@@ -279,35 +322,92 @@ def stack(
         e = p.effect.copy()
         e[:, 1] = np.where(e[:, 1] >= 0, e[:, 1], -1)
         effect[i, : e.shape[0], : e.shape[1]] = e
-        pop_start[i, :k] = p.pop_start
-        pop_count[i, :k] = p.pop_count
-        pop_token[i, : p.pop_token.size] = p.pop_token
+        if window:
+            pop_start[i, :k] = p.pop_start
+            pop_count[i, :k] = p.pop_count
+            pop_token[i, : p.pop_token.size] = p.pop_token
         bottom[i] = p.bottom
         limit[i] = limits[i]
-    arrays = [row_pattern, slot, row_offset, targets, class_of, forced, start, mask_id, masks, accept, need, effect, pop_start, pop_count, pop_token,
-              bottom, limit, eos]  # fmt: skip
+    arrays = [row_sets, live_bits, pattern_bits, pattern_rank, row_offset, targets, class_of, forced, start, mask_id,
+              mask_rows, mask_blocks, accept, need, effect, pop_start, pop_count, pop_token, bottom, limit, eos]  # fmt: skip
     return Tables(*jax.device_put(arrays), depth=d, max_pops=max_pops, window=window)  # one transfer call: ~4x faster
 
 
-def _packed_next(nxt: np.ndarray):
-    """``next`` packed: ``(row_pattern int32[S], slot int32[P, C], row_offset int32[S], targets int64[N])``.
+def _row_modes(row: np.ndarray, value: np.ndarray, rows: int) -> np.ndarray:
+    """``int[rows]``: the most common value per row of sparse entries (the smallest among equally common
+    ones; 0 for a row without entries)."""
+    out = np.zeros(rows, np.int64)
+    if row.size == 0:
+        return out
+    span = int(value.max()) + 1
+    key = np.sort(row.astype(np.int64) * span + value, kind="stable")  # (timsort: rows come sorted, values in runs)
+    first = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))  # runs of one value in one row
+    length = np.diff(np.append(first, key.size))
+    run_row = key[first] // span
+    starts = np.flatnonzero(np.concatenate([[True], run_row[1:] != run_row[:-1]]))  # each row's first run
+    best = np.repeat(np.maximum.reduceat(length, starts), np.diff(np.append(starts, run_row.size)))
+    top = np.flatnonzero(length == best)  # the longest runs; per row the first has the smallest value
+    top = top[np.concatenate([[True], run_row[top[1:]] != run_row[top[:-1]]])]
+    out[run_row[top]] = key[first[top]] % span
+    return out
 
-    Pattern 0 is the dead state's (no live class); ``targets`` lists the live entries row by row.
+
+def _bitsets(sets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``bool[P, C]`` -> ``(bits uint32[P, ceil(C/32)], set bits before each word int[P, ceil(C/32)])``."""
+    cw = -(-sets.shape[1] // 32)
+    padded = np.zeros((sets.shape[0], cw * 32), bool)
+    padded[:, : sets.shape[1]] = sets
+    bits = np.packbits(padded, axis=1, bitorder="little").view("<u4").astype(np.uint32).reshape(sets.shape[0], cw)
+    per_word = padded.reshape(sets.shape[0], cw, 32).sum(axis=2)
+    return bits, np.cumsum(per_word, axis=1) - per_word
+
+
+def _packed_next(nxt: np.ndarray):
+    """``next`` as pairs of class sets, defaults and exceptions (see the module docstring).
+
+    Returns:
+      ``(pair int[S], live sets uint32[P, ceil(C/32)], exception sets uint32[P, ceil(C/32)], their
+      ranks int[P, ceil(C/32)], offset int[S], targets int[N])``; pair 0 is the dead state's (empty).
     """
     live = nxt != 0
-    first, pattern = unique_rows(live)  # the dead state (row 0) comes first
-    patterns = live[first]
-    slot = np.where(patterns, np.cumsum(patterns, axis=1) - 1, -1)
-    count = live.sum(axis=1)
-    offset = np.concatenate([[0], np.cumsum(count)[:-1]])
-    return pattern.astype(np.int32), slot, offset.astype(np.int32), nxt[live].astype(np.int64)
+    at = np.flatnonzero(live)  # row-major
+    value, r = nxt.ravel()[at], at // nxt.shape[1]
+    default = _row_modes(r, value, nxt.shape[0])
+    keep = value != default[r]
+    exc = np.zeros_like(live)
+    exc.ravel()[at[keep]] = True
+    first, pair = unique_rows(np.concatenate([live, exc], axis=1))  # the dead state (row 0) comes first
+    bits, rank = _bitsets(exc[first])
+    has = live.any(axis=1)
+    n_exc = np.bincount(r[keep], minlength=nxt.shape[0])
+    size = has + n_exc  # per state: its default, then its exceptions
+    offset = np.where(has, np.cumsum(size) - size, 0)  # 0 where never read: offsets stay below N
+    targets = np.zeros(int(size.sum()), nxt.dtype)
+    targets[offset[has]] = default[has]
+    row = r[keep]
+    targets[offset[row] + 1 + np.arange(row.size) - (np.cumsum(n_exc) - n_exc)[row]] = value[keep]
+    return pair, _bitsets(live[first])[0], bits, rank, offset, targets
+
+
+def _blocks(masks: np.ndarray):
+    """Masks as deduplicated blocks: ``(ids int[U, ceil(W/BLOCK)], blocks uint32[K, BLOCK])``; block 0 is empty."""
+    nb = -(-masks.shape[1] // BLOCK)
+    padded = np.zeros((masks.shape[0] * nb + 1, BLOCK), np.uint32)  # row 0: the empty block, first
+    padded[1:].reshape(masks.shape[0], nb * BLOCK)[:, : masks.shape[1]] = masks
+    first, ids = unique_rows(padded)
+    return ids[1:].reshape(masks.shape[0], nb), padded[first]
 
 
 def _next(tables: Tables, g: Array, q: Array, cls: Array) -> Array:
-    """``next[g, q, cls]`` from the packed table (0 where dead); any matching shapes."""
-    k = tables.slot[g, tables.row_pattern[g, q], cls].astype(jnp.int32)
-    at = tables.row_offset[g, q] + jnp.maximum(k, 0)
-    return jnp.where(k >= 0, tables.targets[g, at].astype(jnp.int32), 0)
+    """``next[g, q, cls]`` from the class sets, defaults and exceptions (0 where dead); any matching shapes."""
+    p = tables.row_sets[g, q].astype(jnp.int32)
+    bit = (cls & 31).astype(jnp.uint32)
+    live = (tables.live_bits[g, p, cls >> 5] >> bit) & 1 != 0
+    word = tables.pattern_bits[g, p, cls >> 5]
+    below = lax.population_count(word & ((jnp.uint32(1) << bit) - 1)).astype(jnp.int32)
+    k = jnp.where((word >> bit) & 1 != 0, 1 + tables.pattern_rank[g, p, cls >> 5].astype(jnp.int32) + below, 0)
+    at = jnp.minimum(tables.row_offset[g, q].astype(jnp.int32) + k, tables.targets.shape[1] - 1)  # (past the end: dead)
+    return jnp.where(live, tables.targets[g, at].astype(jnp.int32), 0)
 
 
 def nbytes(tables: Tables) -> int:
@@ -377,6 +477,12 @@ def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, lanes: b
     return valid, target, depth, jnp.where(eff[..., None], e, 0)
 
 
+def _mask_words(tables: Tables, g: Array, q: Array, room: Array) -> Array:
+    """``uint32[B, W]`` allowed-token bitmask of state ``q`` at stack room ``room`` (``W``: ``V/32`` rounded up to ``BLOCK``)."""
+    ids = tables.mask_rows[g, tables.mask_id[g, q, room].astype(jnp.int32)].astype(jnp.int32)  # [B, W / BLOCK]
+    return tables.mask_blocks[g[:, None], ids].reshape(ids.shape[0], -1)
+
+
 def allowed(tables: Tables, grammar: ArrayLike, state) -> Array:
     """``bool[B, V]`` allowed tokens; every token for unconstrained rows (``grammar < 0``).
 
@@ -390,14 +496,14 @@ def allowed(tables: Tables, grammar: ArrayLike, state) -> Array:
     g = _ids(tables, grammar)
     rooms = tables.mask_id.shape[2]
     room = jnp.clip(tables.limit[g] - st.depth, 0, rooms - 1)
-    words = tables.masks[g, tables.mask_id[g, st.state, room]]  # [B, W]
+    words = _mask_words(tables, g, st.state, room)
     rows = jnp.arange(words.shape[0])[:, None]
     v = tables.class_of.shape[-1]
     if tables.window:  # tokens that return and go on in the caller: resolve them on the stack, set their bits
         k = jnp.arange(tables.window)
-        idx = jnp.clip(tables.pop_start[g, st.state][:, None] + k, 0, tables.pop_token.shape[1] - 1)
-        tok = tables.pop_token[g[:, None], idx]
-        valid = _resolve(tables, g, st, tok, lanes=True)[0] & (k < tables.pop_count[g, st.state][:, None])
+        idx = jnp.clip(tables.pop_start[g, st.state].astype(jnp.int32)[:, None] + k, 0, tables.pop_token.shape[1] - 1)
+        tok = tables.pop_token[g[:, None], idx].astype(jnp.int32)
+        valid = _resolve(tables, g, st, tok, lanes=True)[0] & (k < tables.pop_count[g, st.state].astype(jnp.int32)[:, None])
         bit = jnp.left_shift(jnp.uint32(1), (tok & 31).astype(jnp.uint32))
         words = words.at[rows, tok >> 5].add(jnp.where(valid, bit, jnp.uint32(0)))  # (their bits are 0 here)
     if tables.depth:  # EOS returns through every frame: cleared unless each may end
@@ -455,7 +561,7 @@ def forced_token(tables: Tables, grammar: ArrayLike, state) -> Array:
     """
     grammar = jnp.asarray(grammar, jnp.int32)
     st = _as_state(tables, state)
-    f = tables.forced[_ids(tables, grammar), st.state]
+    f = tables.forced[_ids(tables, grammar), st.state].astype(jnp.int32)
     return jnp.where(grammar >= 0, f, -1)
 
 

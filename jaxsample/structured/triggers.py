@@ -480,7 +480,8 @@ def trigger_params(
       num_slots: static slot count ``S`` (the stage's ``max_triggers`` must be at least this).
       num_candidates: static candidate count ``C``.
       max_trigger_bytes: static bound on a trigger's UTF-8 length (the stage's must be at least this).
-      **buckets: ``num_grammars`` / ``num_states`` / ``num_classes`` / ``num_masks`` / ``num_transitions`` (see
+      **buckets: ``num_grammars`` / ``num_states`` / ``num_classes`` / ``num_masks`` / ``num_transitions`` /
+        ``num_blocks`` (see
         :func:`~jaxsample.structured.tables.stack`).
 
     Returns:
