@@ -129,10 +129,6 @@ class Search(NamedTuple):
         2-3 steps with 64).
       uncounted: steps that only sum weights; the later ones also count tokens (a second reduction
         per pass), which settles rows whose heavy tokens make the mass jump past the band (typical).
-      buckets: if nonzero (keys ``<= 0`` only: typical), the search starts with one pass that
-        histograms mass and count over this many key buckets (a scatter-add; equal widths in the
-        order keys between ``lo`` and ``first / 4``), evaluating every bucket edge at once: a flat
-        row then settles in that pass instead of 5-7 secant steps.
     """
 
     x: Array
@@ -145,7 +141,6 @@ class Search(NamedTuple):
     two_sided: bool = False
     window: int = 64
     uncounted: int = 24
-    buckets: int = 0
 
 
 def candidate_cutoff(
@@ -322,22 +317,9 @@ def _value_search(
 
     unknown = x.shape[-1] + w  # n(lo) not counted: conservative (so is n(hi) = 0)
 
-    def advance(carry, mid, m, n):
-        # One evaluated point: mass m (and count n, or None) of key >= mid, mid inside (lo, hi].
-        lo, hi, m_lo, m_hi, n_lo, n_hi, a, m_a, b, m_b = carry
-        valid = ~settled(*carry) & (mid > lo) & (mid <= hi)
-        reached = mass_reached(m, target, strict)
-        up = reached & valid
-        down = ~reached & valid & (mid < hi)
-        moved = up | down
-        return (
-            jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, m, m_lo), jnp.where(down, m, m_hi),
-            jnp.where(up, unknown if n is None else n, n_lo), jnp.where(down, 0 if n is None else n, n_hi),
-            jnp.where(moved, b, a), jnp.where(moved, m_b, m_a), jnp.where(moved, mid, b), jnp.where(moved, m, m_b),
-        )
-
     def step(carry, counted):
         lo, hi, m_lo, m_hi, n_lo, n_hi, a, m_a, b, m_b = carry
+        done = settled(*carry)
         # Secant through the last two points, aimed at the middle of the band that settles.
         aim = target + 0.5 * (w - 2) * jnp.exp(lo - floor)
         z_a, z_b = (probit(jnp.where(jnp.isnan(m), guess, m)) for m in (m_a, m_b))
@@ -349,18 +331,15 @@ def _value_search(
         # A second reduction per pass: only the later steps count (near the cut-off, where lumps of
         # heavy tokens can keep the mass bound from settling).
         n = jnp.sum(inside, axis=-1, dtype=jnp.int32) if counted else None
-        return advance(carry, mid, m, n)
-
-    def histogram(carry):
-        # Every bucket edge evaluated in one pass; the two edges around the target narrow the bracket.
-        lo, hi = carry[:2]
-        upper = jnp.maximum(jnp.minimum(hi, 0.0 if search.first is None else 0.25 * search.first), lo)
-        edges, masses, counts = _bucket_masses(x, key, weight, lo, upper, search.buckets)
-        last = jnp.sum(mass_reached(masses, target[..., None], strict), axis=-1) - 1  # masses fall with the edge
-        for i in (last + 1, last):  # the edge that misses the target, then the last one that reaches it
-            i = jnp.clip(i, 0, search.buckets - 1)
-            carry = advance(carry, _take(edges, i), _take(masses, i), _take(counts, i))
-        return carry
+        reached = mass_reached(m, target, strict)
+        up = reached & ~done
+        down = ~reached & ~done & (mid < hi)
+        moved = up | down
+        return (
+            jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, m, m_lo), jnp.where(down, m, m_hi),
+            jnp.where(up, unknown if n is None else n, n_lo), jnp.where(down, 0 if n is None else n, n_hi),
+            jnp.where(moved, b, a), jnp.where(moved, m_b, m_a), jnp.where(moved, mid, b), jnp.where(moved, m, m_b),
+        )
 
     # Unrolled: a while loop would carry (and copy) x; a skipped cond costs nothing.
     # (a, m_a) and (b, m_b): the two points evaluated last, b the most recent.
@@ -372,8 +351,6 @@ def _value_search(
     else:
         points = (lo, nan, hi, m_hi)
     carry = (lo, hi, nan, m_hi, jnp.full(lo.shape, unknown, jnp.int32), n_hi) + points
-    if search.buckets:
-        carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, histogram, carry)
     for i in range(_SEARCH_STEPS):
         step_i = functools.partial(step, counted=i >= search.uncounted)
         carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, step_i, carry)
@@ -387,36 +364,6 @@ def _value_search(
     last = jnp.sum(reached, axis=-1) - 1  # reached is a prefix: m(key >= v) falls as v rises
     t = -_take(neg, jnp.maximum(last, 0))
     return t, (last >= 0) & ~_take(reached | (neg == -jnp.inf), jnp.minimum(last + 1, w - 1)) & (last < w - 1)
-
-
-def _bucket_masses(x, key, weight, lo, upper, buckets):
-    """Mass and count of ``key(x) >= e`` for ``buckets - 1`` edges ``e`` from ``lo`` to about ``upper``, one scatter-add.
-
-    Edges are equally spaced in the order keys (:func:`order_key`), so that bucket membership is exact
-    integer arithmetic and each edge is a float: ``{key >= edge_j} = {bucket >= j}`` exactly.
-
-    Args:
-      x: ``float32[*B, V]``; ``key``, ``weight``: elementwise maps as in :class:`Search`.
-      lo, upper: ``float32[*B]`` keys, ``lo <= upper``.
-      buckets: static number of buckets; bucket 0 holds the keys below ``lo``.
-
-    Returns:
-      ``(edges float32[*B, buckets], masses float32[*B, buckets], counts int32[*B, buckets])``: entry
-      ``j >= 1`` is the ``j``-th edge with the mass and count of the keys at or above it (entry 0: ``-inf``).
-    """
-    u0, span = order_key(lo), order_key(upper) - order_key(lo)
-    # The least shift that puts the span into buckets - 2 steps: 32 - clz(span >> log2(buckets - 2)) bits.
-    shift = (32 - lax.clz(span // np.uint32(buckets - 2))).astype(jnp.uint32)
-    u = order_key(key(x))
-    index = jnp.where(u < u0[..., None], 0, jnp.minimum(((u - u0[..., None]) >> shift[..., None]) + 1, buckets - 1))
-    rows = x.reshape(-1, x.shape[-1]).shape[0]
-    flat = (index.reshape(rows, -1).astype(jnp.int32) + buckets * jnp.arange(rows, dtype=jnp.int32)[:, None]).reshape(-1)
-    values = jnp.stack([weight(x).reshape(-1), jnp.ones(flat.shape, jnp.float32)], axis=-1)
-    hist = jnp.zeros((rows * buckets, 2), jnp.float32).at[flat].add(values).reshape(*x.shape[:-1], buckets, 2)
-    above = jnp.cumsum(hist[..., ::-1, :], axis=-2)[..., ::-1, :]  # mass and count at or above each bucket
-    j = jnp.arange(buckets, dtype=jnp.uint32)
-    edges = jnp.where(j > 0, from_order_key(u0[..., None] + ((j - 1) << shift[..., None])), -jnp.inf)
-    return edges, above[..., 0], above[..., 1].astype(jnp.int32)
 
 
 def kth_largest(
