@@ -97,6 +97,22 @@ def kth_candidate(vals: Array, k: Array) -> Array:
     return jnp.where(k <= n, _take(vals, jnp.minimum(k, n) - 1), -jnp.inf)
 
 
+def count(mask: Array) -> Array:
+    """``int32[...]``: the number of true entries of ``mask bool[..., V]``.
+
+    Summed in int8 blocks of 64 (or 32, 16) tokens first where ``V`` allows: XLA:CPU then writes one
+    int8 array instead of an int32 one before its reduction tree (a counted step of typical's
+    search took 3.0-3.2 instead of 4.1-4.8 ``logsumexp`` passes at ``B = 64, V = 131072``); the
+    count is the same.
+    """
+    vocab = mask.shape[-1]
+    block = next((b for b in (64, 32, 16) if vocab % b == 0), None)
+    if block is None:
+        return jnp.sum(mask, axis=-1, dtype=jnp.int32)
+    blocks = mask.reshape(*mask.shape[:-1], vocab // block, block).astype(jnp.int8)
+    return jnp.sum(jnp.sum(blocks, axis=-1, dtype=jnp.int8), axis=-1, dtype=jnp.int32)
+
+
 def _bisect(u: Array, predicate: Callable[[Array], Array]) -> Array:
     """Largest ``uint32`` ``T`` with ``predicate(T)`` (``predicate`` monotone decreasing, ``[...]`` in and out)."""
 
@@ -330,7 +346,7 @@ def _value_search(
         m = jnp.sum(jnp.where(inside, weight(x), 0.0), axis=-1)
         # A second reduction per pass: only the later steps count (near the cut-off, where lumps of
         # heavy tokens can keep the mass bound from settling).
-        n = jnp.sum(inside, axis=-1, dtype=jnp.int32) if counted else None
+        n = count(inside) if counted else None
         reached = mass_reached(m, target, strict)
         up = reached & ~done
         down = ~reached & ~done & (mid < hi)
