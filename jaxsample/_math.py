@@ -49,6 +49,16 @@ def prepare(logits, map_nan: bool = True) -> tuple[Array, jnp.dtype]:
     return (clean(x) if map_nan else x), logits.dtype
 
 
+def nan_free(x: Array, core: Callable[[Array], Array]) -> Array:
+    """``core(clean(x))`` for float32 ``x [..., V]`` from :func:`prepare` with ``map_nan=False``.
+
+    A batch whose logits are all finite (one ``sum(x * 0)`` decides: an ``inf`` or NaN makes it NaN)
+    runs ``core(x)``, the same computation, without writing the cleaned copy: on XLA:CPU a fresh
+    ``[B, V]`` temporary costs more than that sum.
+    """
+    return cond(jnp.isfinite(jnp.sum(x * 0.0)), lambda: core(x), lambda: core(clean(x)))
+
+
 def restore(x: Array, dtype) -> Array:
     """Casts float32 results back to the caller's dtype (``bfloat16`` in gives ``bfloat16`` out)."""
     return x.astype(dtype)
