@@ -35,7 +35,8 @@ def clean(x: Array) -> Array:
 
 def prepare(logits, map_nan: bool = True) -> tuple[Array, jnp.dtype]:
     """Validates ``logits [..., V]``, upcasts to float32 and maps NaN to ``-inf`` (unless ``map_nan`` is
-    False: for a core that does so inside its own pass rather than in a separate one).
+    False: for a core that does so inside its own pass rather than in a separate one, or that runs
+    through :func:`nan_free`).
 
     The entry of every public function. Chain stages skip it: a :class:`jaxsample.Sampler` cleans
     its input once and calls the functions' NaN-free cores.

@@ -1,8 +1,9 @@
 """Top-n-sigma: keep ``logit >= max - n * std`` (llama.cpp ``top_n_sigma``, arXiv 2411.07641).
 
 Sharding/TPU: rows are independent; shard the batch axis. Three reductions over the vocabulary
-(mean, std, max); skipping off batches is a batch-level ``lax.cond`` (an all-reduce of one bool
-under GSPMD; both branches under ``vmap``).
+(max, mean, std); skipping off batches, and taking the mask-free program when every logit of the
+batch is finite, are batch-level ``lax.cond`` s (an all-reduce of one bool under GSPMD; both
+branches under ``vmap``).
 """
 
 from __future__ import annotations
