@@ -35,7 +35,8 @@ def clean(x: Array) -> Array:
 
 def prepare(logits, map_nan: bool = True) -> tuple[Array, jnp.dtype]:
     """Validates ``logits [..., V]``, upcasts to float32 and maps NaN to ``-inf`` (unless ``map_nan`` is
-    False: for a core that does so inside its own pass rather than in a separate one).
+    False: for a core that does so inside its own pass rather than in a separate one, or that runs
+    through :func:`nan_free`).
 
     The entry of every public function. Chain stages skip it: a :class:`jaxsample.Sampler` cleans
     its input once and calls the functions' NaN-free cores.
@@ -47,6 +48,16 @@ def prepare(logits, map_nan: bool = True) -> tuple[Array, jnp.dtype]:
     logits = jnp.asarray(logits)
     x = logits.astype(COMPUTE_DTYPE)
     return (clean(x) if map_nan else x), logits.dtype
+
+
+def nan_free(x: Array, core: Callable[[Array], Array]) -> Array:
+    """``core(clean(x))`` for float32 ``x [..., V]`` from :func:`prepare` with ``map_nan=False``.
+
+    A batch whose logits are all finite (one ``sum(x * 0)`` decides: an ``inf`` or NaN makes it NaN)
+    runs ``core(x)``, the same computation, without writing the cleaned copy: on XLA:CPU a fresh
+    ``[B, V]`` temporary costs more than that sum.
+    """
+    return cond(jnp.isfinite(jnp.sum(x * 0.0)), lambda: core(x), lambda: core(clean(x)))
 
 
 def restore(x: Array, dtype) -> Array:

@@ -143,6 +143,46 @@ def test_top_n_sigma_rows_that_overflowed_or_cancelled_keep_the_float64_set_in_a
             np.testing.assert_array_equal(got > -np.inf, want, err_msg=f"row {r}, batch of {len(batch)}")
 
 
+def _finite_rows(seed: int, v: int = 4096) -> np.ndarray:
+    """64 all-finite rows: flat, peaked, ties, huge (near 1e37) and tiny spreads."""
+    rng = np.random.default_rng(seed)
+    zipf = -1.6 * np.log(rng.permutation(v) + 1.0)
+    rows = [zipf + 0.1 * rng.normal(size=v), np.round(rng.normal(0.0, 2.0, v)), rng.normal(0.0, 3.0, v) * 1e37,
+            1.0 + rng.integers(0, 4, v) * 1e-7, np.full(v, 5.0)]
+    rows += list(rng.normal(0.0, 2.0, (64 - len(rows), v)))
+    return np.stack(rows).astype(np.float32)
+
+
+def _rows_of(*values):
+    return (np.resize(np.float32(values), 64),)
+
+
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("top_n_sigma", _rows_of(1.0, 0.5, 3.0, 2.05, np.inf)),
+        ("eta_cutoff", _rows_of(3e-4, 0.1, 1e-8)),
+        ("epsilon_cutoff", _rows_of(3e-4, 0.01, 1e-8)),
+        ("top_p", _rows_of(0.95, 0.5, 0.999)),
+        ("p_less", (np.resize(np.int32([1, 3]), 64),)),
+        ("dynamic_temperature", _rows_of(0.8, 1.5) + _rows_of(0.5, 0.0, 2.0)),
+    ],
+)
+def test_all_finite_batches_match_the_general_path(name, args):
+    """A batch whose logits are all finite skips the NaN map (and, for ``top_n_sigma``, the masks and
+    the empty-row guard); a batch with one ``-inf`` or NaN anywhere takes the general program. Every
+    row comes out the same, bit for bit, either way."""
+    fn = J.get(name) or jax.jit(getattr(js, name))
+    rows = _finite_rows(5)
+    alone = np.asarray(fn(rows, *args))
+    for spoil in (-np.inf, np.nan):
+        extra = rows[:1].copy()
+        extra[0, 7] = spoil
+        batch = np.concatenate([rows, extra])
+        mixed = np.asarray(fn(batch, *(np.concatenate([a, a[:1]]) for a in args)))[: len(rows)]
+        np.testing.assert_array_equal(mixed.view(np.uint32), alone.view(np.uint32), err_msg=f"{name}, {spoil}")
+
+
 def test_llama_fork_p_less():
     out = small("p_less", probs_logits([0.1, 0.15, 0.2, 0.25, 0.3]), 1)
     np.testing.assert_allclose(_dist_probs(out), [0.54545455, 0.45454545], atol=1e-5)

@@ -43,10 +43,11 @@ def epsilon_cutoff(logits: Float["*B V"], epsilon: Float["*B"] | float, min_keep
     >>> (epsilon_cutoff(x, 0.1) > -jnp.inf).tolist()
     [True, False, False, False]
     """
-    x, dtype = _math.prepare(logits)
+    x, dtype = _math.prepare(logits, map_nan=False)
     batch = x.shape[:-1]
     eps = _validate.probability(epsilon, batch, "epsilon (epsilon_cutoff)")
-    return _math.restore(_epsilon_cutoff(x, eps, _validate.min_keep(min_keep, batch, "epsilon_cutoff")), dtype)
+    min_keep = _validate.min_keep(min_keep, batch, "epsilon_cutoff")
+    return _math.restore(_math.nan_free(x, lambda x: _epsilon_cutoff(x, eps, min_keep)), dtype)
 
 
 @dataclasses.dataclass(frozen=True)

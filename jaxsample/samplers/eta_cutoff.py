@@ -46,10 +46,11 @@ def eta_cutoff(logits: Float["*B V"], epsilon: Float["*B"] | float, min_keep: In
     >>> (eta_cutoff(x, 0.0625) > -jnp.inf).tolist()
     [False, False, True, False]
     """
-    x, dtype = _math.prepare(logits)
+    x, dtype = _math.prepare(logits, map_nan=False)
     batch = x.shape[:-1]
     eps = _validate.probability(epsilon, batch, "epsilon (eta_cutoff)")
-    return _math.restore(_eta_cutoff(x, eps, _validate.min_keep(min_keep, batch, "eta_cutoff")), dtype)
+    min_keep = _validate.min_keep(min_keep, batch, "eta_cutoff")
+    return _math.restore(_math.nan_free(x, lambda x: _eta_cutoff(x, eps, min_keep)), dtype)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,8 +42,9 @@ def p_less(logits: Float["*B V"], min_keep: Int["*B"] | int = 1) -> Float["*B V"
     >>> (p_less(x) > -jnp.inf).tolist()
     [False, False, False, True, True]
     """
-    x, dtype = _math.prepare(logits)
-    return _math.restore(_p_less(x, _validate.min_keep(min_keep, x.shape[:-1], "p_less")), dtype)
+    x, dtype = _math.prepare(logits, map_nan=False)
+    min_keep = _validate.min_keep(min_keep, x.shape[:-1], "p_less")
+    return _math.restore(_math.nan_free(x, lambda x: _p_less(x, min_keep)), dtype)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -133,12 +133,12 @@ def dynamic_temperature(
     >>> bool(jnp.allclose(dynamic_temperature(x, 1.0, 0.5), x / 1.5))
     True
     """
-    x, dtype = _math.prepare(logits)
+    x, dtype = _math.prepare(logits, map_nan=False)
     batch = x.shape[:-1]
     t = _validate.param(temp, batch, "temp")
     d = _validate.param(delta, batch, "delta")
     e = _validate.param(exponent, batch, "exponent", lo=0.0)
-    return _math.restore(_dynamic_temperature(x, t, d, e), dtype)
+    return _math.restore(_math.nan_free(x, lambda x: _dynamic_temperature(x, t, d, e)), dtype)
 
 
 def _on_candidates(c: Candidates, t: Array) -> Candidates:
