@@ -164,6 +164,7 @@ def _rows_of(*values):
         ("eta_cutoff", _rows_of(3e-4, 0.1, 1e-8)),
         ("epsilon_cutoff", _rows_of(3e-4, 0.01, 1e-8)),
         ("top_p", _rows_of(0.95, 0.5, 0.999)),
+        ("typical", _rows_of(0.9, 0.5, 0.999)),
         ("p_less", (np.resize(np.int32([1, 3]), 64),)),
         ("dynamic_temperature", _rows_of(0.8, 1.5) + _rows_of(0.5, 0.0, 2.0)),
     ],

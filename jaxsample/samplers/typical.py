@@ -98,10 +98,11 @@ def typical(
     [False, True, True, True]
     """
     candidates = _validate.static_int(candidates, "candidates", lo=1)
-    x, dtype = _math.prepare(logits)
+    x, dtype = _math.prepare(logits, map_nan=False)
     batch = x.shape[:-1]
     p = _validate.probability(p, batch, "p (typical)")
-    return _math.restore(_typical(x, p, _validate.min_keep(min_keep, batch, "typical"), candidates), dtype)
+    min_keep = _validate.min_keep(min_keep, batch, "typical")
+    return _math.restore(_math.nan_free(x, lambda x: _typical(x, p, min_keep, candidates)), dtype)
 
 
 @dataclasses.dataclass(frozen=True)
