@@ -147,7 +147,7 @@ def markdown(results: dict, first: str, ratio_of: str) -> str:
     ]
     for case in dict.fromkeys(c for c, _ in results):
         lines.append(f"| {case} | {pair(case, 'passes', '{:.1f}')} | {pair(case, 'ms', '{:.1f}')} | "
-                     f"{pair(case, 'speedup', '{:.0f}x')} |")
+                     f"{pair(case, 'speedup', '{:.3g}x')} |")
     return "\n".join(lines)
 
 

@@ -53,11 +53,12 @@ def prepare(logits, map_nan: bool = True) -> tuple[Array, jnp.dtype]:
 def nan_free(x: Array, core: Callable[[Array], Array]) -> Array:
     """``core(clean(x))`` for float32 ``x [..., V]`` from :func:`prepare` with ``map_nan=False``.
 
-    A batch whose logits are all finite (one ``sum(x * 0)`` decides: an ``inf`` or NaN makes it NaN)
-    runs ``core(x)``, the same computation, without writing the cleaned copy: on XLA:CPU a fresh
-    ``[B, V]`` temporary costs more than that sum.
+    A batch without NaN (``-inf`` from earlier filters included) runs ``core(x)``, the same
+    computation, without writing the cleaned copy: on XLA:CPU a fresh ``[B, V]`` temporary costs
+    more than the one read that decides. A batch-level ``lax.cond``: an all-reduce of one bool under
+    GSPMD, both branches under ``vmap``.
     """
-    return cond(jnp.isfinite(jnp.sum(x * 0.0)), lambda: core(x), lambda: core(clean(x)))
+    return cond(jnp.any(jnp.isnan(x)), lambda: core(clean(x)), lambda: core(x))
 
 
 def restore(x: Array, dtype) -> Array:

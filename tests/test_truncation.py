@@ -170,18 +170,22 @@ def _rows_of(*values):
     ],
 )
 def test_all_finite_batches_match_the_general_path(name, args):
-    """A batch whose logits are all finite skips the NaN map (and, for ``top_n_sigma``, the masks and
-    the empty-row guard); a batch with one ``-inf`` or NaN anywhere takes the general program. Every
-    row comes out the same, bit for bit, either way."""
+    """A batch without NaN skips the NaN map (and, for ``top_n_sigma``, a batch of finite logits skips
+    the masks and the empty-row guard); a batch with one NaN anywhere takes the general program, as
+    does ``top_n_sigma``'s with one ``-inf``. Every row comes out the same, bit for bit, either way."""
     fn = J.get(name) or jax.jit(getattr(js, name))
     rows = _finite_rows(5)
     alone = np.asarray(fn(rows, *args))
+    out = {}
     for spoil in (-np.inf, np.nan):
         extra = rows[:1].copy()
         extra[0, 7] = spoil
         batch = np.concatenate([rows, extra])
-        mixed = np.asarray(fn(batch, *(np.concatenate([a, a[:1]]) for a in args)))[: len(rows)]
+        out[spoil] = np.asarray(fn(batch, *(np.concatenate([a, a[:1]]) for a in args)))
+        mixed = out[spoil][: len(rows)]
         np.testing.assert_array_equal(mixed.view(np.uint32), alone.view(np.uint32), err_msg=f"{name}, {spoil}")
+    # the NaN is treated as -inf (whatever path each batch took)
+    np.testing.assert_array_equal(out[np.nan].view(np.uint32), out[-np.inf].view(np.uint32), err_msg=name)
 
 
 def test_llama_fork_p_less():
