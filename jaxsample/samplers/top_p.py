@@ -114,11 +114,10 @@ def top_p(
     [False, False, True, True]
     """
     candidates = _validate.static_int(candidates, "candidates", lo=1)
-    x, dtype = _math.prepare(logits, map_nan=False)
+    x, dtype = _math.prepare(logits)
     batch = x.shape[:-1]
     p = _validate.probability(p, batch, "p (top_p)")
-    min_keep = _validate.min_keep(min_keep, batch, "top_p")
-    return _math.restore(_math.nan_free(x, lambda x: _top_p(x, p, min_keep, candidates)), dtype)
+    return _math.restore(_top_p(x, p, _validate.min_keep(min_keep, batch, "top_p"), candidates), dtype)
 
 
 @dataclasses.dataclass(frozen=True)
