@@ -307,8 +307,10 @@ def test_device_hits_equal_hf_stop_string_criteria(bpe):
     stops = ["\n\n", "the", "e.", ")"]
     hf = StopStringCriteria(fast, stops)
     rng = np.random.default_rng(0)
-    text_ids = fast("the value) is.\n\nThe end. e.g. (the other)\n\n")["input_ids"]
-    seqs = [text_ids[: i + 1] for i in range(len(text_ids))]
+    seqs = []  # every prefix of two texts (hits where a stop string ends), whatever BPE the corpus trains
+    for text in ("the value) is.\n\nThe end. e.g. (the other)\n\n", "then e.g. (x) and the.\n\nthe e. f(the)\n\nthe"):
+        text_ids = fast(text)["input_ids"]
+        seqs += [text_ids[: i + 1] for i in range(len(text_ids))]
     seqs += [rng.integers(0, len(fast), size=rng.integers(1, 12)).tolist() for _ in range(100)]
     width = 31
     windows = jnp.array([([-1] * width + s)[-width:] for s in seqs])
