@@ -27,7 +27,7 @@ def _top_n_sigma(x: Array, n: Array, clean: bool = False) -> Array:
     """The core on float32 ``x [*B, V]`` and ``n float32[*B]``; ``x`` is NaN-free unless ``clean``
     (then NaN counts as ``-inf`` here, in the passes that read ``x`` anyway)."""
     n = _math.nan_to(n, 0.0)[..., None]
-    nan_free = lambda: _math.clean(x) if clean else x  # noqa: E731
+    cleaned = lambda: _math.clean(x) if clean else x  # noqa: E731
 
     def apply():
         # Moments of the distances to the row maximum: small numbers, so the float32 sums carry few
@@ -49,7 +49,7 @@ def _top_n_sigma(x: Array, n: Array, clean: bool = False) -> Array:
             return _within(x, top, _std(squares, x.shape[-1], k), n)
 
         def general():
-            y = nan_free()
+            y = cleaned()
             finite = jnp.isfinite(y)
             count = jnp.maximum(jnp.sum(finite, axis=-1, keepdims=True, dtype=jnp.float32), 1.0)
             y_top = _math.row_max(y) if clean else top
@@ -61,7 +61,7 @@ def _top_n_sigma(x: Array, n: Array, clean: bool = False) -> Array:
 
         return _math.cond(jnp.all(jnp.isfinite(total)), dense, general)
 
-    return _math.if_any(n > 0, apply, nan_free)
+    return _math.if_any(n > 0, apply, cleaned)
 
 
 def _distances(x: Array, top: Array) -> tuple[Array, Array]:
