@@ -44,9 +44,10 @@ with another class, at most ``max_pops`` times per token); the few tokens that r
 the caller are listed per state with their ``next`` value from it (a window of ``W`` per row) and
 resolved on the stack; EOS also needs every state on the stack to be able to end. A token's ``i``-th
 return pops the same frame for every token of a row (its depth less ``i``), and only the few states
-a stack can hold are ever popped: their ``next`` rows are kept dense (``return_next``, a row per
-state a return can pop, ``return_row`` its index), so each return is one gather per token with the
-popped state's row found once per row. The stack arrays of a stack without recursion
+a stack can hold are ever popped, reading few classes: their ``next`` rows are kept dense over
+those classes (``return_next``; ``return_row`` and ``return_col`` index it, and an effect's rest
+class is stored as its column), so each return is one gather per token, the popped state's row
+found once per row. The stack arrays of a stack without recursion
 (or without stack-dependent tokens) are one column wide: the code that reads them is not traced.
 
 The mask is a packed bitmask rather than ``next[s, class_of[v]]`` because a per-element ``[B, V]``
@@ -93,7 +94,8 @@ MIN_ROOMS = 4
 MIN_EFFECTS = 256
 MIN_PUSHES = 4
 MIN_POPS = 2
-MIN_RETURN_ROWS = 8  # rows of return_next: the dead state, the states a return can pop
+MIN_RETURN_ROWS = 8  # return_next: the dead state and the states a return can pop,
+MIN_RETURN_COLS = 32  # the dead class and the classes those states read
 
 _STATIC = ("depth", "max_pops", "window")
 
@@ -120,14 +122,17 @@ class Tables:
       mask_blocks: ``uint32[G, K, BLOCK]`` distinct mask blocks (block 0 is empty).
       accept: ``bool[G, S]`` states where the current rule may end.
       need: ``int32[G, S]`` stack room needed to finish the current rule (``[G, 1]`` without recursion).
-      effect: ``int32[G, E, 4 + P]`` effects (see :class:`~jaxsample.structured.tokens.PushdownTables`).
+      effect: ``int32[G, E, 4 + P]`` effects (see :class:`~jaxsample.structured.tokens.PushdownTables`),
+        the rest class as its column in ``return_next``.
       pop_start, pop_count: ``idx[G, S]`` each state's stack-dependent tokens in ``pop_token`` (``[G, 1]`` if ``window == 0``).
       pop_token: ``idx[G, T]`` (``[G, 1]`` if ``window == 0``).
       pop_next: ``idx[G, T]`` the ``next`` value (an effect that returns) of each listed token from its
         state (states share a list where tokens and values are equal).
-      return_row: ``idx[G, S]`` row in ``return_next`` of each state a return can pop (0: others; ``[G, 1]`` without recursion).
-      return_next: ``idx[G, Q, C]`` dense ``next`` of the states a return can pop (the pushed states and
-        the bottom); row 0 is the dead state's (``[G, 1, 1]`` without recursion).
+      return_row: ``idx[G, S]`` row in ``return_next`` of each state a return can pop (0: others).
+      return_col: ``idx[G, C]`` column in ``return_next`` of each class live in one of its rows (0: others).
+      return_next: ``idx[G, Q, K]`` ``next`` of the states a return can pop (the pushed states and the
+        bottom) for the classes live in their rows; row and column 0 are dead (the three are
+        ``[G, 1]``, ``[G, 1]``, ``[G, 1, 1]`` without recursion).
       bottom: ``int32[G]`` the state below every stack.
       limit: ``int32[G]`` stack limit (traced: changing it never recompiles; ``<= depth``).
       eos: ``int32[G, N]`` EOS ids (``-1`` padding).
@@ -156,6 +161,7 @@ class Tables:
     pop_token: Array
     pop_next: Array
     return_row: Array
+    return_col: Array
     return_next: Array
     bottom: Array
     limit: Array
@@ -284,8 +290,9 @@ def stack(
     n_eff = bucket(max(p.effect.shape[0] for p in rec), MIN_EFFECTS) if rec else 1
     width = 4 + bucket(max(p.effect.shape[1] - 4 for p in rec), MIN_PUSHES) if rec else 4
     max_pops = bucket(max(p.max_pops for p in rec), MIN_POPS) if rec else 0
-    popped = [_poppable(p) if p is not None else None for p in pds]
-    n_ret = bucket(1 + max(x.size for x in popped if x is not None), MIN_RETURN_ROWS) if rec else 1
+    returns = [_returns(g) if g.pushdown is not None else None for g in grammars]
+    n_ret = bucket(1 + max(x[0].size for x in returns if x is not None), MIN_RETURN_ROWS) if rec else 1
+    n_col = bucket(1 + max(x[1].size for x in returns if x is not None), MIN_RETURN_COLS) if rec else 1
     n_eos = max(len(g.eos_ids) for g in grammars) or 1
     v = vocab.pop()
     s_rec, s_pop = (s if rec else 1), (s if window else 1)  # stack arrays only where the code reads them
@@ -309,7 +316,8 @@ def stack(
     pop_token = np.zeros((n, n_pop if window else 1), _index_dtype(v))
     pop_next = np.zeros((n, n_pop if window else 1), _index_dtype(s + n_eff))
     return_row = np.zeros((n, s_rec), _index_dtype(n_ret))
-    return_next = np.zeros((n, n_ret, c if rec else 1), _index_dtype(s + n_eff))
+    return_col = np.zeros((n, c if rec else 1), _index_dtype(n_col))
+    return_next = np.zeros((n, n_ret, n_col), _index_dtype(s + n_eff))
     bottom = np.zeros(n, np.int32)
     limit = np.zeros(n, np.int32)
     eos = np.full((n, n_eos), -1, np.int32)
@@ -339,10 +347,12 @@ def stack(
         mask_id[i, :k, :r] = p.room_mask_id
         mask_id[i, :k, r:] = p.room_mask_id[:, -1:]
         need[i, :k] = p.need
-        return_row[i, popped[i]] = np.arange(1, popped[i].size + 1)
-        return_next[i, 1 : popped[i].size + 1, : g.num_classes] = remap(g.next[popped[i]])
+        rows, cols = returns[i]
+        return_row[i, rows] = np.arange(1, rows.size + 1)
+        return_col[i, cols] = np.arange(1, cols.size + 1)
+        return_next[i, 1 : rows.size + 1, 1 : cols.size + 1] = remap(g.next[np.ix_(rows, cols)])
         e = p.effect.copy()
-        e[:, 1] = np.where(e[:, 1] >= 0, e[:, 1], -1)
+        e[:, 1] = np.where(e[:, 1] >= 0, return_col[i, np.maximum(e[:, 1], 0)].astype(np.int32), -1)
         effect[i, : e.shape[0], : e.shape[1]] = e
         if window:
             first, count, token, value = lists[i]
@@ -351,7 +361,8 @@ def stack(
         bottom[i] = p.bottom
         limit[i] = limits[i]
     arrays = [row_sets, live_bits, pattern_bits, pattern_rank, row_offset, targets, class_of, forced, start, mask_id,
-              mask_rows, mask_blocks, accept, need, effect, pop_start, pop_count, pop_token, pop_next, return_row, return_next,
+              mask_rows, mask_blocks, accept, need, effect, pop_start, pop_count, pop_token, pop_next, return_row, return_col,
+              return_next,
               bottom, limit, eos]  # fmt: skip
     return Tables(*jax.device_put(arrays), depth=d, max_pops=max_pops, window=window)  # one transfer call: ~4x faster
 
@@ -375,10 +386,13 @@ def _pop_lists(g: TokenGrammar):
     return start, count, token[keep], g.next[state[keep], g.class_of[token[keep]]]
 
 
-def _poppable(p) -> np.ndarray:
-    """``int[Q]`` the states a return can pop: the pushed ones and the bottom (sorted)."""
+def _returns(g: TokenGrammar) -> tuple[np.ndarray, np.ndarray]:
+    """``(int[Q], int[K])``: the states a return can pop (the pushed ones and the bottom) and the classes
+    live in their ``next`` rows, both sorted."""
+    p = g.pushdown
     pushed = p.effect[:, 4:][np.arange(p.effect.shape[1] - 4) < p.effect[:, 2:3]]
-    return np.union1d(pushed, [p.bottom])
+    rows = np.union1d(pushed, [p.bottom])
+    return rows, np.flatnonzero((g.next[rows] != 0).any(axis=0))
 
 
 def _row_modes(row: np.ndarray, value: np.ndarray, rows: int) -> np.ndarray:
@@ -507,6 +521,7 @@ def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, first: A
         return v != 0, v, depth, None
     n_eff = tables.effect.shape[1]
     rows = jnp.arange(g.shape[0])
+    col = tables.return_col[gg, cls].astype(jnp.int32)  # the class read after a return, as a column of return_next
     fits = jnp.ones(v.shape, bool)  # calls entered and left before each return fit under the limit
     for i in range(tables.max_pops):  # a token returning an i-th time has returned i times: it pops the row's frame at depth - 1 - i
         e = tables.effect[gg, jnp.clip(v - s_size, 0, n_eff - 1)]
@@ -515,8 +530,8 @@ def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, first: A
         at = st.depth - 1 - i
         popped = jnp.where(at >= 0, st.stack[rows, jnp.clip(at, 0, tables.depth - 1)], tables.bottom[g])  # [B]
         row = tables.return_row[g, popped].astype(jnp.int32)
-        cls = jnp.where(ret & (e[..., 1] >= 0), e[..., 1], cls)
-        v = jnp.where(ret, tables.return_next[gg, row[:, None] if lanes else row, cls].astype(jnp.int32), v)
+        col = jnp.where(ret & (e[..., 1] >= 0), e[..., 1], col)
+        v = jnp.where(ret, tables.return_next[gg, row[:, None] if lanes else row, col].astype(jnp.int32), v)
         depth = jnp.where(ret, jnp.maximum(depth - 1, 0), depth)
     eff = v >= s_size
     e = tables.effect[gg, jnp.clip(v - s_size, 0, n_eff - 1)]
