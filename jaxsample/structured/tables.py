@@ -355,15 +355,13 @@ def stack(
         e[:, 1] = np.where(e[:, 1] >= 0, return_col[i, np.maximum(e[:, 1], 0)].astype(np.int32), -1)
         effect[i, : e.shape[0], : e.shape[1]] = e
         if window:
-            first, count, token, value = lists[i]
-            pop_start[i, :k], pop_count[i, :k] = first, count
+            pop_start[i, :k], pop_count[i, :k], token, value = lists[i]
             pop_token[i, : token.size], pop_next[i, : value.size] = token, remap(value)
         bottom[i] = p.bottom
         limit[i] = limits[i]
     arrays = [row_sets, live_bits, pattern_bits, pattern_rank, row_offset, targets, class_of, forced, start, mask_id,
-              mask_rows, mask_blocks, accept, need, effect, pop_start, pop_count, pop_token, pop_next, return_row, return_col,
-              return_next,
-              bottom, limit, eos]  # fmt: skip
+              mask_rows, mask_blocks, accept, need, effect, pop_start, pop_count, pop_token, pop_next, return_row,
+              return_col, return_next, bottom, limit, eos]  # fmt: skip
     return Tables(*jax.device_put(arrays), depth=d, max_pops=max_pops, window=window)  # one transfer call: ~4x faster
 
 
@@ -373,7 +371,7 @@ def _pop_lists(g: TokenGrammar):
     p = g.pushdown
     has = np.flatnonzero(p.pop_count)
     at = np.repeat(p.pop_start[has] - np.cumsum(p.pop_count[has]) + p.pop_count[has], p.pop_count[has])
-    token = p.pop_token[at + np.arange(at.size)]  # every listed token of every state, state by state
+    token = p.pop_token[at + np.arange(at.size)]  # every listed token of every state, state by state (start + j)
     state = np.repeat(has, p.pop_count[has])
     value = np.zeros((has.size, g.next.shape[1]), g.next.dtype)  # a state's list, as values by class (effects: > 0)
     value[np.repeat(np.arange(has.size), p.pop_count[has]), g.class_of[token]] = g.next[state, g.class_of[token]]
@@ -523,12 +521,12 @@ def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, first: A
     rows = jnp.arange(g.shape[0])
     col = tables.return_col[gg, cls].astype(jnp.int32)  # the class read after a return, as a column of return_next
     fits = jnp.ones(v.shape, bool)  # calls entered and left before each return fit under the limit
-    for i in range(tables.max_pops):  # a token returning an i-th time has returned i times: it pops the row's frame at depth - 1 - i
+    for i in range(tables.max_pops):  # a token returning once more has returned i times: it pops frame depth - 1 - i
         e = tables.effect[gg, jnp.clip(v - s_size, 0, n_eff - 1)]
         ret = (v >= s_size) & (e[..., 0] < 0)
         fits &= ~ret | (depth + e[..., 3] <= tables.limit[gg])
         at = st.depth - 1 - i
-        popped = jnp.where(at >= 0, st.stack[rows, jnp.clip(at, 0, tables.depth - 1)], tables.bottom[g])  # [B]
+        popped = jnp.where(at >= 0, st.stack[rows, jnp.clip(at, 0, max(tables.depth - 1, 0))], tables.bottom[g])  # [B]
         row = tables.return_row[g, popped].astype(jnp.int32)
         col = jnp.where(ret & (e[..., 1] >= 0), e[..., 1], col)
         v = jnp.where(ret, tables.return_next[gg, row[:, None] if lanes else row, col].astype(jnp.int32), v)
