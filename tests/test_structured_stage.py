@@ -151,11 +151,32 @@ def test_packed_tables_are_exactly_the_straightforward_form(grammars, pins):
         words = words.reshape(s_size, rooms, -1)
         np.testing.assert_array_equal(words[: g.num_states, :, :w], masks)
         assert not words[g.num_states :].any() and not words[..., w:].any()  # padded states and words: nothing allowed
+        if g.pushdown is not None:
+            _check_returns(t, i, g, nxt)
     stored = [_packed_next(g.next)[-1].size for g in gs]
     live = [int((g.next != 0).sum()) for g in gs]
     assert all(n <= m for n, m in zip(stored, live)) and stored[-2] < 0.8 * live[-2]  # a default per state, the exceptions
     assert max(stored) <= t.targets.shape[1] < (2 * max(max(stored), 256) if not pins else 1 << 17)
     assert sum(g.pushdown is not None for g in gs) == 2
+
+
+def _check_returns(t, i, g, nxt):
+    """Grammar ``i``'s stack tables against the host's: every state a return can pop reads its dense
+    ``next`` row through ``return_next`` (every class), effects name a rest by its column (``-1``: the
+    token's own class), and each state lists the host's stack-dependent tokens with ``next`` from it."""
+    p, k, c = g.pushdown, g.num_states, g.num_classes
+    row, col = np.asarray(t.return_row[i])[:k].astype(int), np.asarray(t.return_col[i])[:c].astype(int)
+    pushed = p.effect[:, 4:][np.arange(p.effect.shape[1] - 4) < p.effect[:, 2:3]]
+    assert (row[pushed] > 0).all() and row[p.bottom] > 0
+    np.testing.assert_array_equal(np.asarray(t.return_next[i])[row[row > 0, None], col], nxt[row > 0])
+    rest = np.asarray(t.effect[i])[: p.effect.shape[0], 1]
+    np.testing.assert_array_equal(rest, np.where(p.effect[:, 1] >= 0, col[np.maximum(p.effect[:, 1], 0)], -1))
+    start, count = np.asarray(t.pop_start[i]).astype(int), np.asarray(t.pop_count[i]).astype(int)
+    token, value = np.asarray(t.pop_token[i]).astype(int), np.asarray(t.pop_next[i]).astype(int)
+    for s in range(k):
+        want = p.pop_token[p.pop_start[s] : p.pop_start[s] + p.pop_count[s]]
+        np.testing.assert_array_equal(token[start[s] : start[s] + count[s]], want)
+        np.testing.assert_array_equal(value[start[s] : start[s] + count[s]], nxt[s, g.class_of[want]])
 
 
 def _toy_logits(seed=0):

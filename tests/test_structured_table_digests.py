@@ -8,9 +8,11 @@ instances: no tokenizer training, so the vocabulary itself cannot drift). A dige
 array of the ``TokenGrammar`` (``next``, ``class_of``, masks, the stack tables of recursive
 grammars); a second digest covers its device ``Tables`` (``stack``). Regenerate only for a
 deliberate change of the tables: ``python -m tests.test_structured_table_digests``. (The device
-digests were regenerated on branch h12mem, 2026-11-27, for the compact device layout; the grammar
-digests are those of d138ca9: the combined digests of d138ca9 were reproduced with the previous
-``stack`` before the split.)
+digests were regenerated on branch h12mem, 2026-11-27, for the compact device layout, and on branch
+h12rec, 2026-11-27, for the return tables: ``pop_next``, ``return_row``, ``return_col``,
+``return_next``, rests stored as ``return_next`` columns, pop lists shared by equal tokens and values; the
+grammar digests are those of d138ca9: the combined digests of d138ca9 were reproduced with the
+previous ``stack`` before the split.)
 """
 
 from __future__ import annotations
@@ -71,29 +73,29 @@ PINNED = {
 #: Digests of the device ``Tables`` (``stack``), apart: a deliberate change of the device layout
 #: leaves the compiler's pins above untouched.
 PINNED_DEVICE = {
-    "choice": "9ce29bf1472435f6",
-    "gbnf_arithmetic": "abecdb4658583039",
-    "json_depth4": "d8ec881f41c69ccf",
-    "person": "92ecac9369f2c830",
-    "person_compact": "3b0503f24bc0bdc7",
-    "regex0": "21d6a732cfd550cf",
-    "regex1": "4ee31cf4f708fd4b",
-    "regex2": "2ed37d3747a20270",
-    "sample130": "fa779999fcc43f66",
-    "sample17": "ec999e2d22deda8b",
-    "sample175": "948ca5c522d7d021",
-    "sample178": "545435479c7bdea9",
-    "sample180": "fc99c2a25a8cfcd5",
-    "sample188": "3bfe59a313d4700d",
-    "sample192": "c9ad4da6d1812cf6",
-    "sample198": "bb715dc6b4c1d01e",
-    "sample219": "48b8fdcb7a774b91",
-    "sample25": "d7cec907dba1533c",
-    "sample32": "47c6178d1baeb431",
-    "sample5": "2ac1b609f3e91fad",
-    "sample53": "51e75a6fafcc8b4a",
-    "sample53_spec": "78f03fb65a087ed1",
-    "tree": "a5d78d5870f75066",
+    "choice": "f5397e60e99a67b0",
+    "gbnf_arithmetic": "11341da2f5288f21",
+    "json_depth4": "3a0c651ff1eae2c5",
+    "person": "46f33746d9287d2f",
+    "person_compact": "2d6877c50bf2341d",
+    "regex0": "0295c6561bd753f6",
+    "regex1": "57655a6d3dff0bd5",
+    "regex2": "48547e3eebcdced0",
+    "sample130": "6d80e43628f82b3f",
+    "sample17": "ac28e1d368401132",
+    "sample175": "55f5d3c60ead9cb8",
+    "sample178": "80427be713b2410a",
+    "sample180": "915a0d7b7b6b9832",
+    "sample188": "61d90dc64147526f",
+    "sample192": "95532c5fb168232d",
+    "sample198": "e7dfb3e140c8ba30",
+    "sample219": "d8f8c5e5e5d2be6a",
+    "sample25": "7abe781c6f635295",
+    "sample32": "d2cd02c35bb67c18",
+    "sample5": "918ea6c914781cde",
+    "sample53": "7bbf37f910cede87",
+    "sample53_spec": "54bea3d066ea108f",
+    "tree": "6473c383e2d97e00",
 }
 
 

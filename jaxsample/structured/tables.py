@@ -41,8 +41,13 @@ of return states (``int32[B, D]``, ``D`` the stack capacity) with its depth. For
 :mod:`~jaxsample.structured.effects`) ``room = min(limit - depth, R - 1)``; a ``next`` value from
 ``S`` on is an effect (a stay that pushes, or a return that pops and continues in the popped state
 with another class, at most ``max_pops`` times per token); the few tokens that return and go on in
-the caller are listed per state (a window of ``W`` per row) and resolved by those gathers; EOS also
-needs every state on the stack to be able to end. The stack arrays of a stack without recursion
+the caller are listed per state with their ``next`` value from it (a window of ``W`` per row) and
+resolved on the stack; EOS also needs every state on the stack to be able to end. A token's ``i``-th
+return pops the same frame for every token of a row (its depth less ``i``), and only the few states
+a stack can hold are ever popped, reading few classes: their ``next`` rows are kept dense over
+those classes (``return_next``; ``return_row`` and ``return_col`` index it, and an effect's rest
+class is stored as its column), so each return is one gather per token, the popped state's row
+found once per row. The stack arrays of a stack without recursion
 (or without stack-dependent tokens) are one column wide: the code that reads them is not traced.
 
 The mask is a packed bitmask rather than ``next[s, class_of[v]]`` because a per-element ``[B, V]``
@@ -89,6 +94,8 @@ MIN_ROOMS = 4
 MIN_EFFECTS = 256
 MIN_PUSHES = 4
 MIN_POPS = 2
+MIN_RETURN_ROWS = 8  # return_next: the dead state and the states a return can pop,
+MIN_RETURN_COLS = 32  # the dead class and the classes those states read
 
 _STATIC = ("depth", "max_pops", "window")
 
@@ -115,9 +122,17 @@ class Tables:
       mask_blocks: ``uint32[G, K, BLOCK]`` distinct mask blocks (block 0 is empty).
       accept: ``bool[G, S]`` states where the current rule may end.
       need: ``int32[G, S]`` stack room needed to finish the current rule (``[G, 1]`` without recursion).
-      effect: ``int32[G, E, 4 + P]`` effects (see :class:`~jaxsample.structured.tokens.PushdownTables`).
+      effect: ``int32[G, E, 4 + P]`` effects (see :class:`~jaxsample.structured.tokens.PushdownTables`),
+        the rest class as its column in ``return_next``.
       pop_start, pop_count: ``idx[G, S]`` each state's stack-dependent tokens in ``pop_token`` (``[G, 1]`` if ``window == 0``).
       pop_token: ``idx[G, T]`` (``[G, 1]`` if ``window == 0``).
+      pop_next: ``idx[G, T]`` the ``next`` value (an effect that returns) of each listed token from its
+        state (states share a list where tokens and values are equal).
+      return_row: ``idx[G, S]`` row in ``return_next`` of each state a return can pop (0: others).
+      return_col: ``idx[G, C]`` column in ``return_next`` of each class live in one of its rows (0: others).
+      return_next: ``idx[G, Q, K]`` ``next`` of the states a return can pop (the pushed states and the
+        bottom) for the classes live in their rows; row and column 0 are dead (the three are
+        ``[G, 1]``, ``[G, 1]``, ``[G, 1, 1]`` without recursion).
       bottom: ``int32[G]`` the state below every stack.
       limit: ``int32[G]`` stack limit (traced: changing it never recompiles; ``<= depth``).
       eos: ``int32[G, N]`` EOS ids (``-1`` padding).
@@ -144,6 +159,10 @@ class Tables:
     pop_start: Array
     pop_count: Array
     pop_token: Array
+    pop_next: Array
+    return_row: Array
+    return_col: Array
+    return_next: Array
     bottom: Array
     limit: Array
     eos: Array
@@ -258,7 +277,9 @@ def stack(
     d = _size(num_depth, max(max(limits), 1), MIN_DEPTH, "num_depth", sizes) if rec else int(num_depth or 0)
     longest = max([int(p.pop_count.max(initial=0)) for p in rec], default=0)
     window = _size(num_returns, longest, MIN_RETURNS, "num_returns", sizes) if longest else int(num_returns or 0)
-    n_pop = _size(num_pop_tokens, max([p.pop_token.size for p in rec], default=1), MIN_POP_TOKENS, "num_pop_tokens", sizes)
+    lists = [_pop_lists(g) if g.pushdown is not None and window else None for g in grammars]
+    n_pop = _size(num_pop_tokens, max([x[2].size for x in lists if x is not None], default=1), MIN_POP_TOKENS,
+                  "num_pop_tokens", sizes)  # fmt: skip
     small = {k: v for k, v in sizes.items() if v[0] < v[1]}
     if small:
         raise ValueError(
@@ -269,6 +290,9 @@ def stack(
     n_eff = bucket(max(p.effect.shape[0] for p in rec), MIN_EFFECTS) if rec else 1
     width = 4 + bucket(max(p.effect.shape[1] - 4 for p in rec), MIN_PUSHES) if rec else 4
     max_pops = bucket(max(p.max_pops for p in rec), MIN_POPS) if rec else 0
+    returns = [_returns(g) if g.pushdown is not None else None for g in grammars]
+    n_ret = bucket(1 + max(x[0].size for x in returns if x is not None), MIN_RETURN_ROWS) if rec else 1
+    n_col = bucket(1 + max(x[1].size for x in returns if x is not None), MIN_RETURN_COLS) if rec else 1
     n_eos = max(len(g.eos_ids) for g in grammars) or 1
     v = vocab.pop()
     s_rec, s_pop = (s if rec else 1), (s if window else 1)  # stack arrays only where the code reads them
@@ -290,6 +314,10 @@ def stack(
     pop_start = np.zeros((n, s_pop), _index_dtype(n_pop + 1))  # (an empty list may start at the end)
     pop_count = np.zeros((n, s_pop), _index_dtype(window + 1))
     pop_token = np.zeros((n, n_pop if window else 1), _index_dtype(v))
+    pop_next = np.zeros((n, n_pop if window else 1), _index_dtype(s + n_eff))
+    return_row = np.zeros((n, s_rec), _index_dtype(n_ret))
+    return_col = np.zeros((n, c if rec else 1), _index_dtype(n_col))
+    return_next = np.zeros((n, n_ret, n_col), _index_dtype(s + n_eff))
     bottom = np.zeros(n, np.int32)
     limit = np.zeros(n, np.int32)
     eos = np.full((n, n_eos), -1, np.int32)
@@ -319,18 +347,50 @@ def stack(
         mask_id[i, :k, :r] = p.room_mask_id
         mask_id[i, :k, r:] = p.room_mask_id[:, -1:]
         need[i, :k] = p.need
+        rows, cols = returns[i]
+        return_row[i, rows] = np.arange(1, rows.size + 1)
+        return_col[i, cols] = np.arange(1, cols.size + 1)
+        return_next[i, 1 : rows.size + 1, 1 : cols.size + 1] = remap(g.next[np.ix_(rows, cols)])
         e = p.effect.copy()
-        e[:, 1] = np.where(e[:, 1] >= 0, e[:, 1], -1)
+        e[:, 1] = np.where(e[:, 1] >= 0, return_col[i, np.maximum(e[:, 1], 0)].astype(np.int32), -1)
         effect[i, : e.shape[0], : e.shape[1]] = e
         if window:
-            pop_start[i, :k] = p.pop_start
-            pop_count[i, :k] = p.pop_count
-            pop_token[i, : p.pop_token.size] = p.pop_token
+            pop_start[i, :k], pop_count[i, :k], token, value = lists[i]
+            pop_token[i, : token.size], pop_next[i, : value.size] = token, remap(value)
         bottom[i] = p.bottom
         limit[i] = limits[i]
     arrays = [row_sets, live_bits, pattern_bits, pattern_rank, row_offset, targets, class_of, forced, start, mask_id,
-              mask_rows, mask_blocks, accept, need, effect, pop_start, pop_count, pop_token, bottom, limit, eos]  # fmt: skip
+              mask_rows, mask_blocks, accept, need, effect, pop_start, pop_count, pop_token, pop_next, return_row,
+              return_col, return_next, bottom, limit, eos]  # fmt: skip
     return Tables(*jax.device_put(arrays), depth=d, max_pops=max_pops, window=window)  # one transfer call: ~4x faster
+
+
+def _pop_lists(g: TokenGrammar):
+    """Each state's stack-dependent tokens with their ``next`` values from it: ``(start int[S], count int[S],
+    token int[T], value int[T])``; states with equal tokens and values share one list."""
+    p = g.pushdown
+    has = np.flatnonzero(p.pop_count)
+    at = np.repeat(p.pop_start[has] - np.cumsum(p.pop_count[has]) + p.pop_count[has], p.pop_count[has])
+    token = p.pop_token[at + np.arange(at.size)]  # every listed token of every state, state by state (start + j)
+    state = np.repeat(has, p.pop_count[has])
+    value = np.zeros((has.size, g.next.shape[1]), g.next.dtype)  # a state's list, as values by class (effects: > 0)
+    value[np.repeat(np.arange(has.size), p.pop_count[has]), g.class_of[token]] = g.next[state, g.class_of[token]]
+    first, which = unique_rows(value)
+    size = p.pop_count[has][first]
+    offset = np.cumsum(size) - size
+    start, count = np.zeros(g.num_states, np.int64), np.zeros(g.num_states, np.int64)
+    start[has], count[has] = offset[which], size[which]
+    keep = np.isin(np.repeat(np.arange(has.size), p.pop_count[has]), first)  # the entries of each list's first state
+    return start, count, token[keep], g.next[state[keep], g.class_of[token[keep]]]
+
+
+def _returns(g: TokenGrammar) -> tuple[np.ndarray, np.ndarray]:
+    """``(int[Q], int[K])``: the states a return can pop (the pushed ones and the bottom) and the classes
+    live in their ``next`` rows, both sorted."""
+    p = g.pushdown
+    pushed = p.effect[:, 4:][np.arange(p.effect.shape[1] - 4) < p.effect[:, 2:3]]
+    rows = np.union1d(pushed, [p.bottom])
+    return rows, np.flatnonzero((g.next[rows] != 0).any(axis=0))
 
 
 def _row_modes(row: np.ndarray, value: np.ndarray, rows: int) -> np.ndarray:
@@ -441,33 +501,35 @@ def _frames_accept(tables: Tables, g: Array, st: GrammarState) -> Array:
     return jnp.all(~used | tables.accept[g[:, None], st.stack], axis=1)
 
 
-def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, lanes: bool = False):
+def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, first: Array | None = None):
     """Follows a token's returns: ``(valid, state, depth after pops, effect row or None)``.
 
-    Shapes are ``[B]`` (one token per row) or ``[B, W]`` (``lanes``: several tokens per row).
+    Shapes are ``[B]`` (one token per row) or ``[B, W]`` (several tokens per row); ``first``: the
+    tokens' ``next`` values from the row's state when known (the listed stack-dependent tokens).
     """
     v_size = tables.class_of.shape[-1]
     s_size = tables.forced.shape[1]
+    lanes = tokens.ndim == 2
     gg = g[:, None] if lanes else g
-    q = st.state[:, None] if lanes else st.state
     depth = jnp.broadcast_to(st.depth[:, None], tokens.shape) if lanes else st.depth
     cls = tables.class_of[gg, jnp.clip(tokens, 0, v_size - 1)].astype(jnp.int32)
     cls = jnp.where((tokens >= 0) & (tokens < v_size), cls, 0)
-    v = _next(tables, gg, q, cls)
+    v = _next(tables, gg, st.state[:, None] if lanes else st.state, cls) if first is None else first
     if tables.max_pops == 0:
         return v != 0, v, depth, None
     n_eff = tables.effect.shape[1]
+    rows = jnp.arange(g.shape[0])
+    col = tables.return_col[gg, cls].astype(jnp.int32)  # the class read after a return, as a column of return_next
     fits = jnp.ones(v.shape, bool)  # calls entered and left before each return fit under the limit
-    for _ in range(tables.max_pops):
+    for i in range(tables.max_pops):  # a token returning once more has returned i times: it pops frame depth - 1 - i
         e = tables.effect[gg, jnp.clip(v - s_size, 0, n_eff - 1)]
         ret = (v >= s_size) & (e[..., 0] < 0)
         fits &= ~ret | (depth + e[..., 3] <= tables.limit[gg])
-        at = jnp.clip(depth - 1, 0, max(tables.depth - 1, 0))
-        top = jnp.take_along_axis(st.stack, at if lanes else at[:, None], axis=1)
-        top = top if lanes else top[:, 0]
-        popped = jnp.where(depth > 0, top, tables.bottom[gg])
-        cls = jnp.where(ret & (e[..., 1] >= 0), e[..., 1], cls)
-        v = jnp.where(ret, _next(tables, gg, popped, cls), v)
+        at = st.depth - 1 - i
+        popped = jnp.where(at >= 0, st.stack[rows, jnp.clip(at, 0, max(tables.depth - 1, 0))], tables.bottom[g])  # [B]
+        row = tables.return_row[g, popped].astype(jnp.int32)
+        col = jnp.where(ret & (e[..., 1] >= 0), e[..., 1], col)
+        v = jnp.where(ret, tables.return_next[gg, row[:, None] if lanes else row, col].astype(jnp.int32), v)
         depth = jnp.where(ret, jnp.maximum(depth - 1, 0), depth)
     eff = v >= s_size
     e = tables.effect[gg, jnp.clip(v - s_size, 0, n_eff - 1)]
@@ -503,7 +565,8 @@ def allowed(tables: Tables, grammar: ArrayLike, state) -> Array:
         k = jnp.arange(tables.window)
         idx = jnp.clip(tables.pop_start[g, st.state].astype(jnp.int32)[:, None] + k, 0, tables.pop_token.shape[1] - 1)
         tok = tables.pop_token[g[:, None], idx].astype(jnp.int32)
-        valid = _resolve(tables, g, st, tok, lanes=True)[0] & (k < tables.pop_count[g, st.state].astype(jnp.int32)[:, None])
+        first = tables.pop_next[g[:, None], idx].astype(jnp.int32)
+        valid = _resolve(tables, g, st, tok, first)[0] & (k < tables.pop_count[g, st.state].astype(jnp.int32)[:, None])
         bit = jnp.left_shift(jnp.uint32(1), (tok & 31).astype(jnp.uint32))
         words = words.at[rows, tok >> 5].add(jnp.where(valid, bit, jnp.uint32(0)))  # (their bits are 0 here)
     if tables.depth:  # EOS returns through every frame: cleared unless each may end
