@@ -46,16 +46,12 @@ def certain(x: Array) -> Array:
     return _math.if_any(posinf, lambda: jnp.where(posinf, jnp.where(x == jnp.inf, 0.0, -jnp.inf), x), lambda: x)
 
 
-def _identity(x: Array) -> Array:
-    return x
-
-
 def _exact(keys: Array, x: Array) -> Array:
     """``argmax(x + gumbel)`` over every token of NaN-free ``x [*B, V]``: ``int32[*B]`` (all ``-inf``: 0)."""
     return _math.argmax(jnp.where(x > -jnp.inf, x + _noise.gumbel_all(keys, x.shape[-1]), -jnp.inf))
 
 
-def _dense(keys: Array, x: Array, k: int, read: Callable[[Array], Array] = _identity) -> Array:
+def _dense(keys: Array, x: Array, k: int, read: Callable[[Array], Array] = _math.identity) -> Array:
     """``argmax(x + gumbel)`` over every token of ``read(x) [*B, V]`` (NaN-free, after :func:`certain`).
 
     The noise's logarithms are taken for ``k`` tokens only: the ``k + 1`` largest of ``x +``
@@ -81,7 +77,7 @@ def _whole_row(keys: Array, x: Array) -> Array:
     return _exact(keys, certain(x))
 
 
-def _on_candidates(keys: Array, x: Array, candidates: int, read: Callable[[Array], Array] = _identity) -> Array:
+def _on_candidates(keys: Array, x: Array, candidates: int, read: Callable[[Array], Array] = _math.identity) -> Array:
     """:func:`draw` through the ``K`` largest logits (CPU): noise for the candidates only where they
     hold every finite logit, else :func:`_dense`."""
     batch, vocab = x.shape[:-1], x.shape[-1]
@@ -108,7 +104,7 @@ def draw(keys: Array, x: Array, candidates: int, clean: bool = False) -> Array:
     program that finds it is the backend's fastest (module docstring). ``clean``: ``x`` may hold NaN
     (drawn as ``-inf``), mapped where each pass reads ``x``: on CPU no NaN-mapped ``[B, V]`` copy is
     written (a conditional takes its operands from memory)."""
-    read = _math.clean if clean else _identity
+    read = _math.clean if clean else _math.identity
     return lax.platform_dependent(
         keys, x, cpu=functools.partial(_on_candidates, candidates=candidates, read=read),
         default=lambda keys, x: _whole_row(keys, read(x)),

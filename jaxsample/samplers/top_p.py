@@ -39,11 +39,7 @@ def _probs(vals: Array, lse: Array) -> Array:
     return jnp.where(certain, (vals == jnp.inf).astype(jnp.float32), probs)
 
 
-def _identity(x: Array) -> Array:
-    return x
-
-
-def _log_normaliser(x: Array, top: tuple[Array, Array], read=_identity) -> Array:
+def _log_normaliser(x: Array, top: tuple[Array, Array], read=_math.identity) -> Array:
     """``float32[*B, 1]`` logsumexp of each row of ``read(x)``, over its candidates when they hold every finite logit."""
     complete = _candidates.complete(top[0], x.shape[-1])[..., None]
     # The largest candidate is the row maximum: no max pass over the vocabulary.
@@ -53,7 +49,7 @@ def _log_normaliser(x: Array, top: tuple[Array, Array], read=_identity) -> Array
     return jnp.where(complete, _math.logsumexp(top[0]), dense)
 
 
-def _cut(x: Array, p: Array, min_count: Array, candidates: int, top, read=_identity) -> Array:
+def _cut(x: Array, p: Array, min_count: Array, candidates: int, top, read=_math.identity) -> Array:
     """``float32[*B]`` cut-off (keep ``read(x) >= t``) for ``p >= 0`` and ``min_count >= 1``.
 
     ``read``: applied wherever ``x`` is read (the NaN map of a public call), inside the conditionals,
@@ -85,7 +81,7 @@ def _values(p: Array, min_keep: Array) -> tuple[Array, Array]:
     return jnp.maximum(_math.nan_to(p, 1.0), 0.0), jnp.maximum(min_keep, 1)
 
 
-def _top_p(x: Array, p: Array, min_keep: Array, candidates: int, read=_identity) -> Array:
+def _top_p(x: Array, p: Array, min_keep: Array, candidates: int, read=_math.identity) -> Array:
     """The core on float32 ``x [*B, V]`` (NaN-free after ``read``, see :func:`_cut`), ``p float32[*B]``,
     ``min_keep int32[*B]``."""
     p, min_count = _values(p, min_keep)
