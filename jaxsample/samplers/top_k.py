@@ -23,18 +23,27 @@ from jaxsample._types import Array, Float, Int
 from jaxsample.chain import Param, Stage, static_int
 
 
+def _off(x: Array, k: Array) -> Array:
+    return (k <= 0) | (k >= x.shape[-1])
+
+
+def _exact_keep(x: Array, k: Array, candidates: int, top) -> Array:
+    """``bool[*B, V]`` kept by exact top-k of NaN-free ``x`` (``k int32[*B]``, ``top`` the row's candidates)."""
+    off = _off(x, k)
+    return off[..., None] | _threshold.first_k(x, jnp.where(off, 1, k), candidates, top)
+
+
 def _top_k(x: Array, k: Array, exact: bool, candidates: int, read=_math.identity) -> Array:
     """The core on float32 ``x [*B, V]`` (NaN-free after ``read``, as in
     :func:`jaxsample.samplers.top_p._cut`) and ``k int32[*B]``."""
-    off = (k <= 0) | (k >= x.shape[-1])
-    kk = jnp.where(off, 1, k)
+    off = _off(x, k)
 
     def apply():
         if exact:
             y = read(x)
-            return _math.keep(y, off[..., None] | _threshold.first_k(y, kk, candidates, _candidates.top(y, candidates)))
+            return _math.keep(y, _exact_keep(y, k, candidates, _candidates.top(y, candidates)))
         top = _candidates.top_of(x, candidates, read)
-        t = jnp.where(off, -jnp.inf, _threshold.kth_largest(lambda: read(x), kk, candidates, top))
+        t = jnp.where(off, -jnp.inf, _threshold.kth_largest(lambda: read(x), jnp.where(off, 1, k), candidates, top))
         return _math.keep(x, x >= t[..., None])  # NaN >= t is False: read(x), without writing it out
 
     return _math.if_any(~off, apply, lambda: read(x))
@@ -94,7 +103,7 @@ class TopK(Stage, _fastpath.CandidateEntry):
 
     def enter_candidates(self, x, state, params, info):
         k = params["top_k"]
-        off = (k <= 0) | (k >= x.shape[-1])
+        off = _off(x, k)
 
         def filtered(top):
             if self.exact:  # canonical order lists ties by id: the first k candidates are llama.cpp's k
@@ -103,7 +112,7 @@ class TopK(Stage, _fastpath.CandidateEntry):
             return top[0] >= t[..., None], t
 
         def dense(top, t):
-            return _math.keep(x, _keep(x, k, True, self.candidates, top) if self.exact else x >= t[..., None])
+            return _math.keep(x, _exact_keep(x, k, self.candidates, top) if self.exact else x >= t[..., None])
 
         return _fastpath.enter(x, ~off, self.candidates, filtered, dense)
 
