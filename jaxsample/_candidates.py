@@ -43,6 +43,21 @@ def _top_k(x: Array, k: int) -> tuple[Array, Array]:
     return lax.optimization_barrier(vals), lax.optimization_barrier(ids.astype(jnp.int32))
 
 
+def _chunk_max(xc: Array) -> Array:
+    """``float32[..., n]``: the maxima of chunks ``[..., n, c]`` (NaN-free), reduced as ``int32`` order keys.
+
+    The same values as ``jnp.max(xc, axis=-1)`` (of ``-0.0`` and ``0.0``, ``0.0``). XLA:CPU hands a
+    float32 ``max`` to YNNPACK, which reads its input from memory, so an input computed on the fly
+    (``NaN`` mapped, filtered, hashed) would first be written out as a ``[B, V]`` buffer; an integer
+    ``max`` is XLA's own and fuses its producer (~0.15 ``logsumexp`` passes from memory, against
+    ~2.3 when a fresh ``[B, V]`` buffer is written first, at ``B = 64, V = 131072``).
+    """
+    bits = lax.bitcast_convert_type(xc, jnp.int32)
+    flip = jnp.int32(0x7FFFFFFF)
+    best = jnp.max(bits ^ ((bits >> 31) & flip), axis=-1)  # negative floats: reversed order
+    return lax.bitcast_convert_type(best ^ ((best >> 31) & flip), jnp.float32)
+
+
 def _floor(x: Array, k: int) -> Array:
     """``x`` with ``-inf`` below a lower bound of its ``k``-th largest entry (same ``lax.top_k``, cheaper).
 
@@ -59,11 +74,13 @@ def _floor(x: Array, k: int) -> Array:
     return jnp.where(x < bound, -jnp.inf, x)
 
 
-def _top(x: Array, k: int, chunk: int, leaf: int, prune: bool = True) -> tuple[Array, Array]:
+def _top(
+    x: Array, k: int, chunk: int, leaf: int, prune: bool = True, at: Callable[[Array], Array] | None = None
+) -> tuple[Array, Array]:
     """:func:`top` with explicit chunking (tests force several levels on small rows).
 
     ``prune=False`` skips the ``-inf`` floors (:func:`_floor`, the ``k``-th chunk maximum): the same
-    result bit for bit, ``-inf`` ids included (tests and benchmarks compare both).
+    result bit for bit, ``-inf`` ids included (tests and benchmarks compare both). ``at``: as in :func:`top`.
     """
     v = x.shape[-1]
     if v <= leaf * k or -(-v // chunk) <= k:
@@ -71,12 +88,15 @@ def _top(x: Array, k: int, chunk: int, leaf: int, prune: bool = True) -> tuple[A
     # The k largest entries lie in the k chunks with the largest maxima (ties by chunk index): an
     # entry of any other chunk is below k chunk maxima, or tied with them at a higher id.
     xc = _math.chunks(x, chunk)  # [..., n, c]
-    maxima, best = _top(jnp.max(xc, axis=-1), k, chunk, leaf, prune)
+    maxima, best = _top(_chunk_max(xc), k, chunk, leaf, prune)
     best = jnp.sort(best, axis=-1)  # id order, so that ties below resolve by id
-    block = jnp.take_along_axis(xc, best[..., None], axis=-2)  # [..., k, c]
     ids = best[..., None] * chunk + jnp.arange(chunk, dtype=jnp.int32)
     lead = x.shape[:-1]
-    block = block.reshape(lead + (k * chunk,))
+    if at is None:
+        block = jnp.take_along_axis(xc, best[..., None], axis=-2).reshape(lead + (k * chunk,))  # [..., k c]
+    else:  # the padding of the last chunk (ids >= V) is -inf, as in xc
+        flat = ids.reshape(lead + (k * chunk,))
+        block = jnp.where(flat < v, at(jnp.minimum(flat, v - 1)), -jnp.inf)
     if prune:  # below the k-th chunk maximum: below k entries (the chunk maxima), so -inf changes no rank
         block = jnp.where(block < maxima[..., -1:], -jnp.inf, block)
     # The padding of the last chunk sits at the end of the block, so ties at -inf never reach it:
@@ -85,12 +105,16 @@ def _top(x: Array, k: int, chunk: int, leaf: int, prune: bool = True) -> tuple[A
     return vals, jnp.take_along_axis(ids.reshape(lead + (k * chunk,)), j, axis=-1)
 
 
-def top(x: Array, k: int) -> tuple[Array, Array]:
+def top(x: Array, k: int, at: Callable[[Array], Array] | None = None) -> tuple[Array, Array]:
     """The ``k`` largest entries of each row, descending, ties in id order.
 
     Args:
       x: ``float32[..., V]`` (NaN-free).
       k: static number of candidates; clipped to ``V``.
+      at: optional ``ids int32[..., n] -> x's entries at ids``, for an ``x`` computed on the fly
+        (NaN-mapped, hashed): entries are then read back through ``at`` rather than gathered from
+        ``x``, so that on long rows ``x`` feeds one fused pass (:func:`_chunk_max`) and XLA need not
+        write it out (a gather takes its operand from memory). See :func:`top_of`.
 
     Returns:
       ``(values float32[..., k'], ids int32[..., k'])`` with ``k' = min(k, V)``, distinct ids.
@@ -104,9 +128,16 @@ def top(x: Array, k: int) -> tuple[Array, Array]:
     chunk maximum for the block): same result, and on XLA:CPU far fewer heap insertions (only
     entries at or above the bound can enter the heap), which are most of a ``lax.top_k``'s time there.
     """
-    vals, ids = _top(x, min(int(k), x.shape[-1]), _CHUNK, _LEAF)
+    vals, ids = _top(x, min(int(k), x.shape[-1]), _CHUNK, _LEAF, at=at)
     # The search ties -0.0 with 0.0; hand back each candidate's own value (its sign included).
-    return jnp.where(vals == 0, jnp.take_along_axis(x, ids, axis=-1), vals), ids
+    own = jnp.take_along_axis(x, ids, axis=-1) if at is None else at(ids)
+    return jnp.where(vals == 0, own, vals), ids
+
+
+def top_of(x: Array, k: int, f: Callable[[Array], Array]) -> tuple[Array, Array]:
+    """:func:`top` of ``f(x)`` for an elementwise ``f`` (e.g. :func:`jaxsample._math.clean` on logits
+    that may hold NaN) without writing ``f(x)`` out: ``f`` is applied in the pass and to gathered entries."""
+    return top(f(x), k, at=lambda ids: f(jnp.take_along_axis(x, ids, axis=-1)))
 
 
 class Candidates(NamedTuple):

@@ -61,6 +61,11 @@ def nan_free(x: Array, core: Callable[[Array], Array]) -> Array:
     return cond(jnp.any(jnp.isnan(x)), lambda: core(clean(x)), lambda: core(x))
 
 
+def identity(x: Array) -> Array:
+    """``x``: the ``read`` of a core whose input is already NaN-free (see :func:`jaxsample.samplers.top_p._cut`)."""
+    return x
+
+
 def restore(x: Array, dtype) -> Array:
     """Casts float32 results back to the caller's dtype (``bfloat16`` in gives ``bfloat16`` out)."""
     return x.astype(dtype)

@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 from typing import Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -195,8 +196,12 @@ def candidate_cutoff(
     return t, covered
 
 
+def _thunk(a: Array | Callable[[], Array]) -> Callable[[], Array]:
+    return a if callable(a) else (lambda: a)
+
+
 def cutoff(
-    keys: Array,
+    keys: Array | Callable[[], Array],
     *,
     weights: Array | Callable[[], Array] | None = None,
     weights_at: Callable[[Array, Array], Array] | None = None,
@@ -210,7 +215,9 @@ def cutoff(
     """Per-row cut-off key of the smallest prefix meeting every given criterion.
 
     Args:
-      keys: ``float32[..., V]`` filter order, higher first, NaN-free.
+      keys: ``float32[..., V]`` filter order, higher first, NaN-free (or a thunk returning them, so
+        that keys computed on the fly are computed where they are read, inside the batch-level
+        conditionals, instead of being written out as their operand).
       weights: ``float32[..., V]`` non-negative weights (or a thunk returning them, so the full
         array is only built where needed). Required with ``target``.
       weights_at: optional ``(values [..., K], ids [..., K]) -> weights [..., K]`` of the candidates,
@@ -229,12 +236,13 @@ def cutoff(
     """
     if target is None and min_count is None:
         raise ValueError("cutoff needs a target, a min_count, or both")
-    vocab = keys.shape[-1]
+    get_keys, get_weights = _thunk(keys), _thunk(weights)
+    vocab = jax.eval_shape(get_keys).shape[-1]
     k = min(int(candidates), vocab)
     kk = None if min_count is None else jnp.clip(min_count, 1, vocab).astype(jnp.int32)
-    get_weights = weights if callable(weights) else (lambda: weights)
 
     def bits(w):
+        keys = get_keys()
         u = order_key(keys)
         if target is None:
             best = _bisect(u, lambda trial: jnp.sum(u >= trial[..., None], axis=-1, dtype=jnp.int32) >= kk)
@@ -254,10 +262,10 @@ def cutoff(
     def with_count(best, top):
         # The count criterion is a separate search (one max pass when every min_count <= 1)
         # rather than a second reduction inside each pass.
-        return best if kk is None else jnp.minimum(best, kth_largest(keys, kk, k, top=top))
+        return best if kk is None else jnp.minimum(best, kth_largest(get_keys, kk, k, top=top))
 
     def with_candidates():
-        vals, ids = _candidates.top(keys, k) if top is None else top
+        vals, ids = _candidates.top(get_keys(), k) if top is None else top
         w_cand = None
         if target is not None:
             w_cand = weights_at(vals, ids) if weights_at else jnp.take_along_axis(get_weights(), ids, axis=-1)
@@ -372,8 +380,8 @@ def _value_search(
         carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, step_i, carry)
     lo, _, m_lo = carry[:3]
     # The w smallest keys at or above lo, ascending; m(key >= v) = m(lo) - the mass below v.
-    keys = key(x)
-    neg, ids = _candidates.top(jnp.where(keys >= lo[..., None], -keys, -jnp.inf), w)
+    # Through top_of: the masked keys feed the chunk maxima pass and are not written out.
+    neg, ids = _candidates.top_of(x, w, lambda v: jnp.where(key(v) >= lo[..., None], -key(v), -jnp.inf))
     w_win = jnp.where(neg > -jnp.inf, weight(jnp.take_along_axis(x, ids, axis=-1)), 0.0)
     below = jnp.cumsum(w_win, axis=-1) - w_win
     reached = mass_reached(m_lo[..., None] - below, target[..., None], strict) & (neg > -jnp.inf)
@@ -383,7 +391,7 @@ def _value_search(
 
 
 def kth_largest(
-    keys: Array,
+    keys: Array | Callable[[], Array],
     k: Array,
     candidates: int = _candidates.DEFAULT_CANDIDATES,
     top: tuple[Array, Array] | None = None,
@@ -391,10 +399,11 @@ def kth_largest(
     """``float32[...]`` the ``k``-th largest key per row, ties counted (``k`` clipped to ``[1, V]``).
 
     Batches where every ``k <= 1`` (the usual ``min_keep``) cost one max reduction (none with ``top``).
+    ``keys``: as in :func:`cutoff`, an array or a thunk.
     """
     return _math.cond(
         jnp.all(k <= 1),
-        lambda: jnp.max(keys, axis=-1) if top is None else top[0][..., 0],
+        lambda: jnp.max(_thunk(keys)(), axis=-1) if top is None else top[0][..., 0],
         lambda: cutoff(keys, min_count=k, candidates=candidates, top=top),
     )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Callable
 
 import jax.numpy as jnp
 from jax import lax
@@ -50,22 +51,25 @@ def _exact(keys: Array, x: Array) -> Array:
     return _math.argmax(jnp.where(x > -jnp.inf, x + _noise.gumbel_all(keys, x.shape[-1]), -jnp.inf))
 
 
-def _dense(keys: Array, x: Array, k: int) -> Array:
-    """``argmax(x + gumbel)`` over every token of NaN-free ``x [*B, V]`` (``x`` after :func:`certain`).
+def _dense(keys: Array, x: Array, k: int, read: Callable[[Array], Array] = _math.identity) -> Array:
+    """``argmax(x + gumbel)`` over every token of ``read(x) [*B, V]`` (NaN-free, after :func:`certain`).
 
     The noise's logarithms are taken for ``k`` tokens only: the ``k + 1`` largest of ``x +``
     :func:`jaxsample._noise.gumbel_bound` (an upper bound of every token's ``x + gumbel``, the hash
     alone) are candidates, and the best of the first ``k`` is the row's draw as soon as its exact
     ``x + gumbel`` exceeds the ``(k + 1)``-th bound (no other token can reach it). Rows where it does
-    not (all ``-inf``, or a near tie) take the exact draw over the whole row.
+    not (all ``-inf``, or a near tie) take the exact draw over the whole row. ``read`` is applied where
+    ``x`` is read (the NaN map of a public call), so that no mapped copy is written.
     """
     vocab = x.shape[-1]
-    bound = jnp.where(x > -jnp.inf, x + _noise.gumbel_bound(_noise.bits_all(keys, vocab)), -jnp.inf)
+    # Written out once (read by the chunk maxima, then gathered): the hash fused into the maxima
+    # pass (_candidates.top's ``at``) took ~30 passes instead of ~4.
+    bound = jnp.where(read(x) > -jnp.inf, read(x) + _noise.gumbel_bound(_noise.bits_all(keys, vocab)), -jnp.inf)
     bounds, ids = _candidates.top(bound, k + 1)
-    vals = jnp.take_along_axis(x, ids[..., :k], axis=-1)
+    vals = read(jnp.take_along_axis(x, ids[..., :k], axis=-1))
     y = jnp.where(vals > -jnp.inf, vals + _noise.gumbel_at(keys, ids[..., :k]), -jnp.inf)
     pruned = jnp.max(y, axis=-1) > bounds[..., k]
-    return _candidates.choose(pruned, lambda: gumbel_max(keys, vals, ids[..., :k]), lambda: _exact(keys, x))
+    return _candidates.choose(pruned, lambda: gumbel_max(keys, vals, ids[..., :k]), lambda: _exact(keys, read(x)))
 
 
 def _whole_row(keys: Array, x: Array) -> Array:
@@ -73,12 +77,12 @@ def _whole_row(keys: Array, x: Array) -> Array:
     return _exact(keys, certain(x))
 
 
-def _on_candidates(keys: Array, x: Array, candidates: int) -> Array:
+def _on_candidates(keys: Array, x: Array, candidates: int, read: Callable[[Array], Array] = _math.identity) -> Array:
     """:func:`draw` through the ``K`` largest logits (CPU): noise for the candidates only where they
     hold every finite logit, else :func:`_dense`."""
     batch, vocab = x.shape[:-1], x.shape[-1]
     k = min(candidates, vocab)
-    vals, ids = _candidates.top(x, min(k + 1, vocab))
+    vals, ids = _candidates.top_of(x, min(k + 1, vocab), read)
     # +inf logits come first among the candidates (ties in id order), so certain() on them is the
     # candidates of certain(x); only rows holding +inf pay for certain() over the whole row.
     posinf = vals[..., 0] == jnp.inf
@@ -89,17 +93,21 @@ def _on_candidates(keys: Array, x: Array, candidates: int) -> Array:
     def full():
         if k >= vocab:
             return gumbel_max(keys, vals, ids)
-        return _math.if_any(posinf, lambda: _dense(keys, certain(x), k), lambda: _dense(keys, x, k))
+        return _math.if_any(posinf, lambda: _dense(keys, certain(read(x)), k), lambda: _dense(keys, x, k, read))
 
     return _candidates.choose(covered, lambda: gumbel_max(keys, vals, ids), full)
 
 
-def draw(keys: Array, x: Array, candidates: int) -> Array:
+def draw(keys: Array, x: Array, candidates: int, clean: bool = False) -> Array:
     """The draw of :func:`categorical` on typed ``keys [*B]`` and NaN-free float32 ``x [*B, V]``: ``int32[*B]``
     (shared by the adaptive selectors). The token is ``argmax(x + gumbel)`` on every backend; the
-    program that finds it is the backend's fastest (module docstring)."""
+    program that finds it is the backend's fastest (module docstring). ``clean``: ``x`` may hold NaN
+    (drawn as ``-inf``), mapped where each pass reads ``x``: on CPU no NaN-mapped ``[B, V]`` copy is
+    written (a conditional takes its operands from memory)."""
+    read = _math.clean if clean else _math.identity
     return lax.platform_dependent(
-        keys, x, cpu=functools.partial(_on_candidates, candidates=candidates), default=_whole_row
+        keys, x, cpu=functools.partial(_on_candidates, candidates=candidates, read=read),
+        default=lambda keys, x: _whole_row(keys, read(x)),
     )
 
 
@@ -126,8 +134,8 @@ def categorical(key: Key["*B"], logits: Float["*B V"], *, candidates: int = DEFA
     1
     """
     candidates = _validate.static_int(candidates, "candidates", lo=1)
-    x, _ = _math.prepare(logits)
-    return draw(_noise.row_keys(key, x.shape[:-1]), x, candidates)
+    x, _ = _math.prepare(logits, map_nan=False)
+    return draw(_noise.row_keys(key, x.shape[:-1]), x, candidates, clean=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,11 +13,16 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+from jax import lax
 
 from jaxsample import _candidates, _fastpath, _math, _validate
 from jaxsample._candidates import Candidates
 from jaxsample._types import Array, Float
 from jaxsample.chain import Param, Stage
+
+
+_INF_BITS = 0x7F800000  # float32 bit patterns of inf and of 2**63
+_BITS_2_63 = 0x5F000000
 
 
 def _scale(x: Array, t: Array, m: Array | None = None) -> Array:
@@ -44,8 +49,14 @@ def _scale(x: Array, t: Array, m: Array | None = None) -> Array:
     ordinary_t = (t >= 2.0**-64) & (t <= 2.0**64)
 
     def check():
-        smallest = jnp.min(jnp.where(jnp.isfinite(x), jnp.abs(x), jnp.inf), axis=-1, keepdims=True)
-        return _math.cond(jnp.all(ordinary_t & (smallest < 2.0**63)), lambda: _math.clean(x) / t, guarded)
+        # min |x| over finite logits as int32 bit patterns (the same order for non-negative floats; inf
+        # and NaN patterns are larger), over chunks of 32 first: XLA's own reduction then fuses the
+        # map, where YNNPACK's float min (or XLA's tree of windows over a whole row, which the two
+        # levels would be merged into without the barrier) reads it from a [B, V] buffer written first.
+        magnitude = jnp.minimum(lax.bitcast_convert_type(x, jnp.int32) & 0x7FFFFFFF, _INF_BITS)
+        chunk_min = lax.optimization_barrier(jnp.min(_math.chunks(magnitude, 32, _INF_BITS), axis=-1))
+        smallest = jnp.min(chunk_min, axis=-1, keepdims=True)
+        return _math.cond(jnp.all(ordinary_t & (smallest < _BITS_2_63)), lambda: _math.clean(x) / t, guarded)
 
     if m is None:
         return check()

@@ -23,24 +23,30 @@ from jaxsample._types import Array, Float, Int
 from jaxsample.chain import Param, Stage, static_int
 
 
-def _keep(x: Array, k: Array, exact: bool, candidates: int, top) -> Array:
-    """``bool[*B, V]`` kept by top-k (``k int32[*B]``, ``top`` the row's candidates)."""
-    off = (k <= 0) | (k >= x.shape[-1])
-    kk = jnp.where(off, 1, k)
-    if exact:
-        keep = _threshold.first_k(x, kk, candidates, top)
-    else:
-        keep = _threshold.keep_top(x, kk, candidates, top)
-    return off[..., None] | keep
+def _off(x: Array, k: Array) -> Array:
+    return (k <= 0) | (k >= x.shape[-1])
 
 
-def _top_k(x: Array, k: Array, exact: bool, candidates: int) -> Array:
-    """The core on NaN-free float32 ``x [*B, V]`` and ``k int32[*B]``."""
+def _exact_keep(x: Array, k: Array, candidates: int, top) -> Array:
+    """``bool[*B, V]`` kept by exact top-k of NaN-free ``x`` (``k int32[*B]``, ``top`` the row's candidates)."""
+    off = _off(x, k)
+    return off[..., None] | _threshold.first_k(x, jnp.where(off, 1, k), candidates, top)
+
+
+def _top_k(x: Array, k: Array, exact: bool, candidates: int, read=_math.identity) -> Array:
+    """The core on float32 ``x [*B, V]`` (NaN-free after ``read``, as in
+    :func:`jaxsample.samplers.top_p._cut`) and ``k int32[*B]``."""
+    off = _off(x, k)
 
     def apply():
-        return _math.keep(x, _keep(x, k, exact, candidates, _candidates.top(x, candidates)))
+        if exact:
+            y = read(x)
+            return _math.keep(y, _exact_keep(y, k, candidates, _candidates.top(y, candidates)))
+        top = _candidates.top_of(x, candidates, read)
+        t = jnp.where(off, -jnp.inf, _threshold.kth_largest(lambda: read(x), jnp.where(off, 1, k), candidates, top))
+        return _math.keep(x, x >= t[..., None])  # NaN >= t is False: read(x), without writing it out
 
-    return _math.if_any((k > 0) & (k < x.shape[-1]), apply, lambda: x)
+    return _math.if_any(~off, apply, lambda: read(x))
 
 
 def top_k(
@@ -69,9 +75,9 @@ def top_k(
     [-inf, 3.0, -inf, -inf]
     """
     candidates = _validate.static_int(candidates, "candidates", lo=1)
-    x, dtype = _math.prepare(logits)
+    x, dtype = _math.prepare(logits, map_nan=False)
     k = _validate.param(k, x.shape[:-1], "k (top_k)", dtype=jnp.int32)
-    return _math.restore(_top_k(x, k, exact, candidates), dtype)
+    return _math.restore(_top_k(x, k, exact, candidates, _math.clean), dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +103,7 @@ class TopK(Stage, _fastpath.CandidateEntry):
 
     def enter_candidates(self, x, state, params, info):
         k = params["top_k"]
-        off = (k <= 0) | (k >= x.shape[-1])
+        off = _off(x, k)
 
         def filtered(top):
             if self.exact:  # canonical order lists ties by id: the first k candidates are llama.cpp's k
@@ -106,7 +112,7 @@ class TopK(Stage, _fastpath.CandidateEntry):
             return top[0] >= t[..., None], t
 
         def dense(top, t):
-            return _math.keep(x, _keep(x, k, True, self.candidates, top) if self.exact else x >= t[..., None])
+            return _math.keep(x, _exact_keep(x, k, self.candidates, top) if self.exact else x >= t[..., None])
 
         return _fastpath.enter(x, ~off, self.candidates, filtered, dense)
 

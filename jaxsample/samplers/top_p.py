@@ -39,27 +39,33 @@ def _probs(vals: Array, lse: Array) -> Array:
     return jnp.where(certain, (vals == jnp.inf).astype(jnp.float32), probs)
 
 
-def _log_normaliser(x: Array, top: tuple[Array, Array]) -> Array:
-    """``float32[*B, 1]`` logsumexp of each row, over its candidates when they hold every finite logit."""
+def _log_normaliser(x: Array, top: tuple[Array, Array], read=_math.identity) -> Array:
+    """``float32[*B, 1]`` logsumexp of each row of ``read(x)``, over its candidates when they hold every finite logit."""
     complete = _candidates.complete(top[0], x.shape[-1])[..., None]
     # The largest candidate is the row maximum: no max pass over the vocabulary.
-    dense = _math.if_any(~complete, lambda: _math.logsumexp(x, top[0][..., :1]), lambda: jnp.zeros(complete.shape))
+    dense = _math.if_any(
+        ~complete, lambda: _math.logsumexp(read(x), top[0][..., :1]), lambda: jnp.zeros(complete.shape)
+    )
     return jnp.where(complete, _math.logsumexp(top[0]), dense)
 
 
-def _cut(x: Array, p: Array, min_count: Array, candidates: int, top) -> Array:
-    """``float32[*B]`` cut-off (keep ``x >= t``) for ``p >= 0`` and ``min_count >= 1``."""
-    lse = _log_normaliser(x, top)
+def _cut(x: Array, p: Array, min_count: Array, candidates: int, top, read=_math.identity) -> Array:
+    """``float32[*B]`` cut-off (keep ``read(x) >= t``) for ``p >= 0`` and ``min_count >= 1``.
+
+    ``read``: applied wherever ``x`` is read (the NaN map of a public call), inside the conditionals,
+    which on XLA:CPU take their operands from memory: no mapped copy of ``x`` is written.
+    """
+    lse = _log_normaliser(x, top, read)
     off = p >= 1
     target = jnp.where(off, 0.0, p)
     # Rows with an infinite lse are covered by the candidates: the search never reads them.
     c = jnp.where(jnp.isfinite(lse), lse, 0.0)
     # Every token below lse + log((1 - p) / V) holds less than (1 - p) / V.
     start = c[..., 0] + jnp.log(jnp.maximum(1.0 - target, 0.0) / x.shape[-1])
-    search = _threshold.Search(x, lambda v: v, lambda v: jnp.exp(v - c), c[..., 0], start)
+    search = _threshold.Search(x, read, lambda v: jnp.exp(read(v) - c), c[..., 0], start)
     t = _threshold.cutoff(
-        x,
-        weights=lambda: _probs(x, lse),
+        lambda: read(x),
+        weights=lambda: _probs(read(x), lse),
         weights_at=lambda vals, ids: _probs(vals, lse),
         target=target,
         min_count=min_count,
@@ -75,14 +81,18 @@ def _values(p: Array, min_keep: Array) -> tuple[Array, Array]:
     return jnp.maximum(_math.nan_to(p, 1.0), 0.0), jnp.maximum(min_keep, 1)
 
 
-def _top_p(x: Array, p: Array, min_keep: Array, candidates: int) -> Array:
-    """The core on NaN-free float32 ``x [*B, V]``, ``p float32[*B]``, ``min_keep int32[*B]``."""
+def _top_p(x: Array, p: Array, min_keep: Array, candidates: int, read=_math.identity) -> Array:
+    """The core on float32 ``x [*B, V]`` (NaN-free after ``read``, see :func:`_cut`), ``p float32[*B]``,
+    ``min_keep int32[*B]``."""
     p, min_count = _values(p, min_keep)
 
     def apply():
-        return _math.keep(x, x >= _cut(x, p, min_count, candidates, _candidates.top(x, candidates))[..., None])
+        t = _cut(x, p, min_count, candidates, _candidates.top_of(x, candidates, read), read)
+        # NaN >= t is False: the same as keeping read(x) (the NaN map), which XLA would share with the
+        # candidates' pass and write out.
+        return _math.keep(x, x >= t[..., None])
 
-    return _math.if_any(p < 1, apply, lambda: x)
+    return _math.if_any(p < 1, apply, lambda: read(x))
 
 
 def top_p(
@@ -114,10 +124,11 @@ def top_p(
     [False, False, True, True]
     """
     candidates = _validate.static_int(candidates, "candidates", lo=1)
-    x, dtype = _math.prepare(logits)
+    x, dtype = _math.prepare(logits, map_nan=False)
     batch = x.shape[:-1]
     p = _validate.probability(p, batch, "p (top_p)")
-    return _math.restore(_top_p(x, p, _validate.min_keep(min_keep, batch, "top_p"), candidates), dtype)
+    min_keep = _validate.min_keep(min_keep, batch, "top_p")
+    return _math.restore(_top_p(x, p, min_keep, candidates, _math.clean), dtype)
 
 
 @dataclasses.dataclass(frozen=True)
