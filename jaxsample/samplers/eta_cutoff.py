@@ -16,31 +16,21 @@ from jaxsample._types import Array, Float, Int
 from jaxsample.chain import MIN_KEEP, Param, Stage
 
 
-def _statistics(x: Array) -> tuple[Array, Array, Array]:
-    """``(L, H, nan)``, each ``[*B, 1]`` for float32 ``x [*B, V]``: ``L`` :func:`_math.logsumexp`; ``H``
-    the Shannon entropy of ``softmax(x)`` where ``L`` is finite (elsewhere anything); ``nan`` the rows
-    holding a NaN logit (``exp`` and sums carry it into the normaliser whatever the row maximum).
+def _cut(x: Array, eps: Array, min_keep: Array, normaliser: tuple[Array, Array, Array] | None = None) -> Array:
+    """``x [*B, V]`` without ``logit < L + log(eta)``, ``L = logsumexp(x)``, ``log(eta) = min(log eps,
+    log(eps) / 2 - H)``, except its ``min_keep`` largest; ``eps float32[*B, 1] >= 0`` (0: row unchanged).
 
-    ``H = log S - sum(e d) / S`` with ``S = sum(exp(x - m))``, ``d = max(x - m, -150)``, ``e = exp(d)`` and
-    ``m`` the row maximum (the clamp makes ``e d`` exactly 0 wherever ``exp`` underflows, ``-inf``
-    logits included): reductions of pure arithmetic over ``x``, which XLA:CPU runs in YNNPACK without
-    a ``[*B, V]`` temporary; log-probabilities are never formed.
+    ``L``, ``H`` (:func:`_math.entropy_sum`) and the row maximum are three reductions of pure
+    arithmetic over ``x`` (``normaliser``: :func:`_math.shifted_normaliser` if the caller has it),
+    then one compare pass; log-probabilities are never formed.
     """
-    m, _, log_sum = _math.shifted_normaliser(x)
-    d = jnp.maximum(x - m, -150.0)
-    h = log_sum - jnp.sum(jnp.exp(d) * d, axis=-1, keepdims=True) * jnp.exp(-log_sum)
-    return _math.logsumexp(x, m), h, jnp.isnan(log_sum)
-
-
-def _cut(x: Array, statistics: tuple[Array, Array, Array], eps: Array, min_keep: Array) -> Array:
-    """``x`` without ``logit < L + log(eta)``, ``log(eta) = min(log eps, log(eps) / 2 - H)``, except its
-    ``min_keep`` largest; ``eps float32[*B, 1] >= 0`` (0: the row unchanged)."""
-    lse, entropy, _ = statistics
-    log_eps = jnp.log(eps)
-    # Rows without a finite normaliser keep x >= L: their +inf logits, or the whole of an empty row.
-    t = jnp.where(jnp.isfinite(lse), lse + jnp.minimum(log_eps, 0.5 * log_eps - entropy), lse)
-    t = jnp.minimum(jnp.where(eps > 0, t, -jnp.inf), _threshold.kth_largest(x, jnp.maximum(min_keep, 1))[..., None])
-    return _math.keep(x, x >= t)
+    m, _, log_sum = _math.shifted_normaliser(x) if normaliser is None else normaliser
+    lse, log_eps = _math.logsumexp(x, m), jnp.log(eps)
+    # Rows without a finite normaliser keep x >= L: their +inf logits, or the whole of an empty row
+    # (the entropy, anything there, is not used).
+    log_eta = jnp.minimum(log_eps, 0.5 * log_eps - _math.entropy_sum(x, m, log_sum))
+    t = jnp.where(eps > 0, jnp.where(jnp.isfinite(lse), lse + log_eta, lse), -jnp.inf)
+    return _math.keep(x, x >= jnp.minimum(t, _threshold.kth_largest(x, jnp.maximum(min_keep, 1))[..., None]))
 
 
 def _epsilon(epsilon: Array) -> Array:
@@ -50,7 +40,7 @@ def _epsilon(epsilon: Array) -> Array:
 def _eta_cutoff(x: Array, epsilon: Array, min_keep: Array) -> Array:
     """The core on NaN-free float32 ``x [*B, V]``, ``epsilon float32[*B]``, ``min_keep int32[*B]``."""
     eps = _epsilon(epsilon)
-    return _math.if_any(eps > 0, lambda: _cut(x, _statistics(x), eps, min_keep), lambda: x)
+    return _math.if_any(eps > 0, lambda: _cut(x, eps, min_keep), lambda: x)
 
 
 def eta_cutoff(logits: Float["*B V"], epsilon: Float["*B"] | float, min_keep: Int["*B"] | int = 1) -> Float["*B V"]:
@@ -79,16 +69,8 @@ def eta_cutoff(logits: Float["*B V"], epsilon: Float["*B"] | float, min_keep: In
     eps = _epsilon(_validate.probability(epsilon, batch, "epsilon (eta_cutoff)"))
     min_keep = _validate.min_keep(min_keep, batch, "eta_cutoff")
 
-    def cut(v, stats=None):
-        return _cut(v, _statistics(v) if stats is None else stats, eps, min_keep)
-
-    def apply():
-        # A NaN shows in the statistics, which a NaN-free batch (the usual one) then uses: no separate
-        # NaN check over the logits.
-        stats = _statistics(x)
-        return _math.cond(jnp.any(stats[2]), lambda: cut(_math.clean(x)), lambda: cut(x, stats))
-
-    return _math.restore(_math.if_any(eps > 0, apply, lambda: _math.nan_free(x, lambda x: x)), dtype)
+    return _math.restore(_math.if_any(eps > 0, lambda: _math.nan_free_normalised(x, lambda v, n: _cut(v, eps, min_keep, n)),
+                                      lambda: _math.nan_free(x, lambda v: v)), dtype)
 
 
 @dataclasses.dataclass(frozen=True)
