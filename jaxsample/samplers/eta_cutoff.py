@@ -16,21 +16,26 @@ from jaxsample._types import Array, Float, Int
 from jaxsample.chain import MIN_KEEP, Param, Stage
 
 
-def _cut(x: Array, eps: Array, min_keep: Array, normaliser: tuple[Array, Array, Array] | None = None) -> Array:
-    """``x [*B, V]`` without ``logit < L + log(eta)``, ``L = logsumexp(x)``, ``log(eta) = min(log eps,
-    log(eps) / 2 - H)``, except its ``min_keep`` largest; ``eps float32[*B, 1] >= 0`` (0: row unchanged).
+def _statistics(x: Array, normaliser: tuple[Array, Array, Array]) -> tuple[Array, Array]:
+    """``(L, H)``, each ``float32[*B, 1]``: :func:`_math.logsumexp` of ``x [*B, V]`` and, where ``L`` is
+    finite, the entropy of ``softmax(x)`` (:func:`_math.entropy_sum`; elsewhere anything), from
+    :func:`_math.shifted_normaliser` ``(x)``: with it, three reductions of pure arithmetic over ``x``;
+    log-probabilities are never formed."""
+    m, _, log_sum = normaliser
+    return _math.logsumexp(x, m), _math.entropy_sum(x, m, log_sum)
 
-    ``L``, ``H`` (:func:`_math.entropy_sum`) and the row maximum are three reductions of pure
-    arithmetic over ``x`` (``normaliser``: :func:`_math.shifted_normaliser` if the caller has it),
-    then one compare pass; log-probabilities are never formed.
-    """
-    m, _, log_sum = _math.shifted_normaliser(x) if normaliser is None else normaliser
-    lse, log_eps = _math.logsumexp(x, m), jnp.log(eps)
+
+def _cut(x: Array, eps: Array, min_keep: Array, statistics: tuple[Array, Array] | None = None) -> Array:
+    """``x [*B, V]`` without ``logit < L + log(eta)``, ``log(eta) = min(log eps, log(eps) / 2 - H)``,
+    except its ``min_keep`` largest; ``eps float32[*B, 1] >= 0`` (0: row unchanged); ``statistics``:
+    :func:`_statistics` if the caller has it. One compare pass after the statistics."""
+    lse, entropy = _statistics(x, _math.shifted_normaliser(x)) if statistics is None else statistics
+    log_eps = jnp.log(eps)
     # Rows without a finite normaliser keep x >= L: their +inf logits, or the whole of an empty row
     # (the entropy, anything there, is not used).
-    log_eta = jnp.minimum(log_eps, 0.5 * log_eps - _math.entropy_sum(x, m, log_sum))
-    t = jnp.where(eps > 0, jnp.where(jnp.isfinite(lse), lse + log_eta, lse), -jnp.inf)
-    return _math.keep(x, x >= jnp.minimum(t, _threshold.kth_largest(x, jnp.maximum(min_keep, 1))[..., None]))
+    t = jnp.where(jnp.isfinite(lse), lse + jnp.minimum(log_eps, 0.5 * log_eps - entropy), lse)
+    t = jnp.minimum(jnp.where(eps > 0, t, -jnp.inf), _threshold.kth_largest(x, jnp.maximum(min_keep, 1))[..., None])
+    return _math.keep(x, x >= t)
 
 
 def _epsilon(epsilon: Array) -> Array:
@@ -69,8 +74,10 @@ def eta_cutoff(logits: Float["*B V"], epsilon: Float["*B"] | float, min_keep: In
     eps = _epsilon(_validate.probability(epsilon, batch, "epsilon (eta_cutoff)"))
     min_keep = _validate.min_keep(min_keep, batch, "eta_cutoff")
 
-    return _math.restore(_math.if_any(eps > 0, lambda: _math.nan_free_normalised(x, lambda v, n: _cut(v, eps, min_keep, n)),
-                                      lambda: _math.nan_free(x, lambda v: v)), dtype)
+    def apply():
+        return _math.nan_free_normalised(x, lambda v, s: _cut(v, eps, min_keep, s), _statistics)
+
+    return _math.restore(_math.if_any(eps > 0, apply, lambda: _math.nan_free(x, lambda v: v)), dtype)
 
 
 @dataclasses.dataclass(frozen=True)
