@@ -26,16 +26,21 @@ from jaxsample._types import Array, Float, Int
 from jaxsample.chain import MIN_KEEP, Param, Stage, static_int
 
 
-def _typical(x: Array, p: Array, min_keep: Array, candidates: int) -> Array:
-    """The core on NaN-free float32 ``x [*B, V]``, ``p float32[*B]``, ``min_keep int32[*B]``."""
-    p = jnp.maximum(_math.nan_to(p, 1.0), 0.0)
+def _statistics(x: Array, normaliser: tuple[Array, Array, Array]):
+    """``(normaliser, (logp, H))``: :func:`_math.shifted_normaliser` ``(x)`` and :func:`_math.log_probs_entropy`."""
+    return normaliser, _math.log_probs_entropy(x, normaliser[0])
+
+
+def _typical(x: Array, p: Array, min_keep: Array, candidates: int, statistics=None) -> Array:
+    """The core on NaN-free float32 ``x [*B, V]``, ``p float32[*B]``, ``min_keep int32[*B]``;
+    ``statistics``: :func:`_statistics` if the caller has it."""
+    p = _p(p)
     off = p >= 1
 
     def apply():
         # Log-probabilities, probabilities and keys are recomputed from x in each pass that uses them.
-        m, _, log_sum = _math.shifted_normaliser(x)
-        logp = _math.log_probs(x, m)
-        entropy = _math.entropy(logp(x))[1]
+        stats = _statistics(x, _math.shifted_normaliser(x)) if statistics is None else statistics
+        (m, _, log_sum), (logp, entropy) = stats
 
         def key(v):
             return -jnp.abs(logp(v) + entropy)
@@ -70,6 +75,10 @@ def _typical(x: Array, p: Array, min_keep: Array, candidates: int) -> Array:
     return _math.if_any(~off, apply, lambda: x)
 
 
+def _p(p: Array) -> Array:
+    return jnp.maximum(_math.nan_to(p, 1.0), 0.0)
+
+
 def typical(
     logits: Float["*B V"], p: Float["*B"] | float, min_keep: Int["*B"] | int = 1, *,
     candidates: int = DEFAULT_CANDIDATES,
@@ -102,7 +111,11 @@ def typical(
     batch = x.shape[:-1]
     p = _validate.probability(p, batch, "p (typical)")
     min_keep = _validate.min_keep(min_keep, batch, "typical")
-    return _math.restore(_math.nan_free(x, lambda x: _typical(x, p, min_keep, candidates)), dtype)
+
+    def apply():
+        return _math.nan_free_normalised(x, lambda v, s: _typical(v, p, min_keep, candidates, s), _statistics)
+
+    return _math.restore(_math.if_any(_p(p) < 1, apply, lambda: _math.nan_free(x, lambda v: v)), dtype)
 
 
 @dataclasses.dataclass(frozen=True)
