@@ -172,6 +172,16 @@ def entropy_sum(x: Array, m: Array, log_sum: Array) -> Array:
     return log_sum - jnp.sum(jnp.exp(d) * d, axis=-1, keepdims=True) * jnp.exp(-log_sum)
 
 
+def probit(q: Array) -> Array:
+    """The standard normal quantile of ``q`` in ``(0, 1)``, as ``sqrt(2) erfinv(2 q - 1)``.
+
+    One XLA op (``jax.scipy.special.ndtri`` expands into ~150, which each unrolled step of a search
+    repeats: typical's program was 4.4 MB of HLO and compiled in 26 s); about ``3e-3`` absolute off
+    ``ndtri`` in the far tails (the cancellation in ``2 q - 1``), enough for the searches' guesses.
+    """
+    return jnp.sqrt(jnp.float32(2.0)) * lax.erf_inv(2.0 * q - 1.0)
+
+
 def log_softmax(x: Array) -> Array:
     """Log-probabilities ``[..., V]`` that stay NaN-free for empty rows and ``+inf`` logits."""
     return log_probs(x)(x)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
-from jax.scipy.special import ndtri
 
 from jaxsample import _fastpath, _math, _threshold, _validate
 from jaxsample._candidates import DEFAULT_CANDIDATES
@@ -56,7 +55,7 @@ def _typical(x: Array, p: Array, min_keep: Array, candidates: int, statistics=No
         # Gaussian logits of deviation s have H = log V - s^2 / 2 and log-probabilities distributed
         # (by mass) as N(-H, s^2): the window of mass p has half-width s * probit((1 + p) / 2).
         s = jnp.sqrt(2.0 * jnp.maximum(jnp.log(jnp.float32(vocab)) - h, 1e-6))
-        first = -s * ndtri(jnp.clip(0.5 + 0.5 * target, 0.5, 1.0 - 1e-6))
+        first = -s * _math.probit(jnp.clip(0.5 + 0.5 * target, 0.5, 1.0 - 1e-6))
         # The K candidates weigh at most K times the largest probability, exp(-log_sum).
         uncovered = jnp.isfinite(m[..., 0]) & (candidates * jnp.exp(-log_sum[..., 0]) * (1.0 + 1e-3) < target)
         keys = key(x)
