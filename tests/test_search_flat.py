@@ -91,13 +91,17 @@ def _typical_rows(seed):
     return jnp.asarray(x), jnp.asarray(p), jnp.asarray(min_keep)
 
 
+@functools.cache
+def _typical_fns():  # shared by both seeds: compiled once per shape
+    return jax.jit(functools.partial(js.typical, candidates=8)), jax.jit(functools.partial(_bisection_typical, candidates=8))
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_typical_value_search_is_the_bit_bisection(seed):
     """The value search keeps what the exhaustive bit bisection keeps, with and without candidates
     (a batch of flat rows skips them), and a row alone equals its row of the batch."""
     x, p, min_keep = _typical_rows(seed)
-    fast = jax.jit(functools.partial(js.typical, candidates=8))
-    bisection = jax.jit(functools.partial(_bisection_typical, candidates=8))
+    fast, bisection = _typical_fns()
     got = np.asarray(fast(x, p, min_keep))
     np.testing.assert_array_equal(got, np.asarray(bisection(x, p, min_keep)))
     for i in (0, 2, 3, 7, 9):
