@@ -85,6 +85,13 @@ def nan_free_normalised(x: Array, core: Callable, statistics: Callable = lambda 
     return cond(jnp.any(jnp.isnan(log_sum)), lambda: core(clean(x), stats(clean(x))[1]), lambda: core(x, s))
 
 
+def normalised_filter(x: Array, on: Array, core: Callable, statistics: Callable) -> Array:
+    """A public filter that needs the normaliser: :func:`nan_free_normalised` ``(x, core, statistics)``
+    if any row is ``on`` (``bool[...]``), else ``x`` NaN-mapped (:func:`nan_free`), skipping the
+    statistics of an all-off batch. ``core`` must leave rows that are not ``on`` unchanged."""
+    return if_any(on, lambda: nan_free_normalised(x, core, statistics), lambda: nan_free(x, identity))
+
+
 def restore(x: Array, dtype) -> Array:
     """Casts float32 results back to the caller's dtype (``bfloat16`` in gives ``bfloat16`` out)."""
     return x.astype(dtype)
@@ -180,6 +187,18 @@ def probit(q: Array) -> Array:
     ``ndtri`` in the far tails (the cancellation in ``2 q - 1``), enough for the searches' guesses.
     """
     return jnp.sqrt(jnp.float32(2.0)) * lax.erf_inv(2.0 * q - 1.0)
+
+
+def order_bits(x: Array) -> Array:
+    """``int32``: an order-preserving image of float32 ``x`` (``-0.0`` just below ``0.0``), its own
+    inverse (:func:`from_order_bits`): negative floats have their magnitude bits flipped."""
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    return bits ^ ((bits >> 31) & jnp.int32(0x7FFFFFFF))
+
+
+def from_order_bits(k: Array) -> Array:
+    """float32 ``x`` with ``order_bits(x) == k``."""
+    return lax.bitcast_convert_type(k ^ ((k >> 31) & jnp.int32(0x7FFFFFFF)), jnp.float32)
 
 
 def log_softmax(x: Array) -> Array:

@@ -78,15 +78,13 @@ def mass_reached(mass: Array, target: Array, strict: bool = False) -> Array:
 
 def order_key(x: Array) -> Array:
     """Order-preserving ``float32 -> uint32`` map (``-0.0`` and ``0.0`` map to the same key)."""
-    x = jnp.where(x == 0, jnp.float32(0.0), x)
-    bits = lax.bitcast_convert_type(x, jnp.uint32)
-    return jnp.where(bits >= _SIGN, ~bits, bits | _SIGN)
+    k = _math.order_bits(jnp.where(x == 0, jnp.float32(0.0), x))
+    return lax.bitcast_convert_type(k, jnp.uint32) ^ _SIGN  # int32 order -> uint32 order
 
 
 def from_order_key(u: Array) -> Array:
     """Inverse of :func:`order_key`."""
-    bits = jnp.where(u >= _SIGN, u & ~_SIGN, ~u)
-    return lax.bitcast_convert_type(bits, jnp.float32)
+    return _math.from_order_bits(lax.bitcast_convert_type(u ^ _SIGN, jnp.int32))
 
 
 def _take(values: Array, index: Array) -> Array:

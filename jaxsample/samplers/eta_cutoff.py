@@ -73,11 +73,8 @@ def eta_cutoff(logits: Float["*B V"], epsilon: Float["*B"] | float, min_keep: In
     batch = x.shape[:-1]
     eps = _epsilon(_validate.probability(epsilon, batch, "epsilon (eta_cutoff)"))
     min_keep = _validate.min_keep(min_keep, batch, "eta_cutoff")
-
-    def apply():
-        return _math.nan_free_normalised(x, lambda v, s: _cut(v, eps, min_keep, s), _statistics)
-
-    return _math.restore(_math.if_any(eps > 0, apply, lambda: _math.nan_free(x, lambda v: v)), dtype)
+    cut = _math.normalised_filter(x, eps > 0, lambda v, s: _cut(v, eps, min_keep, s), _statistics)
+    return _math.restore(cut, dtype)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -110,11 +110,8 @@ def typical(
     batch = x.shape[:-1]
     p = _validate.probability(p, batch, "p (typical)")
     min_keep = _validate.min_keep(min_keep, batch, "typical")
-
-    def apply():
-        return _math.nan_free_normalised(x, lambda v, s: _typical(v, p, min_keep, candidates, s), _statistics)
-
-    return _math.restore(_math.if_any(_p(p) < 1, apply, lambda: _math.nan_free(x, lambda v: v)), dtype)
+    cut = _math.normalised_filter(x, _p(p) < 1, lambda v, s: _typical(v, p, min_keep, candidates, s), _statistics)
+    return _math.restore(cut, dtype)
 
 
 @dataclasses.dataclass(frozen=True)
