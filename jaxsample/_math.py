@@ -227,6 +227,19 @@ def logsumexp(x: Array, m: Array | None = None) -> Array:
     return jnp.where(jnp.isfinite(m), shift + log_sum, m)
 
 
+def masked_sum_count(w: Array, mask: Array) -> tuple[Array, Array]:
+    """``(sum(w where mask), count(mask))`` over the last axis of ``w float32[..., V]``, ``mask bool[..., V]``.
+
+    One variadic reduction (a float and an int32 output), which XLA:CPU emits as its own loop with
+    the producers fused, where a lone float sum goes to YNNPACK, which first writes the masked
+    ``[..., V]`` array out: ~0.3 against ~2.2 ``logsumexp`` passes at ``B = 64, V = 131072``. Its
+    rounding differs from ``jnp.sum``'s: searches that must agree on a mass use this one everywhere
+    (and use the count, or XLA reduces the float alone again).
+    """
+    ops = (jnp.where(mask, w, 0.0), mask.astype(jnp.int32))
+    return lax.reduce(ops, (jnp.float32(0.0), jnp.int32(0)), lambda a, b: (a[0] + b[0], a[1] + b[1]), (w.ndim - 1,))
+
+
 def cond(pred: Array, true_fn: Callable, false_fn: Callable, *operands):
     """``lax.cond``, except that a concrete ``pred`` (an eager call, outside ``jit``) runs its branch
     directly: ``lax.cond`` would compile both branches again on every eager call, since each call

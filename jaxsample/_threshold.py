@@ -46,7 +46,6 @@ each step is one masked reduction over a whole vocabulary row.
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, NamedTuple
 
 import jax
@@ -97,22 +96,6 @@ def kth_candidate(vals: Array, k: Array) -> Array:
     return jnp.where(k <= n, _take(vals, jnp.minimum(k, n) - 1), -jnp.inf)
 
 
-def count(mask: Array) -> Array:
-    """``int32[...]``: the number of true entries of ``mask bool[..., V]``.
-
-    Summed in int8 blocks of 64 (or 32, 16) tokens first where ``V`` allows: XLA:CPU then writes one
-    int8 array instead of an int32 one before its reduction tree (a counted step of typical's
-    search took 3.0-3.2 instead of 4.1-4.8 ``logsumexp`` passes at ``B = 64, V = 131072``); the
-    count is the same.
-    """
-    vocab = mask.shape[-1]
-    block = next((b for b in (64, 32, 16) if vocab % b == 0), None)
-    if block is None:
-        return jnp.sum(mask, axis=-1, dtype=jnp.int32)
-    blocks = mask.reshape(*mask.shape[:-1], vocab // block, block).astype(jnp.int8)
-    return jnp.sum(jnp.sum(blocks, axis=-1, dtype=jnp.int8), axis=-1, dtype=jnp.int32)
-
-
 def _bisect(u: Array, predicate: Callable[[Array], Array]) -> Array:
     """Largest ``uint32`` ``T`` with ``predicate(T)`` (``predicate`` monotone decreasing, ``[...]`` in and out)."""
 
@@ -143,8 +126,6 @@ class Search(NamedTuple):
         fewer steps but its top-k costs more (typical at p = 0.9, 64 flat rows of V = 131072:
         windows of 256 / 512 / 1024 / 2048 tokens took 7-9 / 6-7 / 5-8 / 5 steps; top-p settles in
         2-3 steps with 64).
-      uncounted: steps that only sum weights; the later ones also count tokens (a second reduction
-        per pass), which settles rows whose heavy tokens make the mass jump past the band (typical).
     """
 
     x: Array
@@ -156,7 +137,6 @@ class Search(NamedTuple):
     uncovered: Array | None = None
     two_sided: bool = False
     window: int = 64
-    uncounted: int = 24
 
 
 def candidate_cutoff(
@@ -247,8 +227,9 @@ def cutoff(
             best = _bisect(u, lambda trial: jnp.sum(u >= trial[..., None], axis=-1, dtype=jnp.int32) >= kk)
         else:
 
-            def reached(trial):
-                return mass_reached(jnp.sum(jnp.where(u >= trial[..., None], w, 0.0), axis=-1), target, strict)
+            def reached(trial):  # a non-empty prefix that reaches the target (sums as the value search)
+                mass, n = _math.masked_sum_count(w, u >= trial[..., None])
+                return mass_reached(mass, target, strict) & (n > 0)
 
             # Prefixes are never empty (hence the max): the bisection may settle below every key.
             best = jnp.minimum(_bisect(u, reached), order_key(jnp.max(keys, axis=-1)))
@@ -303,13 +284,15 @@ def _value_search(
     their weights, or None): a search on the key *value* for a point ``lo`` whose mass ``m(lo)`` (of
     ``key >= lo``) reaches the target with fewer than ``w - 1`` tokens (``w = search.window``, the finish
     window) between ``lo`` and the cut-off, either bounded by mass (every token at or above ``lo``
-    weighs at least ``exp(lo - floor)``, so ``m(lo) - target < (w - 2) exp(lo - floor)`` suffices)
+    weighs at least ``exp(lo - floor)``, so ``m(lo) - target < (w / 2) exp(lo - floor)`` suffices, half
+    the window left for the rounding of ``m(lo)``, which on a flat row of 131072 tokens is worth a
+    few of its tokens)
     or counted (fewer than ``w`` tokens in the bracket ``[lo, hi)``, ``hi`` a point that misses the
     target; the mass bound alone rarely settles a typical window, whose heavy tokens make the mass
     jump). The ``w`` smallest keys at or above ``lo`` (one top-``w``) and ``m(lo)`` minus their
-    cumulative sum then give the cut-off exactly. Each step evaluates one masked sum (and, after
-    ``search.uncounted`` steps, a count) at a point interpolated linearly in the probit of the mass through the
-    last two points (exact for Gaussian logits under top-p, whose probability-weighted law is again
+    cumulative sum then give the cut-off exactly. Each step evaluates the mass and count at or above
+    a point (one pass, :func:`jaxsample._math.masked_sum_count`) interpolated linearly in the probit
+    of the mass through the last two points (exact for Gaussian logits under top-p, whose probability-weighted law is again
     Gaussian; with ``two_sided``, typical, in the probit of ``(1 + m) / 2``, the first secant through
     key 0 and ``search.first``), kept inside ``[lo, hi)``. ``lo`` starts at ``start`` and ``hi`` just
     above the ``K``-th largest key (above 0 without candidates). A flat row at ``V = 131072`` takes
@@ -344,32 +327,31 @@ def _value_search(
 
     def settled(lo, hi, m_lo, m_hi, n_lo, n_hi, *points):
         # Fewer than w - 1 tokens between lo and the cut-off: bounded by their mass, or counted.
-        near = (m_lo - target) * (1.0 + 1e-3) < (w - 2) * jnp.exp(lo - floor)  # False while m_lo is NaN
+        near = (m_lo - target) * (1.0 + 1e-3) < band * jnp.exp(lo - floor)  # False while m_lo is NaN
         return near | (n_lo - n_hi < w) | (jnp.nextafter(lo, jnp.inf) >= hi) | ~active
 
-    unknown = x.shape[-1] + w  # n(lo) not counted: conservative (so is n(hi) = 0)
+    band = w // 2  # tokens between lo and the cut-off that the mass bound may leave
+    unknown = x.shape[-1] + w  # n(start) is not counted: conservative
 
-    def step(carry, counted):
+    def step(carry):
         lo, hi, m_lo, m_hi, n_lo, n_hi, a, m_a, b, m_b = carry
         done = settled(*carry)
         # Secant through the last two points, aimed at the middle of the band that settles.
-        aim = target + 0.5 * (w - 2) * jnp.exp(lo - floor)
+        aim = target + 0.5 * band * jnp.exp(lo - floor)
         z_a, z_b = (probit(jnp.where(jnp.isnan(m), guess, m)) for m in (m_a, m_b))
         mid = b + (a - b) * (z_b - probit(aim)) / (z_b - z_a)
         inner = jnp.where(jnp.isfinite(mid) & (mid > lo) & (mid < hi), mid, 0.5 * lo + 0.5 * hi)
         mid = jnp.clip(inner, jnp.nextafter(lo, jnp.inf), hi)
-        inside = key(x) >= mid[..., None]
-        m = jnp.sum(jnp.where(inside, weight(x), 0.0), axis=-1)
-        # A second reduction per pass: only the later steps count (near the cut-off, where lumps of
-        # heavy tokens can keep the mass bound from settling).
-        n = count(inside) if counted else None
+        # Mass and count in one pass (_math.masked_sum_count, rounded as the bisection's); the count
+        # settles rows whose heavy tokens make the mass jump past the band.
+        m, n = _math.masked_sum_count(weight(x), key(x) >= mid[..., None])
         reached = mass_reached(m, target, strict)
         up = reached & ~done
         down = ~reached & ~done & (mid < hi)
         moved = up | down
         return (
             jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, m, m_lo), jnp.where(down, m, m_hi),
-            jnp.where(up, unknown if n is None else n, n_lo), jnp.where(down, 0 if n is None else n, n_hi),
+            jnp.where(up, n, n_lo), jnp.where(down, n, n_hi),
             jnp.where(moved, b, a), jnp.where(moved, m_b, m_a), jnp.where(moved, mid, b), jnp.where(moved, m, m_b),
         )
 
@@ -378,14 +360,13 @@ def _value_search(
     nan = jnp.full(lo.shape, jnp.nan)
     if search.two_sided:
         # Key 0 (an empty window, mass 0) and a point that puts the first step at search.first.
-        aim = target + 0.5 * (w - 2) * jnp.exp(lo - floor)
+        aim = target + 0.5 * band * jnp.exp(lo - floor)
         points = (search.first, aim, jnp.zeros(lo.shape), jnp.zeros(lo.shape))
     else:
         points = (lo, nan, hi, m_hi)
     carry = (lo, hi, nan, m_hi, jnp.full(lo.shape, unknown, jnp.int32), n_hi) + points
-    for i in range(_SEARCH_STEPS):
-        step_i = functools.partial(step, counted=i >= search.uncounted)
-        carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, step_i, carry)
+    for _ in range(_SEARCH_STEPS):
+        carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, step, carry)
     lo, _, m_lo = carry[:3]
     # The w smallest keys at or above lo, ascending; m(key >= v) = m(lo) - the mass below v.
     # Through top_of: the masked keys feed the chunk maxima pass and are not written out.

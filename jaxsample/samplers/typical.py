@@ -67,7 +67,7 @@ def _typical(x: Array, p: Array, min_keep: Array, candidates: int, statistics=No
             min_count=jnp.maximum(min_keep, 1),
             strict=True,
             candidates=candidates,
-            search=_threshold.Search(x, key, weight, h, start, first, uncovered, two_sided=True, window=512, uncounted=2),
+            search=_threshold.Search(x, key, weight, h, start, first, uncovered, two_sided=True, window=512),
         )
         return _math.keep(x, off[..., None] | (keys >= t[..., None]))
 
