@@ -62,7 +62,7 @@ MASS_RTOL = 2.0**-21
 _SIGN = np.uint32(0x80000000)  # numpy: importing jaxsample must not start a JAX backend
 
 #: Most steps of :func:`_value_search`, each unrolled in the program (a batch of 64 flat rows at
-#: ``V = 131072`` took 2-6 under top-p, 3-8 under typical, 12 under typical at ``p = 0.99``); rows that
+#: ``V = 131072`` took 3-6 under top-p, 3-9 under typical, 12 under typical at ``p = 0.99``); rows that
 #: do not settle take the bit bisection.
 _SEARCH_STEPS = 16
 
@@ -124,8 +124,8 @@ class Search(NamedTuple):
         in the probit of ``(1 + m) / 2`` rather than of ``m``, through key 0 (mass 0).
       window: tokens the search finishes on (one top-``k`` of this size): a wider window settles in
         fewer steps but its top-k costs more (typical at p = 0.9, 64 flat rows of V = 131072:
-        windows of 256 / 512 / 1024 / 2048 tokens took 7-9 / 6-7 / 5-8 / 5 steps; top-p settles in
-        2-3 steps with 64).
+        windows of 256 / 512 / 1024 / 2048 tokens took 7-9 / 6-7 / 5-8 / 5 steps, measured before every
+        step counted; top-p settles in 3-6 steps with 64).
     """
 
     x: Array
@@ -295,9 +295,8 @@ def _value_search(
     of the mass through the last two points (exact for Gaussian logits under top-p, whose probability-weighted law is again
     Gaussian; with ``two_sided``, typical, in the probit of ``(1 + m) / 2``, the first secant through
     key 0 and ``search.first``), kept inside ``[lo, hi)``. ``lo`` starts at ``start`` and ``hi`` just
-    above the ``K``-th largest key (above 0 without candidates). A flat row at ``V = 131072`` takes
-    2-3 steps under top-p and 3-7 under typical (the most a batch of 64 rows needed at ``p = 0.9``:
-    6-7). Only active rows drive the loop; each row's steps depend on that row alone.
+    above the ``K``-th largest key (above 0 without candidates). A batch of 64 flat rows at
+    ``V = 131072`` takes 3-6 steps under top-p and 3-9 under typical (12 at ``p = 0.99``). Only active rows drive the loop; each row's steps depend on that row alone.
 
     Returns:
       ``(t float32[...], ok bool[...])``: ``ok`` marks the rows resolved here; rounding, ties or a
