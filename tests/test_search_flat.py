@@ -122,3 +122,24 @@ def test_typical_program_holds_one_value_search_per_nan_branch():
     text = jax.jit(js.typical).lower(x, jnp.full((4,), 0.9), jnp.ones((4,), jnp.int32)).as_text()
     conditionals = text.count("stablehlo.case")
     assert 2 * _threshold._SEARCH_STEPS <= conditionals < 2 * (_threshold._SEARCH_STEPS + 14), conditionals
+
+
+def test_value_search_settles_flat_top_p_rows_without_the_bisection(monkeypatch):
+    """The mass bound that ends the search leaves half the finish window for the rounding of ``m(lo)``:
+    with ``w - 2`` tokens this flat row (row 8 of the benchmark's batch) overran its 64-token window at
+    ``p = 0.999`` and fell to the 32-step bisection. Eager, so the bisection runs only if a row needs it."""
+    from benchmarks.samplers import flat_logits
+    from jaxsample import _threshold
+
+    calls = []
+    bisect = _threshold._bisect
+    monkeypatch.setattr(_threshold, "_bisect", lambda u, predicate: calls.append(1) or bisect(u, predicate))
+    x = flat_logits(jax.random.key(0), 64, 131072)[8:9]
+    got = js.top_p(x, 0.999)
+    assert not calls, "a flat row took the bit bisection"
+    # A nucleus (every kept logit above every dropped one) whose exact mass is p up to float32 sums
+    # over 113k tokens (the sorted reference's own float32 cumsum is off by ~80 tokens here).
+    kept, v = np.asarray(got)[0] > -np.inf, np.asarray(x)[0].astype(np.float64)
+    assert v[kept].min() > v[~kept].max()
+    probs = np.exp(v - v.max()) / np.exp(v - v.max()).sum()
+    assert abs(probs[kept].sum() - 0.999) < 2e-6
