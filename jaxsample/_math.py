@@ -135,7 +135,7 @@ def shifted_normaliser(x: Array, m: Array | None = None) -> tuple[Array, Array, 
     exactly as :func:`log_softmax` computes it."""
     m = row_max(x) if m is None else m
     shift = jnp.where(jnp.isfinite(m), m, 0.0)
-    return m, shift, jnp.log(jnp.sum(jnp.exp(x - shift), axis=-1, keepdims=True))
+    return m, shift, jnp.log(row_sum(jnp.exp(x - shift), keepdims=True))
 
 
 def log_probs(x: Array, m: Array | None = None) -> Callable[[Array], Array]:
@@ -173,10 +173,10 @@ def entropy_sum(x: Array, m: Array, log_sum: Array) -> Array:
 
     ``H = log S - sum(e d) / S`` with ``d = max(x - m, -150)``, ``e = exp(d)``: one reduction of pure
     arithmetic over ``x`` (the clamp makes ``e d`` exactly 0 wherever ``exp`` underflows, ``-inf`` logits
-    included), which XLA:CPU runs in YNNPACK without a ``[..., V]`` temporary.
+    included) through :func:`row_sum`.
     """
     d = jnp.maximum(x - m, -150.0)
-    return log_sum - jnp.sum(jnp.exp(d) * d, axis=-1, keepdims=True) * jnp.exp(-log_sum)
+    return log_sum - row_sum(jnp.exp(d) * d, keepdims=True) * jnp.exp(-log_sum)
 
 
 def probit(q: Array) -> Array:
@@ -217,7 +217,7 @@ def entropy(logp: Array) -> tuple[Array, Array]:
     Tokens of probability 0 contribute nothing (no ``0 * -inf``).
     """
     probs = jnp.exp(logp)
-    return probs, -jnp.sum(jnp.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
+    return probs, -row_sum(jnp.where(probs > 0, probs * logp, 0.0), keepdims=True)
 
 
 def logsumexp(x: Array, m: Array | None = None) -> Array:
@@ -231,22 +231,48 @@ def masked_sum_count(w: Array, mask: Array) -> tuple[Array, Array]:
     """``(sum(w where mask), count(mask))`` over the last axis of ``w float32[..., V]``, ``mask bool[..., V]``.
 
     One variadic reduction (a float and an int32 output), which XLA:CPU emits as its own loop with
-    the producers fused, where a lone float sum goes to YNNPACK, which first writes the masked
-    ``[..., V]`` array out: ~0.4 against ~2.2 ``logsumexp`` passes at ``B = 64, V = 131072``. Blocks
-    of 64 (32, 16) are summed first: the loop's order is XLA's choice (at opt level 0 a sequential
-    scalar loop, whose error over 10^5 terms reached 1e-5). Its rounding differs from ``jnp.sum``'s:
-    searches that must agree on a mass use this one everywhere (and use the count, or XLA reduces
-    the float alone again).
+    the producers fused, where a lone float sum goes to YNNPACK, which first writes the summand
+    ``[..., V]`` out: ~0.4 against ~0.8 (a plain sum) to ~2.2 (a masked one) ``logsumexp`` passes at
+    ``B = 64, V = 131072``. Blocks of 64 are summed first (the last ``V mod 64`` entries as one more
+    block): the loop's order is XLA's choice (at opt level 0 a sequential scalar loop, whose error
+    over 10^5 terms reached 1e-5). Its rounding differs from ``jnp.sum``'s: searches that must agree
+    on a mass use this one everywhere (and use the count, or XLA reduces the float alone again).
     """
     ops = (jnp.where(mask, w, 0.0), mask.astype(jnp.int32))
-    v = w.shape[-1]
-    block = next((b for b in (64, 32, 16) if v % b == 0 and v > b), None)
-    if block is not None:  # blocks first: a loop that sums sequentially rounds no worse than 64 terms' worth
-        ops = tuple(o.reshape(o.shape[:-1] + (v // block, block)) for o in ops)
-    total = lax.reduce(ops, (jnp.float32(0.0), jnp.int32(0)), lambda a, b: (a[0] + b[0], a[1] + b[1]), (ops[0].ndim - 1,))
-    if block is None:
+    v, block = w.shape[-1], 64
+    head = v - v % block if v >= 2 * block else 0
+
+    def reduce(parts, axis):
+        return lax.reduce(parts, (jnp.float32(0.0), jnp.int32(0)), lambda a, b: (a[0] + b[0], a[1] + b[1]), (axis,))
+
+    if head == 0:
+        return reduce(ops, ops[0].ndim - 1)
+    blocks = reduce(tuple(o[..., :head].reshape(o.shape[:-1] + (head // block, block)) for o in ops), ops[0].ndim)
+    total = (jnp.sum(blocks[0], axis=-1), jnp.sum(blocks[1], axis=-1))
+    if head == v:
         return total
-    return jnp.sum(total[0], axis=-1), jnp.sum(total[1], axis=-1)
+    tail = reduce(tuple(o[..., head:] for o in ops), ops[0].ndim - 1)
+    return total[0] + tail[0], total[1] + tail[1]
+
+
+def row_sum(w: Array, keepdims: bool = False) -> Array:
+    """``jnp.sum(w, axis=-1)`` for ``w float32[..., V]`` through :func:`masked_sum_count` (nonzero
+    entries counted): ~0.4 ``logsumexp`` passes where ``jnp.sum`` of a fused expression costs ~0.8 on
+    XLA:CPU. The select on the count is what keeps it: XLA drops an unused count and sums the float
+    alone again. Rounds as :func:`masked_sum_count`, not as ``jnp.sum``."""
+    total, n = masked_sum_count(w, w != 0.0)
+    out = jnp.where(n > 0, total, jnp.zeros_like(total))
+    return out[..., None] if keepdims else out
+
+
+def row_count(mask: Array, keepdims: bool = False) -> Array:
+    """``int32``: the true entries of ``mask bool[..., V]`` over its last axis, through
+    :func:`masked_sum_count` (a float sum of ones, exact below 2**24, beside the count): ~0.4
+    ``logsumexp`` passes where ``jnp.sum`` of a mask costs ~2 on XLA:CPU. The select on the float
+    keeps both outputs (XLA drops an unused one and counts alone again)."""
+    ones, n = masked_sum_count(jnp.ones(mask.shape, jnp.float32), mask)
+    out = jnp.where(ones > 0, n, 0)
+    return out[..., None] if keepdims else out
 
 
 def cond(pred: Array, true_fn: Callable, false_fn: Callable, *operands):

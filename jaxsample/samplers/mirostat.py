@@ -44,7 +44,7 @@ def _zipf_k(x: Array, mu: Array, m: int, n_vocab: int, top: tuple[Array, Array] 
     """
     vals = (_candidates.top(x, m) if top is None else top)[0][..., : min(m, x.shape[-1])]
     m = vals.shape[-1]  # clipped to V
-    n_finite = jnp.sum(x > -jnp.inf, axis=-1)
+    n_finite = _math.row_count(x > -jnp.inf)
     i = jnp.arange(m - 1)
     used = i + 1 < n_finite[..., None]
     t = jnp.log((i + 2.0) / (i + 1.0))

@@ -18,7 +18,7 @@ from jaxsample.chain import MIN_KEEP, Param, Stage
 def _p_less(x: Array, min_keep: Array) -> Array:
     """The core on NaN-free float32 ``x [*B, V]`` and ``min_keep int32[*B]``."""
     probs = _math.softmax(x)
-    collision = jnp.sum(jnp.square(probs), axis=-1, keepdims=True)
+    collision = _math.row_sum(jnp.square(probs), keepdims=True)
     keep = _threshold.mass_reached(probs, collision) | _threshold.keep_top(x, jnp.maximum(min_keep, 1))
     return _math.keep(x, keep)
 

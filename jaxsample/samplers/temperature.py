@@ -77,7 +77,7 @@ def _finite_count(x: Array, m: Array) -> Array:
     v = x.shape[-1]
     full = jnp.min(x, axis=-1, keepdims=True) > -jnp.inf
     return _math.cond(jnp.all(full), lambda: jnp.full(m.shape, v, jnp.float32),
-                      lambda: jnp.sum(x > -jnp.inf, axis=-1, keepdims=True, dtype=jnp.float32))
+                      lambda: _math.row_count(x > -jnp.inf, keepdims=True).astype(jnp.float32))
 
 
 def _dynamic_temperature(x: Array, temp: Array, delta: Array, exponent: Array) -> Array:

@@ -37,7 +37,7 @@ def _top_n_sigma(x: Array, n: Array, clean: bool = False) -> Array:
         # 2**60 take them in units of 2**k (exact: powers of two commute with rounding), so that no
         # sum or square overflows (near 1e37 the sums went to +-inf or NaN by summation order).
         top = _math.row_max(x)
-        total = jnp.sum(_distances(x, top)[0], axis=-1, keepdims=True)
+        total = _math.row_sum(_distances(x, top)[0], keepdims=True)
 
         def dense():
             # Every logit is finite (a sum with an inf or NaN term is not), so the masks of the
@@ -45,18 +45,18 @@ def _top_n_sigma(x: Array, n: Array, clean: bool = False) -> Array:
             # masked copies of the row and without the empty-row guard.
             d, k = _distances(x, top)
             mean = total / x.shape[-1]
-            squares = jnp.sum(jnp.square(d - mean), axis=-1, keepdims=True)
+            squares = _math.row_sum(jnp.square(d - mean), keepdims=True)
             return _within(x, top, _std(squares, x.shape[-1], k), n)
 
         def general():
             y = cleaned()
             finite = jnp.isfinite(y)
-            count = jnp.maximum(jnp.sum(finite, axis=-1, keepdims=True, dtype=jnp.float32), 1.0)
+            count = jnp.maximum(_math.row_count(finite, keepdims=True).astype(jnp.float32), 1.0)
             y_top = _math.row_max(y) if clean else top
             y_d, y_k = _distances(y, y_top)
             y_d = jnp.where(finite, y_d, 0.0)
-            mean = jnp.sum(y_d, axis=-1, keepdims=True) / count
-            squares = jnp.sum(jnp.where(finite, jnp.square(y_d - mean), 0.0), axis=-1, keepdims=True)
+            mean = _math.row_sum(y_d, keepdims=True) / count
+            squares = _math.row_sum(jnp.where(finite, jnp.square(y_d - mean), 0.0), keepdims=True)
             return _math.nonempty(_within(y, y_top, _std(squares, count, y_k), n), y)
 
         return _math.cond(jnp.all(jnp.isfinite(total)), dense, general)

@@ -53,7 +53,7 @@ def _xtc(keys: Array, x: Array, probability: Array, threshold: Array, min_keep: 
     drawn = (chance > 0) & (_noise.uniform(keys) <= chance) & (threshold <= 0.5)
 
     def apply():
-        n_finite = jnp.sum(x > -jnp.inf, axis=-1, dtype=jnp.float32)
+        n_finite = _math.row_count(x > -jnp.inf)
         least, n_removed = _removed(x, thr)
         active = drawn & (n_finite >= 2) & (n_finite - n_removed >= min_keep)
         return _math.keep(x, ~(active[..., None] & (x > least)))
