@@ -224,7 +224,7 @@ def cutoff(
         keys = get_keys()
         u = order_key(keys)
         if target is None:
-            best = _bisect(u, lambda trial: jnp.sum(u >= trial[..., None], axis=-1, dtype=jnp.int32) >= kk)
+            best = _bisect(u, lambda trial: _math.row_count(u >= trial[..., None]) >= kk)
         else:
 
             def reached(trial):  # a non-empty prefix that reaches the target (sums as the value search)
@@ -431,18 +431,18 @@ def first_k(
     def full():
         t = cutoff(keys, min_count=kk, candidates=kc, top=(vals, ids))[..., None]
         above = keys >= t
-        exact = (jnp.sum(above, axis=-1) == kk) | (t[..., 0] == -jnp.inf)
+        exact = (_math.row_count(above) == kk) | (t[..., 0] == -jnp.inf)
 
         def split_ties():
             # Keep the first r tokens tied at t, by id: largest m with #(ties with id < m) < r.
             greater = keys > t
             tied = keys == t
-            r = kk - jnp.sum(greater, axis=-1, dtype=jnp.int32)
+            r = kk - _math.row_count(greater)
             iota = jnp.arange(vocab, dtype=jnp.int32)
 
             def body(i, m):
                 trial = m | (jnp.int32(1) << (vocab.bit_length() - 1 - i))
-                n = jnp.sum(tied & (iota < trial[..., None]), axis=-1, dtype=jnp.int32)
+                n = _math.row_count(tied & (iota < trial[..., None]))
                 return jnp.where((trial <= vocab) & (n < r), trial, m)
 
             m = lax.fori_loop(0, vocab.bit_length(), body, jnp.zeros(kk.shape, jnp.int32))
