@@ -233,25 +233,30 @@ def masked_sum_count(w: Array, mask: Array) -> tuple[Array, Array]:
     One variadic reduction (a float and an int32 output), which XLA:CPU emits as its own loop with
     the producers fused, where a lone float sum goes to YNNPACK, which first writes the summand
     ``[..., V]`` out: ~0.4 against ~0.8 (a plain sum) to ~2.2 (a masked one) ``logsumexp`` passes at
-    ``B = 64, V = 131072``. Blocks of 64 are summed first (the last ``V mod 64`` entries as one more
-    block): the loop's order is XLA's choice (at opt level 0 a sequential scalar loop, whose error
-    over 10^5 terms reached 1e-5). Its rounding differs from ``jnp.sum``'s: searches that must agree
-    on a mass use this one everywhere (and use the count, or XLA reduces the float alone again).
+    ``B = 64, V = 131072``. The row is summed in blocks of 64, the block sums again in blocks of 64,
+    and so on (a remainder of ``n mod 64`` entries as one more block), every level by the same
+    reduction: the loop's order is XLA's choice (at opt level 0 a sequential scalar loop, whose error
+    over 10^5 terms reached 1e-5), and YNNPACK's order changes with the batch size. Its rounding
+    differs from ``jnp.sum``'s: searches that must agree on a mass use this one everywhere (and use
+    the count, or XLA reduces the float alone again).
     """
-    ops = (jnp.where(mask, w, 0.0), mask.astype(jnp.int32))
-    v, block = w.shape[-1], 64
-    head = v - v % block if v >= 2 * block else 0
+    return _blocked_sum((jnp.where(mask, w, 0.0), mask.astype(jnp.int32)))
+
+
+def _blocked_sum(ops: tuple[Array, Array], block: int = 64) -> tuple[Array, Array]:
+    """:func:`masked_sum_count` of its two summands ``(float32[..., n], int32[..., n])``."""
 
     def reduce(parts, axis):
         return lax.reduce(parts, (jnp.float32(0.0), jnp.int32(0)), lambda a, b: (a[0] + b[0], a[1] + b[1]), (axis,))
 
-    if head == 0:
-        return reduce(ops, ops[0].ndim - 1)
-    blocks = reduce(tuple(o[..., :head].reshape(o.shape[:-1] + (head // block, block)) for o in ops), ops[0].ndim)
-    total = (jnp.sum(blocks[0], axis=-1), jnp.sum(blocks[1], axis=-1))
-    if head == v:
+    n, last = ops[0].shape[-1], ops[0].ndim - 1
+    if n < 2 * block:
+        return reduce(ops, last)
+    head = n - n % block
+    total = _blocked_sum(reduce(tuple(o[..., :head].reshape(o.shape[:-1] + (head // block, block)) for o in ops), last + 1))
+    if head == n:
         return total
-    tail = reduce(tuple(o[..., head:] for o in ops), ops[0].ndim - 1)
+    tail = reduce(tuple(o[..., head:] for o in ops), last)
     return total[0] + tail[0], total[1] + tail[1]
 
 
