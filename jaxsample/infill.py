@@ -237,15 +237,15 @@ def _infill(x: Array, table: InfillTable) -> Array:
     eog = table.is_eog
     finite = x > NEG_INF
     p = _math.softmax(x)
-    n = jnp.sum(finite, axis=-1, keepdims=True).astype(jnp.float32)
-    p_eog = jnp.sum(jnp.where(eog, p, 0.0), axis=-1, keepdims=True)
-    p_txt = jnp.sum(jnp.where(eog, 0.0, p), axis=-1, keepdims=True)
+    n = _math.row_count(finite, keepdims=True).astype(jnp.float32)
+    p_eog = _math.row_sum(jnp.where(eog, p, 0.0), keepdims=True)
+    p_txt = _math.row_sum(jnp.where(eog, 0.0, p), keepdims=True)
     eog_only = _math.keep(x, eog)
 
     mass, survivor = (a.T for a in _merge(p.T, finite.T, table))
     keep = jnp.where(eog, survivor, survivor & (mass >= MERGED_THRESHOLD))
-    n_text = jnp.sum(keep & ~eog, axis=-1, keepdims=True)
-    q = mass / jnp.sum(jnp.where(keep, mass, 0.0), axis=-1, keepdims=True)
+    n_text = _math.row_count(keep & ~eog, keepdims=True)
+    q = mass / _math.row_sum(jnp.where(keep, mass, 0.0), keepdims=True)
     keep = keep & (eog | (q >= 1.0 / (n_text + 1).astype(jnp.float32)))
     fallback = jnp.where(jnp.arange(vocab) == table.fallback, 1.0, NEG_INF)
     merged = jnp.where(n_text > 0, _math.keep(x, keep), fallback)

@@ -94,7 +94,7 @@ def top_logprobs(values: ArrayLike, sampled: ArrayLike, n: int) -> TopLogprobs:
         raise ValueError(f"n must be <= V = {vocab}, got {n}")
     tok = _sampled_ids(sampled, batch, vocab)
     chosen = jnp.take_along_axis(x, tok[..., None], axis=-1)
-    rank = jnp.sum(x >= chosen, axis=-1).astype(jnp.int32)
+    rank = _math.row_count(x >= chosen)
     top_values, top_ids = lax.top_k(x, n)
     return TopLogprobs(chosen[..., 0], rank, top_ids.astype(jnp.int32), top_values)
 

@@ -167,7 +167,7 @@ def _synthid_watermark(x: Array, state: SynthIDState, history: Array, position: 
     p = _math.softmax(x)
     for key in config.keys:
         g = _g(h, key, table).astype(jnp.float32)
-        p = p * (1.0 + g - jnp.sum(g * p, axis=-1, keepdims=True))
+        p = p * (1.0 + g - _math.row_sum(g * p, keepdims=True))
     marked = jnp.where(p > 0, jnp.log(jnp.where(p > 0, p, 1.0)), NEG_INF)
     repeated = jnp.any((state.hi == ctx[0][..., None]) & (state.lo == ctx[1][..., None]), axis=-1)
     out = jnp.where(repeated[..., None], x, marked)

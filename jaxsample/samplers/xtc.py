@@ -40,7 +40,7 @@ def _removed(x: Array, thr: Array) -> tuple[Array, Array]:
     def dense():
         above = (x > -jnp.inf) & (_math.softmax(x) >= thr)
         least = jnp.min(jnp.where(above, x, jnp.inf), axis=-1, keepdims=True)
-        return jnp.concatenate([least, jnp.sum(above & (x > least), axis=-1, keepdims=True, dtype=jnp.float32)], -1)
+        return jnp.concatenate([least, _math.row_count(above & (x > least), keepdims=True).astype(jnp.float32)], -1)
 
     out = _candidates.choose(covered, on_candidates, dense)
     return out[..., :1], out[..., 1]
