@@ -12,7 +12,7 @@ import pytest
 
 from jaxsample import presets
 from jaxsample.decoding import Model, dola_generate
-from jaxsample.decoding.dola import candidate_layers, contrast
+from jaxsample.decoding.dola import _divergence, candidate_layers, contrast
 from jaxsample.models import Bart, DecoderLM
 from jaxsample.models.configs import get_config
 
@@ -211,3 +211,18 @@ def test_errors():
         dola_generate(DOLA_MODEL, lm_params(), [[1]], dola_layers="high", relative_top=0.0, max_new_tokens=1)
     with pytest.raises(ValueError, match="exits"):
         LM.apply_step_exits(lm_params(), jnp.array([[1]]), jnp.array([[0]]), LM.init_cache(1, 4), (7,))
+
+
+
+def test_layer_divergence_is_the_same_alone_and_in_a_batch():
+    # The divergence that picks the layer is a mean over the vocabulary: through _math.row_sum it
+    # sums in one order in every batch size (jnp.mean's changed with the shape: 63 of 64 rows
+    # differed alone and in the batch at V = 1000), so a row's layer never depends on its neighbours.
+    rng = np.random.default_rng(7)
+    b, j, v = 64, 3, 1000
+    final = jax.nn.log_softmax(jnp.asarray(rng.normal(0, 3, (b, v)), jnp.float32))
+    early = jax.nn.log_softmax(jnp.asarray(rng.normal(0, 3, (b, j, v)), jnp.float32))
+    divergence = jax.jit(_divergence)
+    batch = np.asarray(divergence(final, early))
+    for i in range(0, b, 7):
+        np.testing.assert_array_equal(np.asarray(divergence(final[i : i + 1], early[i : i + 1]))[0], batch[i])

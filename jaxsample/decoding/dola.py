@@ -85,6 +85,23 @@ def candidate_layers(dola_layers: str | Sequence[int], num_layers: int, tied_emb
     return tuple(layers)
 
 
+def _divergence(final: Array, early: Array) -> Array:
+    """HF's Jensen-Shannon divergence ``float32[..., J]`` of log-probabilities ``final [..., V]`` and
+    each early exit's ``early [..., J, V]`` (torch's ``kl_div(...).mean(-1)`` of both against their mean).
+
+    The means over ``V`` are :func:`jaxsample._math.row_sum` (one summation order in every batch
+    size: ``jnp.mean``'s changes with the shape, so a row's layer could depend on its neighbours).
+    """
+    p_final, p_early = jnp.exp(final)[..., None, :], jnp.exp(early)
+    mid = 0.5 * (p_final + p_early)
+    log_mid = jnp.log(jnp.where(mid > 0, mid, 1.0))
+
+    def kl(logq):  # mean of mid * (log mid - logq), 0 where mid == 0
+        return _math.row_sum(jnp.where(mid > 0, mid * (log_mid - logq), 0.0)) / mid.shape[-1]
+
+    return 0.5 * (kl(final[..., None, :]) + kl(early))
+
+
 def contrast(final_logits: Array, layer_logits: Array, relative_top: ArrayLike = 0.1) -> Array:
     """DoLa logits from ``final_logits [..., V]`` and candidate early exits ``layer_logits [..., J, V]``.
 
@@ -92,14 +109,7 @@ def contrast(final_logits: Array, layer_logits: Array, relative_top: ArrayLike =
     """
     final = _math.log_softmax(jnp.asarray(final_logits, jnp.float32))
     early = _math.log_softmax(jnp.asarray(layer_logits, jnp.float32))
-    p_final, p_early = jnp.exp(final)[..., None, :], jnp.exp(early)
-    mid = 0.5 * (p_final + p_early)
-    log_mid = jnp.log(jnp.where(mid > 0, mid, 1.0))
-
-    def kl(logq):  # torch kl_div(logq, mid).mean(-1): mean of mid * (log mid - logq), 0 where mid == 0
-        return jnp.mean(jnp.where(mid > 0, mid * (log_mid - logq), 0.0), axis=-1)
-
-    js = 0.5 * (kl(final[..., None, :]) + kl(early))  # [..., J]
+    js = _divergence(final, early)  # [..., J]
     pick = jnp.argmax(js, axis=-1)
     base = jnp.take_along_axis(early, pick[..., None, None], axis=-2)[..., 0, :]
     rt = jnp.clip(jnp.asarray(relative_top, jnp.float32), jnp.finfo(jnp.float32).tiny, 1.0)

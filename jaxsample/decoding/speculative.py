@@ -166,13 +166,12 @@ def _step(
     # procs float32[k + 1, B, V]: processed target logits; target_states: chain state after process j
 
     # 3. rejection sampling
-    d_onehot = jax.nn.one_hot(drafts, procs.shape[-1], dtype=bool)  # [k, B, V]
     if greedy_target:
         ok = drafts == jnp.argmax(procs[:k], axis=-1)
     else:
         p = _math.softmax(procs[:k])
-        p_d = jnp.sum(jnp.where(d_onehot, p, 0.0), axis=-1)
-        q_d = jnp.sum(jnp.where(d_onehot, q, 0.0), axis=-1)
+        p_d = jnp.take_along_axis(p, drafts[..., None], axis=-1)[..., 0]  # [k, B]
+        q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
         u = jax.vmap(lambda i: _noise.uniform(_keys(sparams, out.length + i, _ACCEPT_SALT)))(
             jnp.arange(k)
         )
