@@ -73,7 +73,13 @@ class _Timeout(Exception):
     pass
 
 
+#: Whether the last alarm fired: Python ignores an exception raised while a garbage-collection
+#: callback runs (JAX registers one), so a compile can outlive its alarm and still return.
+_fired = [False]
+
+
 def _alarm(*_):
+    _fired[0] = True
     raise _Timeout()
 
 
@@ -252,9 +258,12 @@ def run(engines, records, tok, args) -> dict:
         schema = rec["schema"]
         for e in engines:
             s = stats[e.name]
+            _fired[0] = False
             signal.alarm(args.timeout)
             try:
                 secs, compiled = _best(lambda: e.compile(schema), args.repeats)
+                if _fired[0]:  # the alarm's exception was swallowed (see _fired)
+                    raise _Timeout()
             except (_Timeout, Exception) as err:
                 signal.alarm(0)
                 kind = "timeout" if isinstance(err, _Timeout) else getattr(err, "keyword", None) or type(err).__name__

@@ -357,19 +357,27 @@ def _effect_table(keys, rest_col, need) -> np.ndarray:
 
 
 def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndarray) -> TokenGrammar:
-    """Masks per stack room, the per-state lists of stack-dependent tokens, forced tokens."""
+    """Masks per stack room, the per-state lists of stack-dependent tokens, forced tokens.
+
+    The effects are few among the ``[Q, C]`` entries (8.6k of 35M in a 35k-state schema), so they
+    are read at their own positions; the dense passes are the ones every entry needs.
+    """
     q_count, c_count = nxt.shape
     big = np.iinfo(np.int32).max
-    eff = np.maximum(nxt - q_count, 0)
-    is_eff = nxt >= q_count
-    target, rest, room = effect[eff, 0], effect[eff, 1], effect[eff, 3]
-    ret = is_eff & (target < 0)
-    empty_rest = np.zeros(c_count, bool)
-    empty_rest[np.flatnonzero((nxt == np.arange(q_count)[:, None]).all(axis=0))] = True
-    ret_empty = ret & (rest >= 0) & empty_rest[np.maximum(rest, 0)]
-    need = np.where(is_eff, room, pd.need[np.minimum(nxt, q_count - 1)])  # a return: its peak
+    eq, ec = np.nonzero(nxt >= q_count)  # the (state, class) entries that are effects
+    fx = effect[nxt[eq, ec] - q_count]
+    ret = fx[:, 0] < 0
+    rest = fx[:, 1]
+    # A return whose rest consumes nothing (its class keeps every state where it is) does not
+    # depend on the stack beyond ending the rule.
+    cols = np.unique(rest[ret & (rest >= 0)])
+    empty = cols[(nxt[:, cols] == np.arange(q_count)[:, None]).all(axis=0)]
+    ret_empty = ret & np.isin(rest, empty)
+    need = pd.need[np.minimum(nxt, q_count - 1)]  # an effect: the room it needs (a return: its peak)
+    need[eq, ec] = fx[:, 3]
     resting = ~pd.closed | (np.arange(q_count) == pd.bottom)  # a row never rests where its rule must end
-    base = (nxt != 0) & (~ret | ret_empty) & resting[:, None]
+    base = (nxt != 0) & resting[:, None]
+    base[eq[ret & ~ret_empty], ec[ret & ~ret_empty]] = False
     need = np.where(base, need, big)
     finite = need[base & (need < big)]
     rooms = int(finite.max()) + 1 if finite.size else 1
@@ -377,8 +385,8 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     first, ids = unique_rows(allowed.reshape(q_count * rooms, c_count))
     room_mask_id = ids.reshape(q_count, rooms).astype(np.int32)
     patterns = allowed.reshape(-1, c_count)[first]
-    depends = ret & ~ret_empty & resting[:, None]
-    viable, pops = _chains(pd, nxt, effect, depends)
+    depends = ret & ~ret_empty & resting[eq]
+    viable, pops = _chains(pd, nxt, effect, eq[depends], ec[depends], bool(ret.any()))
     first, which = unique_rows(viable)  # states with the same stack-dependent classes share one list
     lists = [np.flatnonzero(viable[f][class_of]) for f in first.tolist()]
     offset = np.concatenate([[0], np.cumsum([t.size for t in lists])]).astype(np.int32)
@@ -392,9 +400,10 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     return TokenGrammar(nxt.astype(np.int32), class_of, pd.accept, forced.astype(np.int32), pd.start, mask_id, masks, stack)
 
 
-def _chains(pd: Pushdown, nxt, effect, depends):
+def _chains(pd: Pushdown, nxt, effect, q, c, returns: bool):
     """Stack-dependent (state, class) entries that some stack makes valid, and the most frames a token pops.
 
+    ``q``, ``c``: the stack-dependent entries (returns); ``returns``: whether any token returns.
     A return continues with a class in every state a stack can hold; chains end in a stay (valid), a
     dead entry, or another return. Every chain is finite (:mod:`~jaxsample.structured.pushdown`
     refuses grammars where one byte returns through unboundedly many frames).
@@ -424,8 +433,7 @@ def _chains(pd: Pushdown, nxt, effect, depends):
         return memo[col]
 
     viable = np.zeros(nxt.shape, bool)
-    most = int((nxt >= q_count).any() and (effect[np.maximum(nxt - q_count, 0), 0][nxt >= q_count] < 0).any())
-    q, c = np.nonzero(depends)
+    most = int(returns)
     rest = effect[nxt[q, c] - q_count, 1]
     cols, inv = np.unique(np.where(rest < 0, c, rest), return_inverse=True)
     found = [through(int(col)) for col in cols.tolist()]
