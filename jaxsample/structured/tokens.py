@@ -33,7 +33,7 @@ import numpy as np
 
 from jaxsample.structured import trie, walk
 from jaxsample.structured.automaton import ByteDFA, EmptyLanguageError
-from jaxsample.structured.minimise import mix64, minimise, trim, unique_rows
+from jaxsample.structured.minimise import mix64, minimise, trim, unique_columns, unique_rows
 from jaxsample.structured.vocab import Vocabulary
 
 
@@ -202,7 +202,7 @@ def build(dfa: ByteDFA, vocab: Vocabulary) -> TokenGrammar:
         table, accept, start = minimise(*trimmed)
     # classes reached through different parts (a quotient terminal for one string, byte-trie entries
     # for another) can still have equal columns: merge them; column 0 (dead) comes first: class 0
-    first, col_class = unique_rows(table.T)
+    first, col_class = unique_columns(table)
     nxt = np.take(table, first, axis=1).astype(np.int32)
     class_of = np.zeros(vocab.size, np.int32)
     token_class = string_class[index.string_of_token]
