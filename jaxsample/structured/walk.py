@@ -310,7 +310,8 @@ def walk(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan, 
     origins = np.arange(1, delta.shape[0], dtype=np.int64)
     batch = (np.cumsum(_estimate(delta, byte_class, p, marker_from)[origins]) // PAIR_BUDGET).astype(np.int64)
     hits = [_walk(forest, p, origins[batch == b], marker_from) for b in np.unique(batch)]
-    o, n, q = (np.concatenate([h[0][i] for h in hits]) for i in range(3))
+    # One copy of the (often tens of millions of) token ends: the batches' pieces joined once.
+    o, n, q = _joined([piece for h in hits for piece in h[0]])
     mode = forest.mode[n].astype(np.int16 if len(p.modes) < 1 << 15 else np.int32)  # (int16: a radix sort)
     order = np.argsort(mode, kind="stable")  # the entries of each trie, in walk order
     bounds = np.concatenate([[0], np.cumsum(np.bincount(mode, minlength=len(p.modes) + 1))])
@@ -318,8 +319,13 @@ def walk(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan, 
     for k in range(len(p.modes) + 1):
         sel = order[bounds[k] : bounds[k + 1]]
         parts.append((o[sel], forest.term[n[sel]], q[sel]))
-    marks = tuple(np.concatenate([h[1][i] for h in hits]) for i in range(3))
+    marks = _joined([piece for h in hits for piece in h[1]])
     return Walk(parts[0], tuple(parts[1:]), marks)
+
+
+def _joined(pieces: list) -> tuple:
+    """The ``(origin, node, state)`` triples of a list of pieces, each field concatenated."""
+    return tuple(np.concatenate([x[i] for x in pieces]) if pieces else np.zeros(0, np.int64) for i in range(3))
 
 
 def forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> "_Forest":
@@ -334,8 +340,9 @@ def walk_from(f: "_Forest", states: np.ndarray, nodes: np.ndarray, origins: np.n
     the start nodes, ``marks`` as :attr:`Walk.marks`.
     """
     p = Plan(np.zeros(int(np.max(states, initial=0)) + 1, np.int32), (), np.zeros(0))
-    (o, n, q), marks = _walk(f, p, np.asarray(origins, np.int64), marker_from, states, nodes)
-    return (o, f.term[n], q), marks
+    out, marks = _walk(f, p, np.asarray(origins, np.int64), marker_from, states, nodes)
+    o, n, q = _joined(out)
+    return (o, f.term[n], q), _joined(marks)
 
 
 def _spans(ptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -373,7 +380,8 @@ def _regroup(parent, q, n, ptr, origin, n_fine: int):
 
 
 def _walk(f: _Forest, p: Plan, origins: np.ndarray, marker_from=None, states=None, nodes=None):
-    """Breadth-first walk of the forest from ``origins``: ``((origin, node, state) of every token end, marks)``.
+    """Breadth-first walk of the forest from ``origins``: ``(token ends, marks)``, each a list of
+    ``(origin, node, state)`` pieces (joined by the caller, :func:`_joined`).
 
     Walkers start at the root of each origin's trie in the origin's state, or at byte-trie
     ``nodes`` in ``states`` (tokens ending at a start node count). Walkers that reach the same
@@ -423,9 +431,7 @@ def _walk(f: _Forest, p: Plan, origins: np.ndarray, marker_from=None, states=Non
             q, n, ptr, origin = _regroup(parent, q[parent], nodes_, ptr, origin, n_fine)
         n = _jump(f, q, n, ptr, origin, out, n_fine)
         depth += 1
-    empty = np.zeros(0, np.int64)
-    res = tuple(np.concatenate([h[i] for h in out]) if out else empty for i in range(3))
-    return res, tuple(np.concatenate([m[i] for m in marks]) if marks else empty for i in range(3))
+    return out, marks
 
 
 def _jump(f: _Forest, q, n, ptr, origin, out: list, n_fine: int) -> np.ndarray:
