@@ -202,7 +202,7 @@ class _Forest(NamedTuple):
     exact_depth: np.ndarray  # int[P + 1]
     # unary paths (trie.Chains), node ids global: a walker whose state loops on a path's labels jumps
     chain_end: np.ndarray  # int64[N]
-    hit_lo: np.ndarray  # int64[N]: tokens ending on the path are hit_nodes[hit_lo:hit_hi]
+    hit_lo: np.ndarray  # int64[N]: tokens ending on the path are hit_nodes[hit_lo:hit_hi] (int32)
     hit_hi: np.ndarray
     hit_nodes: np.ndarray
     byte_mask: np.ndarray  # uint64[N_bytes, 4] bytes on each byte-trie path
@@ -264,7 +264,7 @@ def _structure(index: VocabIndex, quotients: tuple) -> dict:
         chain_end=np.concatenate([c.end.astype(np.int64) + b for c, b in zip(ch, base)]),
         hit_lo=np.concatenate([c.hit_lo + o for c, o in zip(ch, hit_off)]),
         hit_hi=np.concatenate([c.hit_hi + o for c, o in zip(ch, hit_off)]),
-        hit_nodes=np.concatenate([c.term_node.astype(np.int64) + b for c, b in zip(ch, base)]),
+        hit_nodes=np.concatenate([c.term_node.astype(np.int64) + b for c, b in zip(ch, base)]).astype(np.int32),
         byte_mask=ch[0].mask, block_mask=np.concatenate([c.mask[:, 0] for c in ch[1:]] or [np.zeros(0, np.uint64)]),
     )  # fmt: skip
     if len(_STRUCTURES) >= 4:
@@ -394,12 +394,13 @@ def _walk(f: _Forest, p: Plan, origins: np.ndarray, marker_from=None, states=Non
         q = origins.astype(np.int64)
     else:
         n, q = np.asarray(nodes, np.int64), np.asarray(states, np.int64)
-    ptr, origin = np.arange(origins.size + 1), origins.astype(np.int64)
+    # The token ends (often tens of millions) are int32: half the memory of int64 to write and join.
+    ptr, origin = np.arange(origins.size + 1), origins.astype(np.int32)
     n_fine = int(f.base[1])
     out, marks = [], []
     if nodes is not None:
         hit = np.flatnonzero(f.term[n] >= 0)
-        out.append((origin[hit], n[hit], q[hit]))
+        out.append((origin[hit], n[hit].astype(np.int32), q[hit].astype(np.int32)))
     depth = 0
     while q.size:
         count = f.count[n]
@@ -420,7 +421,7 @@ def _walk(f: _Forest, p: Plan, origins: np.ndarray, marker_from=None, states=Non
         q, n, ptr, origin = _regroup(parent[alive], nxt[alive], child[alive], ptr, origin, n_fine)
         hit = np.flatnonzero(f.term[n] >= 0)
         pos, length = _spans(ptr, hit)
-        out.append((origin[pos], np.repeat(n[hit], length), np.repeat(q[hit], length)))
+        out.append((origin[pos], np.repeat(n[hit].astype(np.int32), length), np.repeat(q[hit].astype(np.int32), length)))
         mode = f.mode[n]
         ok = f.compatible[mode, q] | (depth + 1 < f.exact_depth[mode])
         if not ok.all():  # leave the quotient: continue on the byte-trie nodes this node stands for
@@ -457,7 +458,7 @@ def _jump(f: _Forest, q, n, ptr, origin, out: list, n_fine: int) -> np.ndarray:
     cnt = (hi - lo)[w]
     offsets = np.cumsum(cnt) - cnt
     nodes = f.hit_nodes[np.repeat(lo[w] - offsets, cnt) + np.arange(int(cnt.sum()))]
-    out.append((np.repeat(origin[pos], cnt), nodes, np.repeat(q[jump][w], cnt)))
+    out.append((np.repeat(origin[pos], cnt), nodes, np.repeat(q[jump][w].astype(np.int32), cnt)))
     n = n.copy()
     n[jump] = f.chain_end[n[jump]]
     return n
