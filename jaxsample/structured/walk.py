@@ -69,7 +69,7 @@ class Plan(NamedTuple):
 
 
 class Walk(NamedTuple):
-    """Where tokens end: ``fine = (origin, string, state)``; ``coarse[p] = (origin, terminal, state)``.
+    """Where tokens end: ``fine = (origin, string, state)``; ``coarse[p] = (origin, terminal, state)`` (int32 arrays).
 
     A token of a quotient terminal ends in ``state`` from ``origin`` for every token string ending
     at the terminal; a string is either covered by a terminal entry or by its own entries, never
@@ -202,9 +202,9 @@ class _Forest(NamedTuple):
     exact_depth: np.ndarray  # int[P + 1]
     # unary paths (trie.Chains), node ids global: a walker whose state loops on a path's labels jumps
     chain_end: np.ndarray  # int64[N]
-    hit_lo: np.ndarray  # int64[N]: tokens ending on the path are hit_nodes[hit_lo:hit_hi] (int32)
+    hit_lo: np.ndarray  # int64[N]: tokens ending on the path are hit_nodes[hit_lo:hit_hi]
     hit_hi: np.ndarray
-    hit_nodes: np.ndarray
+    hit_nodes: np.ndarray  # int32
     byte_mask: np.ndarray  # uint64[N_bytes, 4] bytes on each byte-trie path
     block_mask: np.ndarray  # uint64[N - N_bytes] blocks on each quotient path
     byte_loop: np.ndarray  # uint64[S, 4] bytes each state loops on
