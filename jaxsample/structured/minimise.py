@@ -53,14 +53,7 @@ def _row_hash(a: np.ndarray, salt: int) -> np.ndarray:
         a = np.pad(words, ((0, 0), (0, pad))).view(np.uint64) if pad else np.ascontiguousarray(words).view(np.uint64)
         with np.errstate(over="ignore"):
             return mix64(a + np.uint64(salt)) @ _weights(a.shape[1], salt)
-    lo = int(a.min())
-    span = int(a.max()) - lo + 1
-    bits = 52 - (span * a.shape[1]).bit_length()
-    if bits < 16:  # values too large for an exact float hash: modular integer hash
-        with np.errstate(over="ignore"):
-            return mix64(a.astype(np.uint64) + np.uint64(salt)) @ _weights(a.shape[1], salt)
-    w = np.random.default_rng(_SEED + salt).integers(0, 1 << bits, size=a.shape[1]).astype(np.float64)
-    return (a.astype(np.float64) - lo) @ w if lo else a.astype(np.float64) @ w
+    return _int_hash(a, salt, axis=1)
 
 
 def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,7 +88,7 @@ def unique_columns(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         dup = np.flatnonzero(rep != np.arange(rep.size))
         return np.array_equal(np.take(a, rep[dup], axis=1), np.take(a, dup, axis=1))
 
-    return _group(lambda salt: _column_hash(a, salt), same)
+    return _group(lambda salt: _int_hash(a, salt, axis=0), same)
 
 
 def _group(hashes, same) -> tuple[np.ndarray, np.ndarray]:
@@ -112,16 +105,19 @@ def _group(hashes, same) -> tuple[np.ndarray, np.ndarray]:
     raise RuntimeError("row hashing failed repeatedly")  # pragma: no cover
 
 
-def _column_hash(a: np.ndarray, salt: int) -> np.ndarray:
-    """:func:`_row_hash` of the columns of an integer table ``a [S, C]`` (weights down the rows)."""
+def _int_hash(a: np.ndarray, salt: int, axis: int) -> np.ndarray:
+    """:func:`_row_hash` of the rows (``axis=1``) or the columns (``axis=0``) of an integer table."""
+    n = a.shape[axis]
     lo = int(a.min())
     span = int(a.max()) - lo + 1
-    bits = 52 - (span * a.shape[0]).bit_length()
+    bits = 52 - (span * n).bit_length()
     if bits < 16:  # values too large for an exact float hash: modular integer hash
         with np.errstate(over="ignore"):
-            return (mix64(a.astype(np.uint64) + np.uint64(salt)) * _weights(a.shape[0], salt)[:, None]).sum(axis=0)
-    w = np.random.default_rng(_SEED + salt).integers(0, 1 << bits, size=a.shape[0]).astype(np.float64)
-    return w @ (a.astype(np.float64) - lo) if lo else w @ a.astype(np.float64)
+            m, w = mix64(a.astype(np.uint64) + np.uint64(salt)), _weights(n, salt)
+            return m @ w if axis == 1 else (m * w[:, None]).sum(axis=0)
+    w = np.random.default_rng(_SEED + salt).integers(0, 1 << bits, size=n).astype(np.float64)
+    v = a.astype(np.float64) - lo if lo else a.astype(np.float64)
+    return v @ w if axis == 1 else w @ v
 
 
 def predecessors(delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
