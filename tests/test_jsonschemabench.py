@@ -1,11 +1,15 @@
-"""The pinned JSONSchemaBench sample and a smoke run of its benchmark (small vocabulary, two schemas)."""
+"""The pinned JSONSchemaBench sample, a smoke run of its benchmark (small vocabulary, three schemas) and
+its schemas' token tables against their byte automata."""
 
 import collections
+import json
 
+import numpy as np
 import pytest
 
-from benchmarks import jsonschemabench
+from benchmarks import jsonschemabench, jsonschemabench_tables
 from benchmarks.jsonschemabench_sample import PER_SPLIT, SPLITS, load
+from jaxsample import structured as st
 
 
 def test_sample_is_pinned_with_provenance():
@@ -27,3 +31,43 @@ def test_benchmark_smoke(capsys):
     assert s["outputs"][0] == s["outputs"][1]  # every finished output is valid
     assert s["valid"][0] == s["valid"][1] and s["invalid_acc"][0] == 0
     assert "| jaxsample | " in capsys.readouterr().out
+
+
+#: Pinned-sample schemas for the table check: regular (4, 64, 141, 137) and recursive (10, 53, 76,
+#: 192, 176, 222) across splits, and one that needs the ``ref_calls`` budget fallback (98).
+TABLE_SCHEMAS = (4, 64, 141, 137, 10, 53, 76, 192, 176, 222, 98)
+
+
+@pytest.fixture(scope="module")
+def bench_vocab():
+    tok = jsonschemabench.train_tokenizer(8000)
+    return tok, st.Vocabulary.from_tokenizer(tok, eos_ids=[0], size=tok.get_vocab_size())
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_token_tables_equal_the_byte_automata_of_real_schemas(bench_vocab, spec):
+    """Every token at every visited configuration (valid test instances, then random tokens) is
+    allowed exactly when the byte-level automaton runs it, and EOS exactly when it accepts."""
+    tok, vocab = bench_vocab
+    records = load()[1]
+    options = jsonschemabench.SPEC_OPTIONS if spec else {}
+    total = 0
+    for k in TABLE_SCHEMAS[: None if not spec else -1]:
+        auto, grammar = jsonschemabench_tables.build(records[k]["schema"], vocab, options)
+        scripts = [tok.encode(json.dumps(t["data"])).ids for t in records[k]["tests"] if t["valid"]][:1]
+        configs, bad, examples = jsonschemabench_tables.check(auto, grammar, vocab, scripts, steps=12, seed=k)
+        assert bad == 0, (k, examples)
+        total += configs
+    assert total > 150
+
+
+def test_table_check_finds_a_wrong_bit(bench_vocab):
+    tok, vocab = bench_vocab
+    auto, g = jsonschemabench_tables.build({"type": "object", "properties": {"a": {"type": "integer"}}}, vocab, {})
+    assert jsonschemabench_tables.check(auto, g, vocab, [], steps=6)[1] == 0
+    row = int(g.mask_id[g.start])
+    first = int(np.flatnonzero(g.masks[row])[0])
+    masks = g.masks.copy()
+    masks[row, first] &= masks[row, first] - np.uint32(1)  # clear its lowest allowed token
+    configs, bad, examples = jsonschemabench_tables.check(auto, g._replace(masks=masks), vocab, [], steps=1)
+    assert bad == 1 and examples[0][0] == "refused"

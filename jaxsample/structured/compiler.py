@@ -13,7 +13,7 @@ import contextlib
 import gc
 import json
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from jaxsample.structured import automaton, effects, gbnf, json_schema, pushdown, regex, tokens
 from jaxsample.structured.grammar_cache import cached_compile
@@ -137,21 +137,31 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     """
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)
-    with _collector_paused(), _deep_recursion():
+    with _collector_paused():
+        return first_fit(schema, options, lambda o: compile_expression(json_schema.schema_expr(schema, **o), vocab))
+
+
+def first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> Any:
+    """``attempt(options)``, retried as :func:`compile_json_schema` retries: on an
+    :class:`~jaxsample.structured.pushdown.AmbiguousCallError` with each of :func:`_ambiguity_retries`,
+    then on a :class:`~jaxsample.structured.automaton.BudgetError` with each of :func:`_fallbacks`;
+    the first result, else the first error. ``attempt`` builds from the options (a token grammar, or
+    anything else built the same way, e.g. the byte automaton with it)."""
+    with _deep_recursion():
         try:
             try:
-                return compile_expression(json_schema.schema_expr(schema, **options), vocab)
+                return attempt(options)
             except pushdown.AmbiguousCallError as ambiguous:
                 for retry in _ambiguity_retries(options):
                     try:
-                        return compile_expression(json_schema.schema_expr(schema, **retry), vocab)
+                        return attempt(retry)
                     except pushdown.AmbiguousCallError as err:
                         ambiguous = err
                 raise ambiguous
         except automaton.BudgetError as err:
             for fallback in _fallbacks(schema, options):
                 try:
-                    return compile_expression(json_schema.schema_expr(schema, **fallback), vocab)
+                    return attempt(fallback)
                 except automaton.GrammarError:
                     continue
             raise err
