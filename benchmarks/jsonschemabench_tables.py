@@ -11,7 +11,8 @@ vocabulary: the tables allow it exactly when its bytes run on the byte-level aut
 pushdown automaton: within the stack limit, with a completion left, and to the same state and stack
 as the matcher's step); after each accepted token the matcher accepts exactly when the automaton
 does. A mismatch is a token the tables wrongly refuse (a silent over-constraint that no sampled
-output reveals) or wrongly allow.
+output reveals) or wrongly allow. With ``--device`` a row of the device tables follows the same
+tokens and its mask must equal the host matcher's at every configuration.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -57,12 +59,18 @@ def _pushdown_result(pd, state: int, stack: tuple, data: bytes, limit: int):
     return state, tuple(stack)
 
 
-def check(auto, grammar, vocab: st.Vocabulary, scripts, *, steps: int = 25, seed: int = 0):
+_allowed, _advance = jax.jit(st.allowed), jax.jit(st.advance)
+
+
+def check(auto, grammar, vocab: st.Vocabulary, scripts, *, steps: int = 25, seed: int = 0, device: bool = False):
     """``(configurations, mismatches, examples)`` of one grammar (see the module docstring): each of
     ``scripts`` (token ids, followed while allowed) and then random allowed tokens, ``steps`` tokens
-    per walk, plus one random walk."""
+    per walk, plus one random walk. ``device``: a row of the grammar's device tables
+    (:func:`~jaxsample.structured.stack`) follows the same tokens, and its mask must equal the host's."""
     recursive = isinstance(auto, pushdown.Pushdown)
     m = st.Matcher(grammar)
+    tables = st.stack([grammar]) if device else None
+    row = np.zeros(1, np.int32)
     rng = np.random.default_rng(seed)
     eos = set(grammar.eos_ids)
     configs, bad, examples = 0, 0, []
@@ -76,9 +84,12 @@ def check(auto, grammar, vocab: st.Vocabulary, scripts, *, steps: int = 25, seed
     for script in [*scripts, []]:
         m.reset()
         byte_state = auto.start
+        state = st.initial_state(tables, row) if device else None
         for step in range(steps):
             allowed = m.allowed()
             configs += 1
+            if device and not np.array_equal(np.asarray(_allowed(tables, row, state))[0], allowed):
+                miss(("device", step))
             if recursive:
                 accepting = bool(auto.accept[m.state]) and all(auto.accept[r] for r in m.stack)
             else:
@@ -110,6 +121,8 @@ def check(auto, grammar, vocab: st.Vocabulary, scripts, *, steps: int = 25, seed
                 break
             if not recursive:
                 byte_state = auto.run(vocab.token_bytes[t], byte_state)
+            if device:
+                state = _advance(tables, row, state, np.array([t], np.int32))
             m.accept_token(t)
     return configs, bad, examples
 
@@ -126,6 +139,7 @@ def main(argv=None):
     p.add_argument("--spec", action="store_true", help="with the jaxsample-spec options (open objects, untyped any)")
     p.add_argument("--steps", type=int, default=25, help="tokens per walk")
     p.add_argument("--timeout", type=int, default=20, help="seconds per compile before the schema is skipped")
+    p.add_argument("--device", action="store_true", help="also step the device tables and compare their masks")
     args = p.parse_args(argv)
     options = {**json.loads(args.options), **(SPEC_OPTIONS if args.spec else {})}
     tok = train_tokenizer(args.vocab)
@@ -146,7 +160,7 @@ def main(argv=None):
             gc.enable()
         scripts = [tok.encode(json.dumps(t["data"], ensure_ascii=False)).ids for t in rec["tests"] if t["valid"]][:2]
         t0 = time.perf_counter()
-        configs, bad, examples = check(auto, grammar, vocab, scripts, steps=args.steps, seed=k)
+        configs, bad, examples = check(auto, grammar, vocab, scripts, steps=args.steps, seed=k, device=args.device)
         totals["schemas"] += 1
         totals["configurations"] += configs
         totals["mismatches"] += bad

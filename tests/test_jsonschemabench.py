@@ -47,7 +47,8 @@ def bench_vocab():
 @pytest.mark.parametrize("spec", [False, True])
 def test_token_tables_equal_the_byte_automata_of_real_schemas(bench_vocab, spec):
     """Every token at every visited configuration (valid test instances, then random tokens) is
-    allowed exactly when the byte-level automaton runs it, and EOS exactly when it accepts."""
+    allowed exactly when the byte-level automaton runs it, and EOS exactly when it accepts; on
+    three schemas a row of the device tables follows and its masks equal the host's."""
     tok, vocab = bench_vocab
     records = load()[1]
     options = jsonschemabench.SPEC_OPTIONS if spec else {}
@@ -55,13 +56,15 @@ def test_token_tables_equal_the_byte_automata_of_real_schemas(bench_vocab, spec)
     for k in TABLE_SCHEMAS[: None if not spec else -1]:
         auto, grammar = jsonschemabench_tables.build(records[k]["schema"], vocab, options)
         scripts = [tok.encode(json.dumps(t["data"])).ids for t in records[k]["tests"] if t["valid"]][:1]
-        configs, bad, examples = jsonschemabench_tables.check(auto, grammar, vocab, scripts, steps=12, seed=k)
+        device = not spec and k in (4, 10, 192)
+        configs, bad, examples = jsonschemabench_tables.check(auto, grammar, vocab, scripts, steps=12, seed=k,
+                                                               device=device)  # fmt: skip
         assert bad == 0, (k, examples)
         total += configs
     assert total > 150
 
 
-def test_table_check_finds_a_wrong_bit(bench_vocab):
+def test_table_check_finds_a_wrong_bit(bench_vocab, monkeypatch):
     tok, vocab = bench_vocab
     auto, g = jsonschemabench_tables.build({"type": "object", "properties": {"a": {"type": "integer"}}}, vocab, {})
     assert jsonschemabench_tables.check(auto, g, vocab, [], steps=6)[1] == 0
@@ -71,3 +74,6 @@ def test_table_check_finds_a_wrong_bit(bench_vocab):
     masks[row, first] &= masks[row, first] - np.uint32(1)  # clear its lowest allowed token
     configs, bad, examples = jsonschemabench_tables.check(auto, g._replace(masks=masks), vocab, [], steps=1)
     assert bad == 1 and examples[0][0] == "refused"
+    wrong = jsonschemabench_tables._allowed
+    monkeypatch.setattr(jsonschemabench_tables, "_allowed", lambda *a: ~wrong(*a))  # a device mask that differs
+    assert jsonschemabench_tables.check(auto, g, vocab, [], steps=2, device=True)[2][0] == ("device", 0)
