@@ -46,19 +46,6 @@ def build(schema, vocab: st.Vocabulary, options: dict):
     return compiler.first_fit(schema, options, attempt)
 
 
-def _pushdown_result(pd, state: int, stack: tuple, data: bytes, limit: int):
-    """The byte-level ``(state, stack)`` after ``data``; None if it dies, nests past ``limit`` or
-    cannot finish within it."""
-    stack = list(stack)
-    for b in data:
-        state = pd.step(state, b, stack)
-        if state == 0 or len(stack) > limit:
-            return None
-    if len(stack) + pd.need[state] > limit or any(i + pd.need[r] > limit for i, r in enumerate(stack)):
-        return None
-    return state, tuple(stack)
-
-
 _allowed, _advance = jax.jit(st.allowed), jax.jit(st.advance)
 
 
@@ -98,7 +85,7 @@ def check(auto, grammar, vocab: st.Vocabulary, scripts, *, steps: int = 25, seed
                 if data is None:
                     ok = t in eos and accepting
                 elif recursive:
-                    want = _pushdown_result(auto, m.state, m.stack, data, m.limit)
+                    want = auto.run(data, m.state, m.stack, m.limit)
                     if want is not None and allowed[t]:
                         m.accept_token(t)
                         if (m.state, m.stack) != want:

@@ -78,9 +78,9 @@ def test_recursion_is_a_stack_not_a_cut():
     fifteen = am.compile_expr(parse_gbnf(ARITHMETIC, max_depth=15))
     for n in (7, 15, 16):
         assert fifteen.matches(b"(" * n + b"1+2" + b")" * n) == (n <= 15), n
-    g = 'root ::= "(" root ")" | "x"'  # the root rule's own parentheses take no frame
+    g = 'root ::= "(" root ")" | "x"'  # the root rule's own parentheses take no frame; each inner root one
     d2 = am.compile_expr(parse_gbnf(g, max_depth=2))
-    assert d2.matches(b"(((x)))") and not d2.matches(b"((((x))))")
+    assert d2.matches(b"((x))") and not d2.matches(b"(((x)))")  # the innermost x is a call too
     right = am.compile_expr(parse_gbnf('root ::= "a" root | "b"', max_depth=0))  # tail calls push nothing
     assert right.matches(b"a" * 500 + b"b")
 

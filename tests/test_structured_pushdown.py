@@ -64,19 +64,6 @@ def ids():
     return {b: i for i, b in enumerate(bpe_vocab(size=V).token_bytes) if b}
 
 
-def _byte_result(pd, state, stack, data, limit):
-    """The byte-level automaton's ``(state, stack)`` after ``data``; None if it dies, exceeds the depth
-    limit anywhere, or leaves no completion within the limit."""
-    stack = list(stack)
-    for b in data:
-        state = pd.step(state, b, stack)
-        if state == 0 or len(stack) > limit:
-            return None
-    if len(stack) + pd.need[state] > limit or any(i + pd.need[r] > limit for i, r in enumerate(stack)):
-        return None
-    return state, tuple(stack)
-
-
 def _random_tokens(m, rng, steps, prefer=()):
     """Accepts ``steps`` random allowed non-EOS tokens (``prefer``red ones mostly); returns them."""
     out = []
@@ -132,7 +119,7 @@ def test_token_tables_equal_the_byte_level_pushdown_automaton(compiled, name, cr
             if data is None:
                 assert allowed[t] == (t in g.eos_ids and m.is_accepting()), t
                 continue
-            want = _byte_result(pd, m.state, m.stack, data, m.limit)
+            want = pd.run(data, m.state, m.stack, m.limit)
             assert allowed[t] == (want is not None), (data, m.state, m.stack)
             if want is not None:
                 assert m._step(t) == want, data
@@ -142,6 +129,27 @@ def test_token_tables_equal_the_byte_level_pushdown_automaton(compiled, name, cr
         elif not _random_tokens(m, rng, 1):
             break
     assert deepest == m.limit
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2])
+def test_matches_is_the_language_of_the_tables_at_every_limit(limit):
+    """Regression: ``Pushdown.matches`` did not count a call entered and left within one byte (``x``
+    read as a call of ``root``), the tables did: at ``max_depth=1`` it accepted ``((x))``, which the
+    tables refuse. Every string of up to 7 bytes over ``( ) x``, one token per byte."""
+    import itertools
+
+    pd = am.compile_expr(parse_gbnf('root ::= "(" root ")" | "x"', max_depth=2))
+    v = st.Vocabulary.from_pieces(["<eos>", "(", ")", "x"], kind="raw", special_ids=[0], eos_ids=[0])
+    g = st.compile_gbnf('root ::= "(" root ")" | "x"', v, max_depth=2)
+    accepted = 0
+    for n in range(1, 8):
+        for text in itertools.product(b"()x", repeat=n):
+            m = st.Matcher(g, max_depth=limit)
+            ids = [b"()x".index(b) + 1 for b in text]
+            by_tables = m.accept_tokens(ids) == n and m.is_accepting()
+            assert pd.matches(bytes(text), max_depth=limit) == by_tables, bytes(text)
+            accepted += by_tables
+    assert accepted == limit + 1  # x, (x), ((x)), ... up to `limit` calls of root inside the first
 
 
 def test_device_stepping_equals_the_host_matcher(compiled):

@@ -23,7 +23,8 @@ naming the rule otherwise (the tables follow one path; they never guess). Left r
 pushed, so right recursion (``list ::= item ("," list)?``) uses no depth. Below every stack lies the
 state ``bottom`` ("the root rule returned"), where only EOS is allowed.
 
-**Depth.** A row's stack holds at most ``max_depth`` return states. ``need[q]`` is the least
+**Depth.** A row's stack holds at most ``max_depth`` return states, counting calls entered and left
+within one byte (``x`` read as a call of a rule holds a frame while it is read). ``need[q]`` is the least
 stack room (frames above the current depth) needed to finish the current rule from ``q``; the
 token tables mask every token after which the output could no longer be finished within the limit,
 so an output is never stuck and never invalid: at the limit, tokens that would nest deeper are
@@ -32,7 +33,7 @@ simply not allowed (a closing bracket, a scalar or an empty container still is).
 >>> from jaxsample.structured.automaton import Call, alt, lit, seq
 >>> g = Grammar({"root": alt(lit("x"), seq(lit("("), Call("root"), lit(")")))}, "root", max_depth=1)
 >>> p = compile_grammar(g)
->>> [p.matches(s) for s in (b"x", b"((x))", b"(((x)))", b"(x")]
+>>> [p.matches(s) for s in (b"x", b"(x)", b"((x))", b"(x")]   # (x): the inner call of root takes the frame
 [True, True, False, False]
 """
 
@@ -116,31 +117,48 @@ class Pushdown(NamedTuple):
 
     def step(self, q: int, byte: int, stack: list) -> int:
         """State after one byte (``stack`` updated in place; 0: the byte is not allowed)."""
+        return self.step_peak(q, byte, stack)[0]
+
+    def step_peak(self, q: int, byte: int, stack: list) -> tuple[int, int]:
+        """``(state, peak)``: :meth:`step` and the deepest the stack was while reading the byte (calls
+        entered and left at once count, as they do for the depth limit)."""
         c = self.byte_class[byte]
+        peak = len(stack)
         while True:
             if self.delta[q, c]:
                 q = int(self.delta[q, c])
                 break
             if self.enter[q, c]:
                 stack.extend(self.pushes[self.enter_push[q, c]])
+                peak = max(peak, len(stack))
                 q = int(self.enter[q, c])
                 break
             if not self.accept[q] or q == self.bottom:
-                return 0
+                return 0, peak
             q = stack.pop() if stack else self.bottom  # lazy return: the byte is processed by the caller
         while self.closed[q] and q != self.bottom:  # the rule must end: return at once
             q = stack.pop() if stack else self.bottom
-        return q
+        return q, peak
+
+    def run(self, data: bytes, state: int | None = None, stack: tuple = (), max_depth: int | None = None):
+        """``(state, stack)`` after ``data`` from ``state`` (default: the start) with return states
+        ``stack``; ``None`` if it dies, nests past ``max_depth`` frames (default: the grammar's) or
+        leaves no completion within them. The byte-level meaning every token table follows."""
+        limit = self.max_depth if max_depth is None else int(max_depth)
+        q, frames = self.start if state is None else state, list(stack)
+        for b in data:
+            q, peak = self.step_peak(q, b, frames)
+            if q == 0 or peak > limit:
+                return None
+        if len(frames) + self.need[q] > limit or any(i + self.need[r] > limit for i, r in enumerate(frames)):
+            return None
+        return q, tuple(frames)
 
     def matches(self, data: bytes, max_depth: int | None = None) -> bool:
-        """Whether ``data`` is a complete output with at most ``max_depth`` frames (default: the grammar's)."""
-        limit = self.max_depth if max_depth is None else int(max_depth)
-        q, stack = self.start, []
-        for b in data:
-            q = self.step(q, b, stack)
-            if q == 0 or len(stack) > limit:
-                return False
-        return bool(self.accept[q]) and all(self.accept[r] for r in stack)
+        """Whether ``data`` is a complete output with at most ``max_depth`` frames (default: the grammar's)
+        at every byte (calls entered and left within one byte count, as for the token tables)."""
+        end = self.run(data, max_depth=max_depth)
+        return end is not None and bool(self.accept[end[0]]) and all(self.accept[r] for r in end[1])
 
 
 # ----------------------------------------------------------------------------------- expressions
