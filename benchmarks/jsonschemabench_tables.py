@@ -37,11 +37,11 @@ from jaxsample.structured import automaton, compiler, json_schema, pushdown  # n
 
 
 def build(schema, vocab: st.Vocabulary, options: dict):
-    """``(byte automaton, token grammar)`` of one expression, retried as ``compile_json_schema`` retries."""
+    """``(byte automaton, token grammar built from it)``, retried as ``compile_json_schema`` retries."""
 
     def attempt(o):
-        expr = json_schema.schema_expr(schema, **o)
-        return automaton.compile_expr(expr), compiler.compile_expression(expr, vocab)
+        auto = automaton.compile_expr(json_schema.schema_expr(schema, **o))
+        return auto, compiler.token_grammar(auto, vocab)
 
     return compiler.first_fit(schema, options, attempt)
 

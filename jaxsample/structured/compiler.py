@@ -42,9 +42,15 @@ def compile_expression(expr, vocab: Vocabulary) -> TokenGrammar:
     """Token grammar of an expression tree (see :mod:`~jaxsample.structured.automaton`) or of a
     recursive :class:`~jaxsample.structured.pushdown.Grammar` (a pushdown automaton)."""
     with _collector_paused():
-        if isinstance(expr, pushdown.Grammar):
-            return effects.build(pushdown.compile_grammar(expr), vocab)
-        return tokens.build(automaton.compile_expr(expr), vocab)
+        return token_grammar(automaton.compile_expr(expr), vocab)
+
+
+def token_grammar(byte_automaton, vocab: Vocabulary) -> TokenGrammar:
+    """Token grammar of a byte automaton: a :class:`~jaxsample.structured.automaton.ByteDFA` or a
+    :class:`~jaxsample.structured.pushdown.Pushdown` (its token effects)."""
+    if isinstance(byte_automaton, pushdown.Pushdown):
+        return effects.build(byte_automaton, vocab)
+    return tokens.build(byte_automaton, vocab)
 
 
 @cached_compile("regex", "pattern")
