@@ -136,14 +136,16 @@ def main(argv=None):
     totals = {"schemas": 0, "skipped": 0, "configurations": 0, "mismatches": 0}
     for k, rec in enumerate(records[: args.limit]):
         gc.disable()  # (an alarm raised inside a garbage-collection callback would be ignored)
-        signal.alarm(args.timeout)
         try:
-            auto, grammar = build(rec["schema"], vocab, options)
+            signal.alarm(args.timeout)
+            try:
+                auto, grammar = build(rec["schema"], vocab, options)
+            finally:
+                signal.alarm(0)  # (an alarm that fires just before this still lands in the except below)
         except (TimeoutError, st.GrammarError, RecursionError):
             totals["skipped"] += 1
             continue
         finally:
-            signal.alarm(0)
             gc.enable()
         scripts = [tok.encode(json.dumps(t["data"], ensure_ascii=False)).ids for t in rec["tests"] if t["valid"]][:2]
         t0 = time.perf_counter()

@@ -36,6 +36,8 @@ def test_benchmark_smoke(capsys):
 #: Pinned-sample schemas for the table check: regular (4, 64, 141, 137) and recursive (10, 53, 76,
 #: 192, 176, 222) across splits, and one that needs the ``ref_calls`` budget fallback (98).
 TABLE_SCHEMAS = (4, 64, 141, 137, 10, 53, 76, 192, 176, 222, 98)
+#: Left out in spec mode: with open objects 98 compiles in ~10 s (too slow for the fast tier).
+SLOW_IN_SPEC_MODE = (98,)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,9 @@ def test_token_tables_equal_the_byte_automata_of_real_schemas(bench_vocab, spec)
     records = load()[1]
     options = jsonschemabench.SPEC_OPTIONS if spec else {}
     total = 0
-    for k in TABLE_SCHEMAS[: None if not spec else -1]:
+    for k in TABLE_SCHEMAS:
+        if spec and k in SLOW_IN_SPEC_MODE:
+            continue
         auto, grammar = jsonschemabench_tables.build(records[k]["schema"], vocab, options)
         scripts = [tok.encode(json.dumps(t["data"])).ids for t in records[k]["tests"] if t["valid"]][:1]
         device = not spec and k in (4, 10, 192)
