@@ -335,8 +335,13 @@ def _value_search(
     def step(carry):
         lo, hi, m_lo, m_hi, n_lo, n_hi, a, m_a, b, m_b = carry
         done = settled(*carry)
-        # Secant through the last two points, aimed at the middle of the band that settles.
-        aim = target + 0.5 * band * jnp.exp(lo - floor)
+        # Secant through the last two points, aimed at the middle of the band that settles, its
+        # weight read at lo. Until a point reaches the target, lo is the start, far below the
+        # cut-off, and that aim lies on the target itself: secants landed just short of it step
+        # after step (4 steps where 2 do on flat top-p rows). Such rows read it at their last point
+        # when that missed (b == hi, m_a known: not the placeholders of the first step).
+        near = jnp.where(jnp.isnan(m_lo) & ~jnp.isnan(m_a) & (b == hi), b, lo)
+        aim = target + 0.5 * band * jnp.exp(near - floor)
         z_a, z_b = (probit(jnp.where(jnp.isnan(m), guess, m)) for m in (m_a, m_b))
         mid = b + (a - b) * (z_b - probit(aim)) / (z_b - z_a)
         inner = jnp.where(jnp.isfinite(mid) & (mid > lo) & (mid < hi), mid, 0.5 * lo + 0.5 * hi)
