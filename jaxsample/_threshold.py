@@ -62,7 +62,7 @@ MASS_RTOL = 2.0**-21
 _SIGN = np.uint32(0x80000000)  # numpy: importing jaxsample must not start a JAX backend
 
 #: Most steps of :func:`_value_search`, each unrolled in the program (a batch of 64 flat rows at
-#: ``V = 131072`` took 3-5 under top-p, 2-11 under typical, 15 under typical on logits of deviation 3
+#: ``V = 131072`` took 2-5 under top-p, 5-12 under typical, 15 under typical on logits of deviation 3
 #: at ``p = 0.95``); rows that do not settle take the bit bisection.
 _SEARCH_STEPS = 16
 
@@ -296,8 +296,8 @@ def _value_search(
     Gaussian; with ``two_sided``, typical, in the probit of ``(1 + m) / 2``, the first secant through
     key 0 and ``search.first``), kept inside ``[lo, hi)``. ``lo`` starts at ``start`` and ``hi`` just
     above the ``K``-th largest key (above 0 without candidates). A batch of 64 flat rows at
-    ``V = 131072`` takes 3-5 steps under top-p (p 0.8-0.99) and 2-11 under typical (p 0.5-0.99; 13-15 on
-    logits of deviation 3 at p >= 0.9). Only active rows drive the loop; each row's steps depend on that row alone.
+    ``V = 131072`` takes 2-5 steps under top-p (p 0.5-0.99, logits of deviation 1-3) and 5-12 under typical
+    (deviation 1-2; 13-15 at deviation 3 and p 0.9-0.95). Only active rows drive the loop; each row's steps depend on that row alone.
 
     Returns:
       ``(t float32[...], ok bool[...])``: ``ok`` marks the rows resolved here; rounding, ties or a
@@ -338,10 +338,14 @@ def _value_search(
         done = settled(*carry)
         # Secant through the last two points, aimed at the middle of the band that settles, its
         # weight read at lo. Until a point reaches the target, lo is the start, far below the
-        # cut-off, and that aim lies on the target itself: secants landed just short of it step
-        # after step (4 steps where 2 do on flat top-p rows). Such rows read it at their last point
-        # when that missed (b == hi, m_a known: not the placeholders of the first step).
-        near = jnp.where(jnp.isnan(m_lo) & ~jnp.isnan(m_a) & (b == hi), b, lo)
+        # cut-off, and that aim lies on the target itself: top-p secants landed just short of it
+        # step after step (4 steps where 2 do on flat rows). Such rows read it at their last point
+        # when that missed (b == hi, m_a known: not the placeholders of the first step). Not
+        # two-sided: a typical window's heavy tokens weigh far more at that point than at the
+        # cut-off (a batch of 64 flat rows of deviation 3 took 21 steps, not 10).
+        near = lo
+        if not search.two_sided:
+            near = jnp.where(jnp.isnan(m_lo) & ~jnp.isnan(m_a) & (b == hi), b, lo)
         aim = target + 0.5 * band * jnp.exp(near - floor)
         z_a, z_b = (probit(jnp.where(jnp.isnan(m), guess, m)) for m in (m_a, m_b))
         mid = b + (a - b) * (z_b - probit(aim)) / (z_b - z_a)

@@ -145,14 +145,10 @@ def test_value_search_settles_flat_top_p_rows_without_the_bisection(monkeypatch)
     assert abs(probs[kept].sum() - 0.999) < 2e-6
 
 
-def test_value_search_aims_past_the_target_before_any_point_reaches_it(monkeypatch):
-    """Rows 36 and 55 of the benchmark's flat batch missed the target at p = 0.95 by 4e-4, 1e-5, 3e-6:
-    with no point reached yet, the aim's band was weighed at the start, far below the cut-off, and
-    each secant crept up from below (4 steps). Weighed at the last miss they settle in 2. Eager, so
-    only the steps that run are counted; the result is the nucleus either way."""
+def _search_steps(monkeypatch) -> list:
+    """Records, per ``masked_sum_count`` call, whether a value-search step made it (eager calls only)."""
     import sys
 
-    from benchmarks.samplers import flat_logits
     from jaxsample import _math
 
     steps = []
@@ -163,6 +159,17 @@ def test_value_search_aims_past_the_target_before_any_point_reaches_it(monkeypat
         return masked_sum_count(w, mask)
 
     monkeypatch.setattr(_math, "masked_sum_count", counting)
+    return steps
+
+
+def test_value_search_aims_past_the_target_before_any_point_reaches_it(monkeypatch):
+    """Rows 36 and 55 of the benchmark's flat batch missed the target at p = 0.95 by 4e-4, 1e-5, 3e-6:
+    with no point reached yet, the aim's band was weighed at the start, far below the cut-off, and
+    each secant crept up from below (4 steps). Weighed at the last miss they settle in 2. Eager, so
+    only the steps that run are counted; the result is the nucleus either way."""
+    from benchmarks.samplers import flat_logits
+
+    steps = _search_steps(monkeypatch)
     x = flat_logits(jax.random.key(0), 64, 131072)[jnp.array([36, 55])]
     got = np.asarray(js.top_p(x, 0.95))
     assert sum(steps) == 2, steps
@@ -171,3 +178,18 @@ def test_value_search_aims_past_the_target_before_any_point_reaches_it(monkeypat
         assert row[kept].min() > row[~kept].max()
         probs = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
         assert 0.95 <= probs[kept].sum() < 0.95 + probs[kept].min() + 1e-6
+
+
+def test_typical_aims_at_the_band_weighed_at_its_lower_end(monkeypatch):
+    """Typical keeps the band weighed at ``lo``: weighed at its last miss (as top-p does), this row of
+    deviation-3 logits overshot and took all 16 steps, then the 32-step bisection; it settles in 9."""
+    from benchmarks.samplers import flat_logits
+    from jaxsample import _threshold
+
+    steps, bisections = _search_steps(monkeypatch), []
+    bisect = _threshold._bisect
+    monkeypatch.setattr(_threshold, "_bisect", lambda u, predicate: bisections.append(1) or bisect(u, predicate))
+    x = flat_logits(jax.random.key(12), 64, 131072)[18:19] * 1.5
+    got = np.asarray(js.typical(x, 0.9))
+    assert sum(steps) <= 10 and not bisections, (sum(steps), len(bisections))
+    np.testing.assert_array_equal(got > -np.inf, np.asarray(ref.typical(x, 0.9)) > -np.inf)
