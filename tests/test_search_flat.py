@@ -124,25 +124,14 @@ def test_typical_program_holds_one_value_search_per_nan_branch():
     assert 2 * _threshold._SEARCH_STEPS <= conditionals < 2 * (_threshold._SEARCH_STEPS + 14), conditionals
 
 
-def test_value_search_settles_flat_top_p_rows_without_the_bisection(monkeypatch):
-    """The mass bound that ends the search leaves half the finish window for the rounding of ``m(lo)``:
-    with ``w - 2`` tokens this flat row (row 8 of the benchmark's batch) overran its 64-token window at
-    ``p = 0.999`` and fell to the 32-step bisection. Eager, so the bisection runs only if a row needs it."""
-    from benchmarks.samplers import flat_logits
+def _bisections(monkeypatch) -> list:
+    """Records one entry per run of the bit bisection (eager calls only)."""
     from jaxsample import _threshold
 
     calls = []
     bisect = _threshold._bisect
     monkeypatch.setattr(_threshold, "_bisect", lambda u, predicate: calls.append(1) or bisect(u, predicate))
-    x = flat_logits(jax.random.key(0), 64, 131072)[8:9]
-    got = js.top_p(x, 0.999)
-    assert not calls, "a flat row took the bit bisection"
-    # A nucleus (every kept logit above every dropped one) whose exact mass is p up to float32 sums
-    # over 113k tokens (the sorted reference's own float32 cumsum is off by ~80 tokens here).
-    kept, v = np.asarray(got)[0] > -np.inf, np.asarray(x)[0].astype(np.float64)
-    assert v[kept].min() > v[~kept].max()
-    probs = np.exp(v - v.max()) / np.exp(v - v.max()).sum()
-    assert abs(probs[kept].sum() - 0.999) < 2e-6
+    return calls
 
 
 def _search_steps(monkeypatch) -> list:
@@ -160,6 +149,24 @@ def _search_steps(monkeypatch) -> list:
 
     monkeypatch.setattr(_math, "masked_sum_count", counting)
     return steps
+
+
+def test_value_search_settles_flat_top_p_rows_without_the_bisection(monkeypatch):
+    """The mass bound that ends the search leaves half the finish window for the rounding of ``m(lo)``:
+    with ``w - 2`` tokens this flat row (row 8 of the benchmark's batch) overran its 64-token window at
+    ``p = 0.999`` and fell to the 32-step bisection. Eager, so the bisection runs only if a row needs it."""
+    from benchmarks.samplers import flat_logits
+
+    calls = _bisections(monkeypatch)
+    x = flat_logits(jax.random.key(0), 64, 131072)[8:9]
+    got = js.top_p(x, 0.999)
+    assert not calls, "a flat row took the bit bisection"
+    # A nucleus (every kept logit above every dropped one) whose exact mass is p up to float32 sums
+    # over 113k tokens (the sorted reference's own float32 cumsum is off by ~80 tokens here).
+    kept, v = np.asarray(got)[0] > -np.inf, np.asarray(x)[0].astype(np.float64)
+    assert v[kept].min() > v[~kept].max()
+    probs = np.exp(v - v.max()) / np.exp(v - v.max()).sum()
+    assert abs(probs[kept].sum() - 0.999) < 2e-6
 
 
 def test_value_search_aims_past_the_target_before_any_point_reaches_it(monkeypatch):
@@ -182,13 +189,10 @@ def test_value_search_aims_past_the_target_before_any_point_reaches_it(monkeypat
 
 def test_typical_aims_at_the_band_weighed_at_its_lower_end(monkeypatch):
     """Typical keeps the band weighed at ``lo``: weighed at its last miss (as top-p does), this row of
-    deviation-3 logits overshot and took all 16 steps, then the 32-step bisection; it settles in 9."""
+    deviation-3 logits took all 16 steps, then the 32-step bisection; it settles in 9."""
     from benchmarks.samplers import flat_logits
-    from jaxsample import _threshold
 
-    steps, bisections = _search_steps(monkeypatch), []
-    bisect = _threshold._bisect
-    monkeypatch.setattr(_threshold, "_bisect", lambda u, predicate: bisections.append(1) or bisect(u, predicate))
+    steps, bisections = _search_steps(monkeypatch), _bisections(monkeypatch)
     x = flat_logits(jax.random.key(12), 64, 131072)[18:19] * 1.5
     got = np.asarray(js.typical(x, 0.9))
     assert sum(steps) <= 10 and not bisections, (sum(steps), len(bisections))
