@@ -2,6 +2,7 @@
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -102,3 +103,33 @@ def test_same_grammar_compares_every_array():
     assert not st.same_grammar(g, st.TokenGrammar(**dict(arrays, forced=forced)))
     assert not st.same_grammar(g, st.TokenGrammar(**dict(arrays, masks=g.masks[:-1])))  # a shape differs
     assert not st.same_grammar(g, st.TokenGrammar(**dict(arrays, start=g.start + 1)))
+
+
+def _tables_equal(a, b) -> bool:
+    la, ta = jax.tree.flatten(a)
+    lb, tb = jax.tree.flatten(b)
+    return ta == tb and all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(la, lb))
+
+
+def test_stack_prepares_a_read_only_grammar_once(fresh_cache, monkeypatch):
+    """A service stacks the same cached grammars batch after batch: the per-grammar part of ``stack``
+    (packed ``next``, mask blocks) is kept for read-only grammars, recomputed for writeable ones."""
+    from jaxsample.structured import tables
+
+    v = bpe_vocab()
+    g = st.compile_json_schema(SCHEMA, v)  # cached: read-only
+    calls = []
+    packed_next = tables._packed_next
+    monkeypatch.setattr(tables, "_packed_next", lambda nxt: calls.append(1) or packed_next(nxt))
+    first = st.stack([g])
+    assert _tables_equal(st.stack([g]), first)
+    assert len(calls) == 1
+    writable = st.TokenGrammar(**{**g._asdict(), "next": g.next.copy()})  # user-owned: may change
+    assert _tables_equal(st.stack([writable]), first) and len(calls) == 2
+    writable.next[writable.next == 2] = 0  # changed in place: the next stack sees it
+    assert not _tables_equal(st.stack([writable]), first) and len(calls) == 3
+    grammar_cache.clear()  # also drops the kept parts
+    st.stack([g])
+    assert len(calls) == 4
+    with pytest.raises(ValueError, match="read-only"):
+        tables.remember(writable, tables.prepared(g))

@@ -12,11 +12,28 @@ object, whose arrays are then read-only (it is shared). A key holds:
 * the vocabulary's content hash (BLAKE2b over its token bytes, EOS ids and every other field),
   computed once per vocabulary object.
 
+* the state budgets (``automaton.MAX_NFA_STATES`` / ``MAX_DFA_STATES``: a larger budget can
+  give another result, e.g. any property order where a smaller one fell back to schema order).
+
 Sources or options that are not JSON-serialisable are compiled without the cache (never keyed by
 something that could miss a difference). Bounds: :data:`MAX_ENTRIES` grammars and
 :data:`MAX_BYTES` of host arrays (least recently used dropped first; a grammar larger than the
 byte bound is returned uncached); :func:`set_limits` changes them, :func:`clear` empties the
 cache, :func:`info` reports hits, misses, entries and bytes.
+
+**On disk** (opt-in): with :func:`set_directory` (or the environment variable
+``JAXSAMPLE_GRAMMAR_CACHE_DIR``, read at import) every compiled grammar is also written to that
+directory, one file per key (a JSON header naming each integer or boolean array's dtype, shape and
+place, a CRC-32 of the data, then the raw data: nothing is unpickled), and a grammar missing from memory is read from there before it is compiled: a restarted server, or every
+host of a pod sharing one directory, compiles each schema once. A file's name is a hash of the
+key, which adds a digest of this package's compiler sources (a changed compiler never reads an
+older result); the file holds the key text and is used only if it matches. Grammars kept on disk are read-only (as shared ones are) and their
+files also hold the device-table parts :func:`~jaxsample.structured.tables.stack` prepares from a
+grammar (its packed ``next`` and mask blocks, most of a large grammar's stacking time). Files are written
+to a temporary name and renamed (concurrent writers are safe); a file that cannot be read or
+does not hold a whole grammar is reported with a warning naming it and compiled again; a
+directory that cannot be written warns once and the compile goes on. Nothing is ever evicted
+from the directory: delete it (or any file in it) at any time.
 
 :func:`same_grammar` compares two compiled grammars by content; :func:`~jaxsample.structured.grammar_params`
 uses it so equal grammars share one table slot even when compiled separately.
@@ -35,8 +52,13 @@ import functools
 import hashlib
 import inspect
 import json
+import os
 import pickle
+import tempfile
 import threading
+import warnings
+import zlib
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -50,10 +72,15 @@ MAX_BYTES = 256 << 20
 _lock = threading.Lock()
 _entries: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
 _sizes: dict[tuple, int] = {}
-_stats = {"hits": 0, "misses": 0, "uncacheable": 0}
+_stats = {"hits": 0, "misses": 0, "uncacheable": 0, "disk_hits": 0, "disk_writes": 0, "disk_errors": 0}
 _limits = {"max_entries": MAX_ENTRIES, "max_bytes": MAX_BYTES}
 _vocab_digests: "collections.OrderedDict[int, tuple[Any, str]]" = collections.OrderedDict()
 _VOCAB_MEMO = 16
+#: Environment variable naming the on-disk cache directory (read at import; :func:`set_directory` overrides it).
+ENV_DIRECTORY = "JAXSAMPLE_GRAMMAR_CACHE_DIR"
+_FORMAT = 1  # of the files; part of every key
+_MAGIC = b"jaxsample-grammar\n"
+_disk: dict = {"directory": os.environ.get(ENV_DIRECTORY) or None, "warned": set()}
 
 
 def vocab_digest(vocab: Any) -> str:
@@ -95,6 +122,184 @@ def _evict() -> None:
         _sizes.pop(key, None)
 
 
+def _budgets() -> tuple[int, int]:
+    from jaxsample.structured import automaton
+
+    return automaton.MAX_NFA_STATES, automaton.MAX_DFA_STATES
+
+
+# --------------------------------------------------------------------------------------------- disk
+def set_directory(path: "str | os.PathLike | None") -> None:
+    """Keeps compiled grammars in directory ``path`` (created if missing) as well; ``None`` stops it.
+
+    Raises:
+      ValueError: if ``path`` exists and is not a directory.
+    """
+    if path is not None:
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"path: {str(path)!r} exists and is not a directory")
+    with _lock:
+        _disk["directory"] = None if path is None else str(path)
+        _disk["warned"].clear()
+
+
+def directory() -> Path | None:
+    """The on-disk cache directory, or ``None`` when grammars are kept in memory only."""
+    d = _disk["directory"]
+    return None if d is None else Path(d)
+
+
+@functools.lru_cache(maxsize=1)
+def _code_digest() -> str:
+    """Digest of this package's compiler sources (``jaxsample/structured/*.py``) and version."""
+    from jaxsample import __version__
+
+    h = hashlib.blake2b(__version__.encode(), digest_size=16)
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def _disk_key(key: tuple) -> tuple[str, str]:
+    """The key's text (stored in the file) and the file name."""
+    text = json.dumps([_FORMAT, _code_digest(), *key], separators=(",", ":"))
+    return text, hashlib.blake2b(text.encode(), digest_size=20).hexdigest() + ".grammar"
+
+
+def _warn(what: str) -> None:
+    with _lock:
+        if what in _disk["warned"]:
+            return
+        _disk["warned"].add(what)
+    warnings.warn(f"grammar cache: {what}", RuntimeWarning, stacklevel=4)
+
+
+def _arrays(grammar) -> dict | None:
+    """A read-only token grammar and its prepared device-table parts as named numpy arrays (``None``
+    for anything else)."""
+    from jaxsample.structured import tables
+    from jaxsample.structured.tokens import TokenGrammar
+
+    if type(grammar) is not TokenGrammar:
+        return None
+    out = {f"g.{k}": np.asarray(v) for k, v in grammar._asdict().items() if k not in ("pushdown", "eos_ids")}
+    out["g.eos_ids"] = np.asarray(grammar.eos_ids, np.int64)
+    if grammar.pushdown is not None:
+        out.update({f"p.{k}": np.asarray(v) for k, v in grammar.pushdown._asdict().items()})
+    parts = tables.prepared(grammar)  # kept for the stack that usually follows
+    for name, arrays in parts._asdict().items():
+        out.update({f"t.{name}.{i}": a for i, a in enumerate(arrays)})
+    return out
+
+
+def _grammar(arrays) -> Any:
+    """The token grammar of :func:`_arrays`, read-only, its prepared parts kept (``KeyError`` if a
+    field is missing)."""
+    from jaxsample.structured import tables
+    from jaxsample.structured.tokens import PushdownTables, TokenGrammar
+
+    scalars = ("start", "bottom", "max_depth", "max_pops")
+    pushdown = None
+    if "p.effect" in arrays:
+        pushdown = PushdownTables(**{k: int(arrays[f"p.{k}"]) if k in scalars else arrays[f"p.{k}"]
+                                     for k in PushdownTables._fields})  # fmt: skip
+    fields = {k: int(arrays[f"g.{k}"]) if k in scalars else arrays[f"g.{k}"]
+              for k in TokenGrammar._fields if k not in ("pushdown", "eos_ids")}  # fmt: skip
+    grammar = TokenGrammar(**fields, pushdown=pushdown, eos_ids=tuple(int(i) for i in arrays["g.eos_ids"]))
+    parts = tables.Prepared(*(tuple(arrays[f"t.{name}.{i}"] for i in range(count))
+                              for name, count in (("packed", 6), ("blocked", 2))))  # fmt: skip
+    _freeze(grammar)
+    tables.remember(grammar, parts)
+    return grammar
+
+
+def _pack(text: str, arrays: dict) -> bytes:
+    """One file: magic, header length, JSON header (key, arrays' dtype / shape / place, CRC-32), data."""
+    parts, table, at = [], [], 0
+    for name, a in arrays.items():
+        data = np.ascontiguousarray(a).tobytes()
+        table.append([name, a.dtype.str, list(a.shape), at, len(data)])
+        parts.append(data)
+        at += len(data)
+    payload = b"".join(parts)
+    header = json.dumps({"key": text, "arrays": table, "crc32": zlib.crc32(payload)}).encode()
+    return _MAGIC + len(header).to_bytes(8, "little") + header + payload
+
+
+def _unpack(blob: bytes, text: str) -> dict | None:
+    """The arrays of :func:`_pack` (``None`` if the file holds another key; ``ValueError`` if damaged)."""
+    if blob[: len(_MAGIC)] != _MAGIC:
+        raise ValueError("not a grammar cache file")
+    n = int.from_bytes(blob[len(_MAGIC) : len(_MAGIC) + 8], "little")
+    start = len(_MAGIC) + 8 + n
+    header = json.loads(blob[len(_MAGIC) + 8 : start])
+    if header["key"] != text:  # a hash collision, or a file copied there by hand
+        return None
+    payload = memoryview(blob)[start:]
+    if zlib.crc32(payload) != header["crc32"]:
+        raise ValueError("checksum mismatch")
+    out = {}
+    for name, dtype, shape, at, size in header["arrays"]:
+        dtype = np.dtype(dtype)
+        if dtype.kind not in "biu" or at + size > len(payload):
+            raise ValueError(f"bad entry {name!r}")
+        out[name] = np.frombuffer(payload[at : at + size], dtype).reshape(shape).copy()
+    return out
+
+
+def _read(key: tuple) -> Any:
+    """The grammar stored under ``key`` in the cache directory, or ``None``."""
+    d = directory()
+    if d is None:
+        return None
+    text, name = _disk_key(key)
+    path = d / name
+    try:
+        arrays = _unpack(path.read_bytes(), text)
+        grammar = None if arrays is None else _grammar(arrays)
+    except (FileNotFoundError, NotADirectoryError):  # not there (yet)
+        return None
+    except Exception as err:  # unreadable, truncated or foreign: compile again (and overwrite it)
+        with _lock:
+            _stats["disk_errors"] += 1
+        _warn(f"cannot read {str(path)!r} ({type(err).__name__}: {err}); compiling again")
+        return None
+    if grammar is not None:
+        with _lock:
+            _stats["disk_hits"] += 1
+    return grammar
+
+
+def _write(key: tuple, grammar: Any) -> None:
+    """Stores ``grammar`` under ``key`` in the cache directory (atomically), if there is one."""
+    d = directory()
+    if d is None:
+        return
+    _freeze(grammar)  # shared with the directory from now on
+    arrays = _arrays(grammar)
+    if arrays is None:
+        return
+    text, name = _disk_key(key)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_pack(text, arrays))
+            os.replace(tmp, d / name)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as err:
+        with _lock:
+            _stats["disk_errors"] += 1
+        _warn(f"cannot write to {str(d)!r} ({err}); grammars are not kept on disk")
+        return
+    with _lock:
+        _stats["disk_writes"] += 1
+
+
 def cached_compile(kind: str, source: str, *, source_is_json: bool = False, options_of: Callable | None = None) -> Callable:
     """Decorator: cache a compile function ``f(source, vocab, ...)`` by content (see the module docstring).
 
@@ -125,7 +330,7 @@ def cached_compile(kind: str, source: str, *, source_is_json: bool = False, opti
                 if source_is_json and isinstance(src, (str, bytes)):
                     src = json.loads(src)
                 options = json.dumps(arguments, sort_keys=True, separators=(",", ":"), allow_nan=True)
-                key = (kind, _canonical(src), options, vocab_digest(vocab))
+                key = (kind, _canonical(src), options, vocab_digest(vocab), _budgets())
             except (TypeError, ValueError):  # not JSON data, or unknown options: compile (and raise) uncached
                 with _lock:
                     _stats["uncacheable"] += 1
@@ -136,7 +341,10 @@ def cached_compile(kind: str, source: str, *, source_is_json: bool = False, opti
                     _stats["hits"] += 1
                     return _entries[key]
                 _stats["misses"] += 1
-            grammar = fn(*args, **kwargs)
+            grammar = _read(key)
+            if grammar is None:
+                grammar = fn(*args, **kwargs)
+                _write(key, grammar)
             size = _nbytes(grammar)
             if size <= _limits["max_bytes"]:
                 _freeze(grammar)
@@ -153,13 +361,19 @@ def cached_compile(kind: str, source: str, *, source_is_json: bool = False, opti
 
 
 def info() -> dict:
-    """``{"hits", "misses", "uncacheable", "entries", "bytes", "max_entries", "max_bytes"}``."""
+    """``{"hits", "misses", "uncacheable", "disk_hits", "disk_writes", "disk_errors", "entries",
+    "bytes", "max_entries", "max_bytes", "directory"}`` (``directory``: ``None`` or a path string)."""
     with _lock:
-        return {**_stats, "entries": len(_entries), "bytes": sum(_sizes.values()), **_limits}
+        return {**_stats, "entries": len(_entries), "bytes": sum(_sizes.values()), **_limits,
+                "directory": _disk["directory"]}
 
 
 def clear() -> None:
-    """Drops every cached grammar and resets the counters."""
+    """Drops every grammar cached in memory (and the device-table parts prepared from them) and resets
+    the counters (the directory is left as it is)."""
+    from jaxsample.structured import tables
+
+    tables.forget_prepared()
     with _lock:
         _entries.clear()
         _sizes.clear()

@@ -66,7 +66,9 @@ set in a mask.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import threading
 from typing import NamedTuple, Sequence
 
 import jax
@@ -268,8 +270,7 @@ def stack(
     n = _size(num_grammars, len(grammars), MIN_GRAMMARS, "num_grammars", sizes)
     s = _size(num_states, max(g.num_states for g in grammars), MIN_STATES, "num_states", sizes)
     c = _size(num_classes, max(g.num_classes for g in grammars), MIN_CLASSES, "num_classes", sizes)
-    packed = [_packed_next(g.next) for g in grammars]
-    blocked = [_blocks(g.masks) for g in grammars]
+    packed, blocked = zip(*(prepared(g) for g in grammars))
     u = _size(num_masks, max(max(g.masks.shape[0], p[1].shape[0]) for g, p in zip(grammars, packed)), MIN_MASKS,
               "num_masks", sizes)  # fmt: skip
     n_live = _size(num_transitions, max(p[-1].size for p in packed), MIN_TRANSITIONS, "num_transitions", sizes)
@@ -363,6 +364,59 @@ def stack(
               mask_rows, mask_blocks, accept, need, effect, pop_start, pop_count, pop_token, pop_next, return_row,
               return_col, return_next, bottom, limit, eos]  # fmt: skip
     return Tables(*jax.device_put(arrays), depth=d, max_pops=max_pops, window=window)  # one transfer call: ~4x faster
+
+
+class Prepared(NamedTuple):
+    """The per-grammar part of :func:`stack`: ``next`` packed (:func:`_packed_next`) and the masks
+    cut into deduplicated blocks (:func:`_blocks`)."""
+
+    packed: tuple
+    blocked: tuple
+
+
+#: Prepared parts of recent read-only grammars, at most this many and :data:`PREPARED_BYTES` bytes of
+#: grammars and parts (a service stacks the same cached grammars batch after batch; ``grammar_cache``
+#: also stores the parts on disk). Keyed by identity, holding the grammar.
+PREPARED_ENTRIES = 64
+PREPARED_BYTES = 256 << 20
+_memo: "collections.OrderedDict[int, tuple[TokenGrammar, Prepared, int]]" = collections.OrderedDict()
+_memo_lock = threading.Lock()
+
+
+def _leaves(x) -> list:
+    return [a for a in jax.tree.leaves(x) if isinstance(a, np.ndarray)]
+
+
+def remember(g: TokenGrammar, parts: Prepared) -> None:
+    """Keeps ``parts`` as ``g``'s prepared parts (``g`` must be read-only: its arrays cannot change)."""
+    if any(a.flags.writeable for a in _leaves(g)):
+        raise ValueError("only a read-only grammar's prepared parts are kept")
+    size = sum(a.nbytes for a in _leaves(g) + _leaves(tuple(parts)))
+    with _memo_lock:
+        _memo[id(g)] = (g, parts, size)
+        _memo.move_to_end(id(g))
+        while _memo and (len(_memo) > PREPARED_ENTRIES or sum(e[2] for e in _memo.values()) > PREPARED_BYTES):
+            _memo.popitem(last=False)
+
+
+def forget_prepared() -> None:
+    """Drops every kept prepared part (``grammar_cache.clear()`` calls it)."""
+    with _memo_lock:
+        _memo.clear()
+
+
+def prepared(g: TokenGrammar) -> Prepared:
+    """``g``'s prepared parts, computed once per read-only grammar (compiled grammars are read-only
+    once cached); a writeable grammar's are computed on every call (its arrays may have changed)."""
+    with _memo_lock:
+        hit = _memo.get(id(g))
+        if hit is not None and hit[0] is g:
+            _memo.move_to_end(id(g))
+            return hit[1]
+    parts = Prepared(_packed_next(g.next), _blocks(g.masks))
+    if not any(a.flags.writeable for a in _leaves(g)):
+        remember(g, parts)
+    return parts
 
 
 def _pop_lists(g: TokenGrammar):
