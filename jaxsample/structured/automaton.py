@@ -15,7 +15,7 @@ properties" linear), determinises it over byte equivalence classes and minimises
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -43,11 +43,29 @@ class BudgetError(GrammarError):
 
 
 # --------------------------------------------------------------------------------------- expressions
+# Nodes compare structurally. Front ends share subtrees (an object's rest after each property is one
+# node under many parents), so a tree can be far larger than its nodes: each node's hash is
+# computed once and kept (``_hash``), so hashing a tree costs its distinct nodes, not its size.
+def _cached_hash(self) -> int:
+    h = self._hash
+    if h is None:
+        h = hash((type(self).__name__, *(getattr(self, f) for f in self.__match_args__)))
+        object.__setattr__(self, "_hash", h)
+    return h
+
+
+def _reduce(self):  # pickled without the kept hash (string hashes differ between processes)
+    return type(self), tuple(getattr(self, f) for f in self.__match_args__)
+
+
 @dataclass(frozen=True, slots=True)
 class Chars:
     """One code point from a union of inclusive ranges ``((lo, hi), ...)``."""
 
     ranges: tuple[tuple[int, int], ...]
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +73,9 @@ class Seq:
     """Concatenation."""
 
     items: tuple
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +83,9 @@ class Alt:
     """Alternation (``Alt(())`` matches nothing)."""
 
     items: tuple
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +95,9 @@ class Repeat:
     item: object
     lo: int
     hi: int | None
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +176,11 @@ def seq(*items):
 
 
 def alt(*items):
-    flat = []
+    flat, seen = [], set()  # (by hash: pairwise comparisons were quadratic in the alternatives)
     for it in items:
         for x in it.items if isinstance(it, Alt) else (it,):
-            if x not in flat:
+            if x not in seen:
+                seen.add(x)
                 flat.append(x)
     return flat[0] if len(flat) == 1 else Alt(tuple(flat))
 
