@@ -228,6 +228,9 @@ def stack(
 ) -> Tables:
     """Device tables for several grammars (same vocabulary), padded to bucketed shapes.
 
+    The per-grammar part (:func:`prepared`: ``next`` packed, masks cut into blocks) is kept for
+    read-only grammars (every cached one), so stacking the same grammars again only pads and uploads.
+
     Args:
       grammars: compiled grammars; their index is the grammar id rows refer to.
       num_grammars: fixed ``G`` (default: the power-of-two bucket of ``len(grammars)``).
