@@ -25,12 +25,17 @@ def test_sample_is_pinned_with_provenance():
 def test_benchmark_smoke(capsys):
     pytest.importorskip("jsonschema")
     stats = jsonschemabench.main(["--vocab", "400", "--limit", "3", "--samples", "2", "--repeats", "1",
-                                  "--engines", "jaxsample"])  # fmt: skip
+                                  "--engines", "jaxsample,jaxsample-disk"])  # fmt: skip
     s = stats["jaxsample"]
     assert len(s["times"]) + sum(s["errors"].values()) == 3
     assert s["outputs"][0] == s["outputs"][1]  # every finished output is valid
     assert s["valid"][0] == s["valid"][1] and s["invalid_acc"][0] == 0
-    assert "| jaxsample | " in capsys.readouterr().out
+    disk = stats["jaxsample (from disk)"]  # the same grammars, read back from the warm directory
+    assert disk["times"].keys() == s["times"].keys() and disk["bytes"] == s["bytes"]
+    assert disk["valid"] == s["valid"] and disk["outputs"] == s["outputs"]
+    assert st.grammar_cache.directory() is None  # the engine leaves the process as it found it
+    out = capsys.readouterr().out
+    assert "| jaxsample | " in out and "| jaxsample (from disk) | " in out
 
 
 #: Pinned-sample schemas for the table check: regular (4, 64, 141, 137) and recursive (10, 53, 76,

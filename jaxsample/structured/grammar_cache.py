@@ -244,7 +244,7 @@ def _unpack(blob: bytes, text: str) -> dict | None:
         dtype = np.dtype(dtype)
         if dtype.kind not in "biu" or at + size > len(payload):
             raise ValueError(f"bad entry {name!r}")
-        out[name] = np.frombuffer(payload[at : at + size], dtype).reshape(shape).copy()
+        out[name] = np.frombuffer(payload[at : at + size], dtype).reshape(shape)  # read-only views
     return out
 
 
