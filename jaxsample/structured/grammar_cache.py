@@ -10,8 +10,7 @@ object, whose arrays are then read-only (it is shared). A key holds:
 * every argument of the compile function bound to its signature with defaults applied (so
   ``whitespace="bounded"`` and the default are one key), as canonical JSON;
 * the vocabulary's content hash (BLAKE2b over its token bytes, EOS ids and every other field),
-  computed once per vocabulary object.
-
+  computed once per vocabulary object;
 * the state budgets (``automaton.MAX_NFA_STATES`` / ``MAX_DFA_STATES``: a larger budget can
   give another result, e.g. any property order where a smaller one fell back to schema order).
 
@@ -23,17 +22,21 @@ cache, :func:`info` reports hits, misses, entries and bytes.
 
 **On disk** (opt-in): with :func:`set_directory` (or the environment variable
 ``JAXSAMPLE_GRAMMAR_CACHE_DIR``, read at import) every compiled grammar is also written to that
-directory, one file per key (a JSON header naming each integer or boolean array's dtype, shape and
-place, a CRC-32 of the data, then the raw data: nothing is unpickled), and a grammar missing from memory is read from there before it is compiled: a restarted server, or every
-host of a pod sharing one directory, compiles each schema once. A file's name is a hash of the
-key, which adds a digest of this package's compiler sources (a changed compiler never reads an
-older result); the file holds the key text and is used only if it matches. Grammars kept on disk are read-only (as shared ones are) and their
-files also hold the device-table parts :func:`~jaxsample.structured.tables.stack` prepares from a
-grammar (its packed ``next`` and mask blocks, most of a large grammar's stacking time). Files are written
-to a temporary name and renamed (concurrent writers are safe); a file that cannot be read or
-does not hold a whole grammar is reported with a warning naming it and compiled again; a
-directory that cannot be written warns once and the compile goes on. Nothing is ever evicted
-from the directory: delete it (or any file in it) at any time.
+directory, and a grammar missing from memory is read from there before it is compiled: a restarted
+server, or every host of a pod sharing one directory, compiles each schema once.
+
+* One file per key, named by a hash of the key text, which adds a digest of this package's
+  compiler sources (a changed compiler never reads an older result); the file holds the key text
+  and is used only if it matches.
+* Format: a JSON header naming each integer or boolean array's dtype, shape and place, with a
+  CRC-32 of the data, then the raw data: nothing is unpickled. Besides the grammar, a file holds
+  the device-table parts :func:`~jaxsample.structured.tables.stack` prepares from it (packed
+  ``next``, mask blocks: most of a large grammar's stacking time). Grammars kept on disk are
+  read-only, as shared ones are.
+* Files are written to a temporary name and renamed (concurrent writers are safe); a file that
+  cannot be read or does not hold a whole grammar is reported with a warning naming it and
+  compiled again; a directory that cannot be written warns once and the compile goes on.
+* Nothing is ever evicted from the directory: delete it (or any file in it) at any time.
 
 :func:`same_grammar` compares two compiled grammars by content; :func:`~jaxsample.structured.grammar_params`
 uses it so equal grammars share one table slot even when compiled separately.
@@ -248,12 +251,9 @@ def _unpack(blob: bytes, text: str) -> dict | None:
     return out
 
 
-def _read(key: tuple) -> Any:
-    """The grammar stored under ``key`` in the cache directory, or ``None``."""
-    d = directory()
-    if d is None:
-        return None
-    text, name = _disk_key(key)
+def _read(d: Path, stored: tuple[str, str]) -> Any:
+    """The grammar stored in directory ``d`` under ``stored`` (:func:`_disk_key`), or ``None``."""
+    text, name = stored
     path = d / name
     try:
         arrays = _unpack(path.read_bytes(), text)
@@ -271,16 +271,13 @@ def _read(key: tuple) -> Any:
     return grammar
 
 
-def _write(key: tuple, grammar: Any) -> None:
-    """Stores ``grammar`` under ``key`` in the cache directory (atomically), if there is one."""
-    d = directory()
-    if d is None:
-        return
+def _write(d: Path, stored: tuple[str, str], grammar: Any) -> None:
+    """Stores ``grammar`` in directory ``d`` under ``stored`` (:func:`_disk_key`), atomically."""
     _freeze(grammar)  # shared with the directory from now on
     arrays = _arrays(grammar)
     if arrays is None:
         return
-    text, name = _disk_key(key)
+    text, name = stored
     try:
         d.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".", suffix=".tmp")
@@ -341,10 +338,13 @@ def cached_compile(kind: str, source: str, *, source_is_json: bool = False, opti
                     _stats["hits"] += 1
                     return _entries[key]
                 _stats["misses"] += 1
-            grammar = _read(key)
+            d = directory()
+            stored = None if d is None else _disk_key(key)
+            grammar = None if d is None else _read(d, stored)
             if grammar is None:
                 grammar = fn(*args, **kwargs)
-                _write(key, grammar)
+                if d is not None:
+                    _write(d, stored, grammar)
             size = _nbytes(grammar)
             if size <= _limits["max_bytes"]:
                 _freeze(grammar)
