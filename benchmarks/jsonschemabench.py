@@ -35,6 +35,7 @@ it refuses (how the causes in docs/structured.md were counted).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -128,20 +129,22 @@ class OursFromDisk(Ours):
         self.directory = self._files.name
         super().__init__(tok, vocab_size, options, name)
 
-    def prime(self, schema):
+    @contextlib.contextmanager
+    def _on_disk(self):
         st.grammar_cache.set_directory(self.directory)
         try:
-            st.grammar_cache.clear()
-            st.compile_json_schema(schema, self.vocab, **self.options)
+            yield
         finally:
             st.grammar_cache.set_directory(None)
 
+    def prime(self, schema):
+        with self._on_disk():
+            st.grammar_cache.clear()
+            st.compile_json_schema(schema, self.vocab, **self.options)
+
     def compile(self, schema):
-        st.grammar_cache.set_directory(self.directory)
-        try:
+        with self._on_disk():
             return super().compile(schema)
-        finally:
-            st.grammar_cache.set_directory(None)
 
 
 class _OurMatcher:
