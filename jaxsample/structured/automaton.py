@@ -387,10 +387,14 @@ def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states:
     """Subset construction over symbol classes from each of ``starts``: ``(delta, symbol_class, accept, entries)``.
 
     Per DFA state, the classes are split into groups reached by the same member edges (bitsets of
-    classes, refined edge by edge): one target set per group instead of one per class. A member's
-    edges refine all classes the same way wherever it comes first: that refinement is kept per NFA
-    state. A state is accepting when it holds one of the ``final`` NFA states; ``entries`` are the
-    starts' DFA states.
+    classes): when the members' edges have pairwise disjoint bitsets once equal ones are merged (the
+    usual case: the members of "after ``"``" in an object read different first letters), those are
+    the groups, found in one pass over the edges; otherwise the groups are refined edge by edge. A
+    member's edges refine all classes the same way wherever it comes first: that refinement is kept
+    per NFA state. A group's target set is the union of its edges' targets, taken in edge order (the
+    order fixes each set's iteration order, hence the numbering: the same as refining edge by edge).
+    A state is accepting when it holds one of the ``final`` NFA states; ``entries`` are the starts'
+    DFA states.
     """
     symbol_class, cls_of_mask = _byte_classes([m for es in nfa.edges for m, _ in es], 256 + len(nfa.rule_index))
     finals = {final} if isinstance(final, int) else set(final)
@@ -450,6 +454,23 @@ def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states:
             groups = refined
         return groups
 
+    def merged_groups(members: frozenset) -> list | None:
+        """The groups of a DFA state whose members' edges, equal bitsets merged, are disjoint; else None."""
+        merged: dict[int, frozenset] = {}
+        union = 0
+        for n in members:
+            es = out_edges[n]
+            for c, t in es if es is not None else edges_of(n):
+                got = merged.get(c)
+                if got is None:
+                    if union & c:
+                        return None
+                    union |= c
+                    merged[c] = frozenset() | t
+                else:
+                    merged[c] = got | t
+        return list(merged.items())
+
     class_index: dict[int, np.ndarray] = {}
     ids: dict[frozenset, int] = {frozenset(): 0}
     sets = [frozenset()]
@@ -463,20 +484,22 @@ def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states:
     rows_of, cols_of, targets_of = [], [], []  # the table, one (state, class group, target) at a time
     i = 1
     while i < len(sets):
-        groups = None
-        for n in sets[i]:
-            es = out_edges[n]
-            if es is None:
-                es = edges_of(n)
-            if groups is None:
-                if len(sets[i]) == 1 and es and disjoint[n]:  # one NFA state with disjoint edges: its edges are the groups
-                    groups = es
-                    break
-                groups = first_groups[n]
+        members = sets[i]
+        groups = merged_groups(members) if len(members) > 1 else None
+        if groups is None:
+            for n in members:
+                es = out_edges[n]
+                if es is None:
+                    es = edges_of(n)
                 if groups is None:
-                    groups = first_groups[n] = refine([(everything, frozenset())], es)
-            elif es:
-                groups = refine(groups, es)
+                    if len(members) == 1 and es and disjoint[n]:  # one NFA state with disjoint edges: its edges are the groups
+                        groups = es
+                        break
+                    groups = first_groups[n]
+                    if groups is None:
+                        groups = first_groups[n] = refine([(everything, frozenset())], es)
+                elif es:
+                    groups = refine(groups, es)
         for g, key in groups:
             if not key:
                 continue
