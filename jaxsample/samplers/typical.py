@@ -3,8 +3,11 @@
 Tokens are taken in increasing distance ``|-log p - H|`` from the entropy until their mass exceeds
 ``p``: a cut-off search over the negated distances (:mod:`jaxsample._threshold`), no sort. The
 ``K`` tokens nearest the entropy resolve most peaked rows; other rows take an exact search on the
-distance (two-sided secant steps in the probit of the mass, the first at a Gaussian guess, finished
-on 512 tokens; the bit bisection where that does not settle). Log-probabilities, distances and
+distance (steps on a model of the mass of the window and everything above it, smooth where the
+window's own mass jumps by each heavy token its top end passes, with the exact mass above it from
+the ``K`` most probable tokens, :class:`jaxsample._threshold.Heavy`; rows whose top end lies beyond
+those take two-sided secant steps in the probit of the mass; finished on 128 tokens; the bit
+bisection where that does not settle). Log-probabilities, distances and
 probabilities are recomputed from the logits in each pass that reads them, never stored.
 
 Sharding/TPU: rows are independent; shard the batch axis. A log-softmax normaliser, the entropy
@@ -19,7 +22,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxsample import _fastpath, _math, _threshold, _validate
+from jaxsample import _candidates, _fastpath, _math, _threshold, _validate
 from jaxsample._candidates import DEFAULT_CANDIDATES
 from jaxsample._types import Array, Float, Int
 from jaxsample.chain import MIN_KEEP, Param, Stage, static_int
@@ -58,6 +61,13 @@ def _typical(x: Array, p: Array, min_keep: Array, candidates: int, statistics=No
         first = -s * _math.probit(jnp.clip(0.5 + 0.5 * target, 0.5, 1.0 - 1e-6))
         # The K candidates weigh at most K times the largest probability, exp(-log_sum).
         uncovered = jnp.isfinite(m[..., 0]) & (candidates * jnp.exp(-log_sum[..., 0]) * (1.0 + 1e-3) < target)
+        def heavy():  # the K most probable tokens: those above the window, for the search's model
+            vals, _ = _candidates.top(x, candidates)
+            lp, k = logp(vals), key(vals)
+            out = lp + entropy > 0
+            limit = jnp.where(out[..., -1], k[..., -1], 0.0)
+            return _threshold.Heavy(jnp.where(out, k, jnp.inf), jnp.where(out, jnp.exp(lp), 0.0), limit)
+
         keys = key(x)
         t = _threshold.cutoff(
             keys,
@@ -67,7 +77,8 @@ def _typical(x: Array, p: Array, min_keep: Array, candidates: int, statistics=No
             min_count=jnp.maximum(min_keep, 1),
             strict=True,
             candidates=candidates,
-            search=_threshold.Search(x, key, weight, h, start, first, uncovered, two_sided=True, window=512),
+            search=_threshold.Search(x, key, weight, h, start, first, uncovered, two_sided=True, window=128,
+                                     heavy=heavy, spread=s),
         )
         return _math.keep(x, off[..., None] | (keys >= t[..., None]))
 
