@@ -127,14 +127,14 @@ class Search(NamedTuple):
         at all when every row is such a row).
       two_sided: the prefix is a window around a centre at key 0 (typical): masses are interpolated
         in the probit of ``(1 + m) / 2`` rather than of ``m``, through key 0 (mass 0).
-      heavy: with ``two_sided``, a thunk returning :class:`Heavy`: the steps then model the mass of the
-        window and above it, and add back the exact mass above (see :class:`Heavy`).
-      spread: ``float32[...]`` with ``heavy``: the deviation ``s`` of the Gaussian prior ``T(k) = Phi(-k / s)``.
       window: tokens the search finishes on (one top-``k`` of this size): a wider window settles in
         fewer steps but its top-k costs more (typical at p = 0.9, 64 flat rows of V = 131072:
         windows of 256 / 512 / 1024 / 2048 tokens took 7-9 / 6-7 / 5-8 / 5 steps, measured before every
         step counted; top-p settles in 3-6 steps with 64). Typical's model of the mass above its
         window (``heavy``) settles most flat rows in 1-3 steps whatever the window: 128 there.
+      heavy: with ``two_sided``, a thunk returning :class:`Heavy`: the steps then model the mass of the
+        window and above it, and add back the exact mass above (see :class:`Heavy`).
+      spread: ``float32[...]`` with ``heavy``: the deviation ``s`` of the Gaussian prior ``T(k) = Phi(-k / s)``.
     """
 
     x: Array
