@@ -395,7 +395,8 @@ def _value_search(
         two = one & (t_a >= 0) & (secant < 0) & jnp.isfinite(secant)
         slope = jnp.where(two, secant, slope)
         at, z_at = jnp.where(one, b, 0.0), jnp.where(one, z_b, 0.0)
-        solved = at[..., None] + (_math.probit(jnp.clip(aim[..., None] + lost, 1e-6, 1.0 - 1e-6)) - z_at[..., None]) / slope[..., None]
+        z_aim = _math.probit(jnp.clip(aim[..., None] + lost, 1e-6, 1.0 - 1e-6))
+        solved = at[..., None] + (z_aim - z_at[..., None]) / slope[..., None]
         cand = jnp.minimum(solved, right)
         best = jnp.max(jnp.where(cand > left, cand, -jnp.inf), axis=-1)
         jump = jnp.any((cand == best[..., None]) & (solved >= right) & (cand > left), axis=-1)
@@ -454,7 +455,9 @@ def _value_search(
         points = (search.first, aim, jnp.zeros(lo.shape), jnp.zeros(lo.shape))
     else:
         points = (lo, nan, hi, m_hi)
-    carry = (lo, hi, nan, m_hi, jnp.full(lo.shape, unknown, jnp.int32), n_hi) + points + (nan, jnp.full(lo.shape, -1.0), jnp.ones(lo.shape, bool))
+    # (t_a, t_b): the model's T at those points (-1: none yet; NaN: not known); model: rows that use it.
+    modelling = (nan, jnp.full(lo.shape, -1.0), jnp.ones(lo.shape, bool))
+    carry = (lo, hi, nan, m_hi, jnp.full(lo.shape, unknown, jnp.int32), n_hi) + points + modelling
     for i in range(_SEARCH_STEPS):
         use_model = heavy is not None and i < _MODEL_STEPS
         carry = _math.cond(jnp.all(settled(*carry)), lambda c: c, lambda c: step(c, use_model), carry)
