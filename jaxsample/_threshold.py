@@ -333,7 +333,8 @@ def _value_search(
     first :data:`_MODEL_STEPS` steps of a two-sided search aim at the window's mass through a model of
     the mass of the window and above it instead: each row settles in 1-3 (batches in 3 at deviation 2-3,
     p 0.9-0.95, where they took 6-12); rows whose first step finds no solution in the model keep the
-    secant. Only active rows drive the loop; each row's steps depend on that row alone.
+    secant (batches of deviation 1 in 3-4 steps, where they took 7-13 while the secant aimed at the
+    bare target). Only active rows drive the loop; each row's steps depend on that row alone.
 
     Returns:
       ``(t float32[...], ok bool[...])``: ``ok`` marks the rows resolved here; rounding, ties or a
@@ -410,23 +411,19 @@ def _value_search(
         done = settled(*carry)
         # Secant through the last two points, aimed at the middle of the band that settles, its
         # weight read at lo. Until a point reaches the target, lo is the start, far below the
-        # cut-off, and that aim lies on the target itself: top-p secants landed just short of it
-        # step after step (4 steps where 2 do on flat rows). Such rows read it at their last point
-        # when that missed (b == hi, m_a known: not the placeholders of the first step). Not
-        # two-sided: a typical window's heavy tokens weigh far more at that point than at the
-        # cut-off (a batch of 64 flat rows of deviation 3 took 21 steps, not 10).
-        near = lo
-        if not search.two_sided:
-            near = jnp.where(jnp.isnan(m_lo) & ~jnp.isnan(m_a) & (b == hi), b, lo)
+        # cut-off, and that aim lies on the target itself: secants landed just short of it step
+        # after step (top-p: 4 steps where 2 do on flat rows; typical rows outside the model of
+        # deviation 1: 6-7 where 3 do, stalling where two points held the same tokens). Such rows
+        # read it at their last point when that missed (b == hi, m_a known: not the placeholders
+        # of the first step).
+        near = jnp.where(jnp.isnan(m_lo) & ~jnp.isnan(m_a) & (b == hi), b, lo)
         aim = target + 0.5 * band * jnp.exp(near - floor)
         z_a, z_b = (probit(jnp.where(jnp.isnan(m), guess, m)) for m in (m_a, m_b))
         mid = b + (a - b) * (z_b - probit(aim)) / (z_b - z_a)
         if use_model:
             # A row whose first step has no solution from the model (the top end of its window lies
             # beyond the candidates) keeps the secant on the window's mass throughout.
-            # Its aim weighs the band at the last miss until a point reaches the target (as top-p's).
-            near = jnp.where(jnp.isnan(m_lo) & (b == hi), b, lo)
-            better = modelled(lo, hi, target + 0.5 * band * jnp.exp(near - floor), a, t_a, b, t_b)
+            better = modelled(lo, hi, aim, a, t_a, b, t_b)
             model &= ~((t_b == -1.0) & jnp.isnan(better))
             mid = jnp.where(model & ~jnp.isnan(better), better, mid)
         inner = jnp.where(jnp.isfinite(mid) & (mid > lo) & (mid < hi), mid, 0.5 * lo + 0.5 * hi)
