@@ -364,7 +364,9 @@ def _value_search(
 
     def settled(lo, hi, m_lo, m_hi, n_lo, n_hi, *points):
         # Fewer than w - 1 tokens between lo and the cut-off: bounded by their mass, or counted.
-        near = (m_lo - target) * (1.0 + 1e-3) < band * jnp.exp(lo - floor)  # False while m_lo is NaN
+        # Heavy tokens on lo itself (where the model brackets a jump) leave first, their weight known.
+        first = 0.0 if heavy is None else jnp.sum(jnp.where(heavy.keys == lo[..., None], heavy.weights, 0.0), -1)
+        near = (m_lo - first - target) * (1.0 + 1e-3) < band * jnp.exp(lo - floor)  # False while m_lo is NaN
         return near | (n_lo - n_hi < w) | (jnp.nextafter(lo, jnp.inf) >= hi) | ~active
 
     band = w // 2  # tokens between lo and the cut-off that the mass bound may leave

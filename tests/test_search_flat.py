@@ -205,8 +205,9 @@ def test_typical_models_the_mass_above_its_window(monkeypatch):
     everything above it, which is smooth, and adds back the exact mass of the few heavy tokens above
     the window's top end (:class:`jaxsample._threshold.Heavy`, from the ``K`` most probable tokens).
     The secant on the window's mass alone, which jumps by a heavy token's whole weight wherever the
-    top end passes one, took 5 steps on this batch of 4 rows; now 3. Row 3's cut-off sits on a heavy
-    token (bracketed at its key and just above).
+    top end passes one, took 5 steps on this batch of 4 rows; the model 3, and 2 since a point on a
+    heavy key settles by mass once that token's known weight is taken off (rows 0, 2 and 3: the model
+    puts their second point on a heavy key; the third was the key just above it).
 
     Rows of deviation 1 (rows 3, 52, 63, 7 of the same draw halved), whose window's top end lies
     beyond the ``K`` most probable tokens, take the secant on the window's mass; aimed at the bare
@@ -233,9 +234,9 @@ def test_typical_models_the_mass_above_its_window(monkeypatch):
     one = jnp.ones((4,), jnp.int32)
     fast = jax.jit(lambda x, p: js.typical(x, p, one))
     bisection = jax.jit(functools.partial(_bisection_typical, candidates=64))
-    cases = [(flat[:4], 0.9), (flat[:4], 0.95)] + [(0.5 * flat[jnp.array([3, 52, 63, 7])], p) for p in (0.5, 0.9)]
-    for x, p in cases:
+    cases = [(flat[:4], p, 2) for p in (0.9, 0.95)] + [(0.5 * flat[jnp.array([3, 52, 63, 7])], p, 3) for p in (0.5, 0.9)]
+    for x, p, most in cases:
         steps.clear()
         got = jax.block_until_ready(fast(x, jnp.full((4,), p)))
-        assert 1 <= len(steps) <= 3, (p, len(steps))
+        assert 1 <= len(steps) <= most, (p, len(steps))
         np.testing.assert_array_equal(np.asarray(got), np.asarray(bisection(x, jnp.full((4,), p), one)))
