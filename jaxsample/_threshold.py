@@ -362,13 +362,6 @@ def _value_search(
     def probit(m):
         return _math.probit(jnp.clip(0.5 + 0.5 * m if search.two_sided else m, 1e-6, 1.0 - 1e-6))
 
-    def settled(lo, hi, m_lo, m_hi, n_lo, n_hi, *points):
-        # Fewer than w - 1 tokens between lo and the cut-off: bounded by their mass, or counted.
-        # Heavy tokens on lo itself (where the model brackets a jump) leave first, their weight known.
-        first = 0.0 if heavy is None else jnp.sum(jnp.where(heavy.keys == lo[..., None], heavy.weights, 0.0), -1)
-        near = (m_lo - first - target) * (1.0 + 1e-3) < band * jnp.exp(lo - floor)  # False while m_lo is NaN
-        return near | (n_lo - n_hi < w) | (jnp.nextafter(lo, jnp.inf) >= hi) | ~active
-
     band = w // 2  # tokens between lo and the cut-off that the mass bound may leave
     unknown = x.shape[-1] + w  # n(start) is not counted: conservative
 
@@ -379,6 +372,13 @@ def _value_search(
         left = jnp.concatenate([jnp.full(lead + (1,), -jnp.inf), heavy.keys], axis=-1)
         right = jnp.concatenate([heavy.keys, jnp.full(lead + (1,), jnp.inf)], axis=-1)
         lost = jnp.concatenate([jnp.zeros(lead + (1,)), jnp.cumsum(heavy.weights, axis=-1)], axis=-1)
+
+    def settled(lo, hi, m_lo, m_hi, n_lo, n_hi, *points):
+        # Fewer than w - 1 tokens between lo and the cut-off: bounded by their mass, or counted.
+        # Heavy tokens on lo itself (where the model brackets a jump) leave first, their weight known.
+        first = 0.0 if heavy is None else jnp.sum(jnp.where(heavy.keys == lo[..., None], heavy.weights, 0.0), -1)
+        near = (m_lo - first - target) * (1.0 + 1e-3) < band * jnp.exp(lo - floor)  # False while m_lo is NaN
+        return near | (n_lo - n_hi < w) | (jnp.nextafter(lo, jnp.inf) >= hi) | ~active
 
     def above(k):  # U(k): the exact mass above the window at keys k [...]
         return jnp.max(jnp.where(left < k[..., None], lost, 0.0), axis=-1)
