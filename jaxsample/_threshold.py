@@ -272,14 +272,18 @@ def cutoff(
         return _candidates.choose(ok | covered, lambda: found, lambda: bits(get_weights()))
 
     def with_count(best, top, none=None):
-        # The count criterion is a separate search (one max pass when every min_count <= 1)
-        # rather than a second reduction inside each pass; `none`: `top` is a placeholder.
+        # The count criterion is a separate search rather than a second reduction inside each pass;
+        # `none`: `top` is a placeholder. A count of 1 asks nothing more: `best` is a key of its row
+        # (or -inf), so at most the largest.
         if kk is None:
             return best
-        if none is None:
-            return jnp.minimum(best, kth_largest(get_keys, kk, k, top=top))
-        return jnp.minimum(best, _math.cond(none, lambda: kth_largest(get_keys, kk, k),
-                                            lambda: kth_largest(get_keys, kk, k, top=top)))
+
+        def kth():
+            if none is None:
+                return kth_largest(get_keys, kk, k, top=top)
+            return _math.cond(none, lambda: kth_largest(get_keys, kk, k), lambda: kth_largest(get_keys, kk, k, top=top))
+
+        return _math.cond(jnp.all(kk <= 1), lambda: best, lambda: jnp.minimum(best, kth()))
 
     def with_candidates(vals, ids, none=None):
         w_cand = None

@@ -240,3 +240,48 @@ def test_typical_models_the_mass_above_its_window(monkeypatch):
         got = jax.block_until_ready(fast(x, jnp.full((4,), p)))
         assert 1 <= len(steps) <= most, (p, len(steps))
         np.testing.assert_array_equal(np.asarray(got), np.asarray(bisection(x, jnp.full((4,), p), one)))
+
+
+def test_typical_flat_rows_compute_one_top_and_no_row_maximum_of_keys(monkeypatch):
+    """A batch of flat rows, one of them with an outlying logit (probability ~0.15, so ``K`` times
+    the largest probability reaches ``p`` while its ``K`` most probable tokens hold ~0.15): the entropy
+    bound marks every row as one the ``K`` tokens nearest the entropy cannot cover, so the program
+    takes only the ``K`` most probable tokens (for the search's model), not also the ``K`` nearest the
+    entropy (two tops before), and with ``min_keep = 1`` reads no maximum of the keys (a pass over the
+    keys written out as a ``[B, V]`` array before). Eager calls run only the branches taken."""
+    from jaxsample import _candidates, _threshold
+
+    tops, maxima = [], []
+    top, kth = _candidates.top, _threshold.kth_largest
+    monkeypatch.setattr(_candidates, "top", lambda x, k, at=None: tops.append(k) or top(x, k, at))
+    monkeypatch.setattr(_threshold, "kth_largest", lambda *a, **k: maxima.append(1) or kth(*a, **k))
+    x = np.random.default_rng(5).normal(size=(3, V)).astype(np.float32) * 2
+    x[1, 17] = 8.6
+    x = jnp.asarray(x)
+    got = js.typical(x, 0.9, candidates=8)
+    assert tops == [8, 128] and not maxima, (tops, maxima)  # the K most probable, the finish window
+    np.testing.assert_array_equal(np.asarray(got) > -np.inf, np.asarray(ref.typical(x, 0.9)) > -np.inf)
+
+
+@pytest.mark.parametrize("k", [1, 8, 64])
+def test_typical_entropy_bound_never_marks_a_row_its_candidates_could_cover(k):
+    """``_beyond_candidates`` is a bound: a row it marks has no ``k`` tokens holding ``p`` (the ``k``
+    most probable hold less), on peaked, flat, outlying and two-level rows of several sizes."""
+    from jaxsample import _math
+    from jaxsample.samplers.typical import _beyond_candidates
+
+    rng = np.random.default_rng(k)
+    for vocab in (k + 1, 100, 4096):
+        rows = [rng.normal(size=vocab) * s for s in (0.1, 0.5, 1.0, 2.0, 3.0, 5.0)]
+        rows += [-1.6 * np.log(rng.permutation(vocab) + 1.0), np.where(np.arange(vocab) < k, 3.0, 0.0)]
+        outlier = rng.normal(size=vocab) * 2
+        outlier[0] = np.log(np.exp(outlier[1:]).sum())  # holds half the mass
+        x = jnp.asarray(np.stack(rows + [outlier]).astype(np.float32))
+        m, _, log_sum = _math.shifted_normaliser(x)
+        _, h = _math.log_probs_entropy(x, m)
+        probs = np.sort(np.asarray(jax.nn.softmax(x)), axis=-1)[:, ::-1]
+        for p in (0.1, 0.5, 0.9, 0.99):
+            beyond = np.asarray(_beyond_candidates(h[:, 0], log_sum[:, 0], jnp.full(len(rows) + 1, p), k, vocab))
+            assert not np.any(beyond & (probs[:, :k].sum(-1) >= p)), (vocab, p, beyond)
+            if vocab == 4096 and p == 0.9 and k == 64:  # the flat rows of deviation 0.5-2 are all marked
+                assert beyond[1:4].all(), beyond
