@@ -43,6 +43,12 @@ def _top_k(x: Array, k: int) -> tuple[Array, Array]:
     return lax.optimization_barrier(vals), lax.optimization_barrier(ids.astype(jnp.int32))
 
 
+def chunk_maxima(x: Array) -> Array:
+    """``float32[..., ceil(V / 32)]``: the maxima of ``x [..., V]``'s chunks as :func:`top` takes them
+    (one fused pass; their maximum is the row maximum, which a caller can take from here)."""
+    return _chunk_max(_math.chunks(x, _CHUNK))
+
+
 def _chunk_max(xc: Array) -> Array:
     """``float32[..., n]``: the maxima of chunks ``[..., n, c]`` (NaN-free), reduced as ``int32`` order keys.
 
@@ -72,12 +78,14 @@ def _floor(x: Array, k: int) -> Array:
 
 
 def _top(
-    x: Array, k: int, chunk: int, leaf: int, prune: bool = True, at: Callable[[Array], Array] | None = None
+    x: Array, k: int, chunk: int, leaf: int, prune: bool = True, at: Callable[[Array], Array] | None = None,
+    given: Array | None = None,
 ) -> tuple[Array, Array]:
     """:func:`top` with explicit chunking (tests force several levels on small rows).
 
     ``prune=False`` skips the ``-inf`` floors (:func:`_floor`, the ``k``-th chunk maximum): the same
-    result bit for bit, ``-inf`` ids included (tests and benchmarks compare both). ``at``: as in :func:`top`.
+    result bit for bit, ``-inf`` ids included (tests and benchmarks compare both). ``at``: as in
+    :func:`top`; ``given``: the chunk maxima of ``x`` (chunks of ``chunk``), :func:`top`'s ``maxima``.
     """
     v = x.shape[-1]
     if v <= leaf * k or -(-v // chunk) <= k:
@@ -85,7 +93,7 @@ def _top(
     # The k largest entries lie in the k chunks with the largest maxima (ties by chunk index): an
     # entry of any other chunk is below k chunk maxima, or tied with them at a higher id.
     xc = _math.chunks(x, chunk)  # [..., n, c]
-    maxima, best = _top(_chunk_max(xc), k, chunk, leaf, prune)
+    maxima, best = _top(_chunk_max(xc) if given is None else given, k, chunk, leaf, prune)
     best = jnp.sort(best, axis=-1)  # id order, so that ties below resolve by id
     ids = best[..., None] * chunk + jnp.arange(chunk, dtype=jnp.int32)
     lead = x.shape[:-1]
@@ -102,7 +110,9 @@ def _top(
     return vals, jnp.take_along_axis(ids.reshape(lead + (k * chunk,)), j, axis=-1)
 
 
-def top(x: Array, k: int, at: Callable[[Array], Array] | None = None) -> tuple[Array, Array]:
+def top(
+    x: Array, k: int, at: Callable[[Array], Array] | None = None, maxima: Array | None = None
+) -> tuple[Array, Array]:
     """The ``k`` largest entries of each row, descending, ties in id order.
 
     Args:
@@ -112,6 +122,7 @@ def top(x: Array, k: int, at: Callable[[Array], Array] | None = None) -> tuple[A
         (NaN-mapped, hashed): entries are then read back through ``at`` rather than gathered from
         ``x``, so that on long rows ``x`` feeds one fused pass (:func:`_chunk_max`) and XLA need not
         write it out (a gather takes its operand from memory). See :func:`top_of`.
+      maxima: :func:`chunk_maxima` ``(x)`` if the caller has them (the pass over ``V`` is then skipped).
 
     Returns:
       ``(values float32[..., k'], ids int32[..., k'])`` with ``k' = min(k, V)``, distinct ids.
@@ -125,7 +136,7 @@ def top(x: Array, k: int, at: Callable[[Array], Array] | None = None) -> tuple[A
     chunk maximum for the block): same result, and on XLA:CPU far fewer heap insertions (only
     entries at or above the bound can enter the heap), which are most of a ``lax.top_k``'s time there.
     """
-    vals, ids = _top(x, min(int(k), x.shape[-1]), _CHUNK, _LEAF, at=at)
+    vals, ids = _top(x, min(int(k), x.shape[-1]), _CHUNK, _LEAF, at=at, given=maxima)
     # The search ties -0.0 with 0.0; hand back each candidate's own value (its sign included).
     own = jnp.take_along_axis(x, ids, axis=-1) if at is None else at(ids)
     return jnp.where(vals == 0, own, vals), ids

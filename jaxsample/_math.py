@@ -66,9 +66,12 @@ def identity(x: Array) -> Array:
     return x
 
 
-def nan_free_normalised(x: Array, core: Callable, statistics: Callable = lambda v, norm: norm) -> Array:
-    """``core(v, statistics(v, shifted_normaliser(v)))`` with ``v = clean(x)``, for float32 ``x [..., V]``
+def nan_free_normalised(
+    x: Array, core: Callable, statistics: Callable = lambda v, norm: norm, normaliser: Callable | None = None
+) -> Array:
+    """``core(v, statistics(v, normaliser(v)))`` with ``v = clean(x)``, for float32 ``x [..., V]``
     from :func:`prepare` with ``map_nan=False``, for a core that needs the normaliser anyway.
+    ``normaliser``: :func:`shifted_normaliser` or a tuple that starts with its three outputs.
 
     A NaN logit makes its row's ``log_sum`` NaN (``exp`` and sums carry it, whatever the row maximum),
     so the normaliser over ``x`` itself decides: a batch without NaN runs ``core(x, ...)``, the same
@@ -78,18 +81,18 @@ def nan_free_normalised(x: Array, core: Callable, statistics: Callable = lambda 
     slower on XLA:CPU.
     """
     def stats(v):
-        norm = shifted_normaliser(v)
+        norm = (normaliser or shifted_normaliser)(v)
         return norm[2], statistics(v, norm)
 
     log_sum, s = stats(x)
     return cond(jnp.any(jnp.isnan(log_sum)), lambda: core(clean(x), stats(clean(x))[1]), lambda: core(x, s))
 
 
-def normalised_filter(x: Array, on: Array, core: Callable, statistics: Callable) -> Array:
-    """A public filter that needs the normaliser: :func:`nan_free_normalised` ``(x, core, statistics)``
-    if any row is ``on`` (``bool[...]``), else ``x`` NaN-mapped (:func:`nan_free`), skipping the
-    statistics of an all-off batch. ``core`` must leave rows that are not ``on`` unchanged."""
-    return if_any(on, lambda: nan_free_normalised(x, core, statistics), lambda: nan_free(x, identity))
+def normalised_filter(x: Array, on: Array, core: Callable, statistics: Callable, normaliser: Callable | None = None) -> Array:
+    """A public filter that needs the normaliser: :func:`nan_free_normalised` ``(x, core, statistics,
+    normaliser)`` if any row is ``on`` (``bool[...]``), else ``x`` NaN-mapped (:func:`nan_free`), skipping
+    the statistics of an all-off batch. ``core`` must leave rows that are not ``on`` unchanged."""
+    return if_any(on, lambda: nan_free_normalised(x, core, statistics, normaliser), lambda: nan_free(x, identity))
 
 
 def restore(x: Array, dtype) -> Array:

@@ -253,7 +253,7 @@ def test_typical_flat_rows_compute_one_top_and_no_row_maximum_of_keys(monkeypatc
 
     tops, maxima = [], []
     top, kth = _candidates.top, _threshold.kth_largest
-    monkeypatch.setattr(_candidates, "top", lambda x, k, at=None: tops.append(k) or top(x, k, at))
+    monkeypatch.setattr(_candidates, "top", lambda x, k, **kw: tops.append(k) or top(x, k, **kw))
     monkeypatch.setattr(_threshold, "kth_largest", lambda *a, **k: maxima.append(1) or kth(*a, **k))
     x = np.random.default_rng(5).normal(size=(3, V)).astype(np.float32) * 2
     x[1, 17] = 8.6

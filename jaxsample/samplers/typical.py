@@ -30,8 +30,16 @@ from jaxsample._types import Array, Float, Int
 from jaxsample.chain import MIN_KEEP, Param, Stage, static_int
 
 
-def _statistics(x: Array, normaliser: tuple[Array, Array, Array]):
-    """``(normaliser, (logp, H))``: :func:`_math.shifted_normaliser` ``(x)`` and :func:`_math.log_probs_entropy`."""
+def _normaliser(x: Array) -> tuple[Array, Array, Array, Array]:
+    """:func:`_math.shifted_normaliser` ``(x)`` and :func:`_candidates.chunk_maxima` ``(x)``: the row
+    maximum taken from the chunk maxima, which the ``K`` most probable tokens reuse on flat rows
+    (one pass over ``V`` for both)."""
+    maxima = _candidates.chunk_maxima(x)
+    return _math.shifted_normaliser(x, jnp.max(maxima, axis=-1, keepdims=True)) + (maxima,)
+
+
+def _statistics(x: Array, normaliser: tuple[Array, Array, Array, Array]):
+    """``(normaliser, (logp, H))``: :func:`_normaliser` ``(x)`` and :func:`_math.log_probs_entropy`."""
     return normaliser, _math.log_probs_entropy(x, normaliser[0])
 
 
@@ -43,8 +51,8 @@ def _typical(x: Array, p: Array, min_keep: Array, candidates: int, statistics=No
 
     def apply():
         # Log-probabilities, probabilities and keys are recomputed from x in each pass that uses them.
-        stats = _statistics(x, _math.shifted_normaliser(x)) if statistics is None else statistics
-        (m, _, log_sum), (logp, entropy) = stats
+        stats = _statistics(x, _normaliser(x)) if statistics is None else statistics
+        (m, _, log_sum, maxima), (logp, entropy) = stats
 
         def key(v):
             return -jnp.abs(logp(v) + entropy)
@@ -63,7 +71,7 @@ def _typical(x: Array, p: Array, min_keep: Array, candidates: int, statistics=No
         first = -s * _math.probit(jnp.clip(0.5 + 0.5 * target, 0.5, 1.0 - 1e-6))
         uncovered = jnp.isfinite(m[..., 0]) & _beyond_candidates(h, log_sum[..., 0], target, candidates, vocab)
         def heavy():  # the K most probable tokens: those above the window, for the search's model
-            vals, _ = _candidates.top(x, candidates)
+            vals, _ = _candidates.top(x, candidates, maxima=maxima)
             lp, k = logp(vals), key(vals)
             out = lp + entropy > 0
             limit = jnp.where(out[..., -1], k[..., -1], 0.0)
@@ -141,7 +149,7 @@ def typical(
     batch = x.shape[:-1]
     p = _validate.probability(p, batch, "p (typical)")
     min_keep = _validate.min_keep(min_keep, batch, "typical")
-    cut = _math.normalised_filter(x, _p(p) < 1, lambda v, s: _typical(v, p, min_keep, candidates, s), _statistics)
+    cut = _math.normalised_filter(x, _p(p) < 1, lambda v, s: _typical(v, p, min_keep, candidates, s), _statistics, _normaliser)
     return _math.restore(cut, dtype)
 
 
