@@ -141,6 +141,52 @@ def test_incremental_minimisation_matches_plain_moore(seed, monkeypatch):
     assert d.shape[0] == n + 2
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_small_rounds_in_python_give_the_numpy_rounds_result(seed, monkeypatch):
+    """Refinement rounds with few dirty states run in Python (``SMALL_ROUND``): the minimal DFA is the
+    one of numpy rounds only, entry for entry, on random tables and on counter chains with branches."""
+    rng = np.random.default_rng(seed)
+    if seed % 2:
+        n = 120  # a chain (one round per link) with random side exits into a second chain
+        delta = np.zeros((2 * n + 2, 3), np.int64)
+        delta[1:n, 0] = np.arange(2, n + 1)
+        delta[n + 1 : 2 * n, 0] = np.arange(n + 2, 2 * n + 1)
+        side = rng.choice(np.arange(1, n), 20, replace=False)
+        delta[side, 1] = rng.integers(n + 1, 2 * n + 1, 20)
+        delta[1, 2], accept = n + 1, np.zeros(2 * n + 2, bool)
+        accept[[n, 2 * n]] = True
+    else:
+        delta, accept = _random_dfa(rng, 90, 3, p_dead=0.3)
+        accept[rng.integers(1, 90)] = True
+    trimmed = mn.trim(delta, accept, 1)
+    monkeypatch.setattr(mn, "_moore_blocks", None)  # each refinement must succeed on its own
+    out = []
+    for small in (-1, 10**9, mn.SMALL_ROUND):  # numpy rounds only, Python rounds only, the default
+        monkeypatch.setattr(mn, "SMALL_ROUND", small)
+        out.append(tuple(x.tolist() if hasattr(x, "tolist") else x for x in mn.minimise(*trimmed)))
+    assert out[0] == out[1] == out[2]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_coreachable_is_plain_backward_search(seed):
+    """``coreachable`` (levels of one state read as one slice, edges into the dead state left out of
+    ``predecessors``) against a plain search, on random tables and on chains with side branches."""
+    rng = np.random.default_rng(seed)
+    delta, _ = _random_dfa(rng, 200, 4, p_dead=[0.5, 0.8, 0.95][seed % 3])
+    if seed % 2:  # a long chain: one state per level
+        delta[1:150, 0] = np.arange(2, 151)
+    seeds = np.zeros(200, bool)
+    seeds[rng.integers(1, 200, size=1 + seed)] = True
+    want = seeds.copy()
+    changed = True
+    while changed:
+        grown = want | want[delta].any(axis=1)
+        grown[0] = False
+        changed = not np.array_equal(grown, want)
+        want = grown
+    assert mn.coreachable(delta, seeds).tolist() == want.tolist()
+
+
 def test_unique_rows_exact_including_sparse_bits():
     rng = np.random.default_rng(0)
     a = np.zeros((300, 200), bool)

@@ -121,10 +121,12 @@ def _int_hash(a: np.ndarray, salt: int, axis: int) -> np.ndarray:
 
 
 def predecessors(delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Reverse edges: ``(start [S + 1], edge [S*K])``; edges into ``t`` are ``edge[start[t]:start[t+1]]``,
-    each ``source * K + class``."""
+    """Reverse edges: ``(start [S + 1], edge [E])``; edges into ``t > 0`` are ``edge[start[t]:start[t+1]]``,
+    each ``source * K + class``, in that order. Edges into the dead state 0 (most of a table) are left
+    out: no caller walks back from it."""
     flat = delta.ravel()
-    edge = np.argsort(flat, kind="stable")
+    edge = np.flatnonzero(flat)
+    edge = edge[np.argsort(flat[edge], kind="stable")]
     start = np.searchsorted(flat[edge], np.arange(delta.shape[0] + 1))
     return start, edge
 
@@ -137,6 +139,35 @@ def _gather(start: np.ndarray, edge: np.ndarray, targets: np.ndarray) -> tuple[n
     offsets = np.cumsum(count) - count
     which = np.repeat(np.arange(targets.size), count)
     return edge[np.repeat(lo - offsets, count) + np.arange(total)], which
+
+
+def coreachable(delta: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """``bool[S]``: the states from which a seed is reachable along ``delta``'s edges (0 is no edge,
+    and never in the result). Breadth first backwards, one level per step; a level of one state (a
+    counter chain's) reads its predecessors as one slice."""
+    out = np.asarray(seeds, bool).copy()
+    out[0] = False
+    pstart, edge = predecessors(delta)
+    source = edge // delta.shape[1]
+    frontier = np.flatnonzero(out)
+    while frontier.size:
+        if frontier.size == 1:
+            f = int(frontier[0])
+            found = source[pstart[f] : pstart[f + 1]]
+        else:
+            found = _sources(pstart, source, frontier)
+        found = found[~out[found]]
+        out[found] = True
+        frontier = found if found.size < 2 else np.unique(found)
+    return out
+
+
+def _sources(start: np.ndarray, source: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """The source states of the edges into ``targets`` (``source``: :func:`predecessors`' edges' sources)."""
+    lo = start[targets]
+    count = start[targets + 1] - lo
+    offsets = np.cumsum(count) - count
+    return source[np.repeat(lo - offsets, count) + np.arange(int(count.sum()))]
 
 
 def trim(
@@ -156,16 +187,7 @@ def trim(
         nxt = nxt[~fwd[nxt]]
         fwd[nxt] = True
         frontier = nxt
-    live = accept & fwd
-    pstart, edge = predecessors(delta)
-    frontier = np.flatnonzero(live)
-    while frontier.size:
-        e, _ = _gather(pstart, edge, frontier)
-        preds = np.unique(e // k)
-        preds = preds[~live[preds] & fwd[preds]]
-        live[preds] = True
-        frontier = preds
-    live[0] = False
+    live = coreachable(delta, accept) & fwd
     if not live[start]:
         return None
     keep = np.concatenate([[0, start], np.flatnonzero(live & (np.arange(s_count) != start))])
@@ -177,12 +199,18 @@ def trim(
     return new_delta.astype(np.int32), accept[keep] & (np.arange(keep.size) > 0), 1
 
 
+#: Rounds with at most this many dirty states regroup them in Python (fewer steps than numpy's ~30 calls).
+SMALL_ROUND = 48
+
+
 def _split(block, sig, block_sig, size, dirty):
-    """Regroups the blocks of ``dirty`` states by signature; returns ``(moved states, old blocks)``.
+    """Regroups the blocks of ``dirty`` states by signature; returns ``(moved states, old blocks, block_sig, size)``.
 
     Per block: states whose signature equals the block's keep it; if none does and every member
     changed, the largest group keeps it; every other group becomes a new block.
     """
+    if dirty.size <= SMALL_ROUND:
+        return _split_small(block, sig, block_sig, size, dirty)
     b, sg = block[dirty], sig[dirty]
     order = np.lexsort((sg, b))
     b, sg, states = b[order], sg[order], dirty[order]
@@ -221,6 +249,33 @@ def _split(block, sig, block_sig, size, dirty):
     old = block[moved]
     block[moved] = np.repeat(fresh, g_size[moving])
     return moved, old, block_sig, size
+
+
+def _split_small(block, sig, block_sig, size, dirty):
+    """:func:`_split` of a few dirty states (the long tail of rounds along counter chains), in Python."""
+    groups: dict[int, dict[int, list[int]]] = {}
+    for b, g, x in zip(block[dirty].tolist(), sig[dirty].tolist(), dirty.tolist()):
+        groups.setdefault(b, {}).setdefault(g, []).append(x)
+    moved, old, fresh_sig, fresh_size = [], [], [], []
+    for b, by_sig in groups.items():
+        own = int(block_sig[b])
+        if own not in by_sig and sum(map(len, by_sig.values())) == size[b]:  # all changed: the largest stays
+            own = max(by_sig, key=lambda g: len(by_sig[g]))
+            block_sig[b] = own
+        for g, members in by_sig.items():
+            if g != own:
+                moved += members
+                old += [b] * len(members)
+                fresh_sig.append(g)
+                fresh_size.append(len(members))
+                size[b] -= len(members)
+    if not moved:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), block_sig, size
+    first = size.size
+    block[moved] = np.repeat(np.arange(first, first + len(fresh_size)), fresh_size)
+    block_sig = np.concatenate([block_sig, np.array(fresh_sig, np.uint64)])
+    size = np.concatenate([size, np.array(fresh_size, np.int64)])
+    return np.array(moved, np.int64), np.array(old, np.int64), block_sig, size
 
 
 def minimise(delta: np.ndarray, accept: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:

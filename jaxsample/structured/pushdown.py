@@ -59,7 +59,7 @@ from jaxsample.structured.automaton import (
     repeat,
     seq,
 )
-from jaxsample.structured.minimise import _gather, partition, predecessors
+from jaxsample.structured.minimise import _gather, coreachable, partition, predecessors
 
 #: Default stack capacity (frames) of recursive grammars.
 DEFAULT_MAX_DEPTH = 32
@@ -237,21 +237,6 @@ def _rules(g: Grammar) -> dict:
 
 
 # ------------------------------------------------------------------------------------- automaton
-def _coreach(table: np.ndarray, seeds: np.ndarray) -> np.ndarray:
-    """``bool[S]``: states from which a seed is reachable along ``table``'s edges (0 is no edge)."""
-    out = seeds.copy()
-    out[0] = False
-    pstart, pedge = predecessors(table)
-    frontier = np.flatnonzero(out)
-    while frontier.size:
-        e, _ = _gather(pstart, pedge, frontier)
-        src = np.unique(e // table.shape[1])
-        frontier = src[~out[src]]
-        out[frontier] = True
-    out[0] = False
-    return out
-
-
 def _trim(table, accept, entries, call_cols):
     """Live states (reachable from the root, able to finish their rule); calls of empty rules removed."""
     n, _ = table.shape
@@ -259,7 +244,7 @@ def _trim(table, accept, entries, call_cols):
     nonempty = np.ones(len(entries), bool)
     while True:  # co-reachability to acceptance through shifts and calls of non-empty rules
         cols = byte_cols.tolist() + [c for c, r in call_cols.items() if nonempty[r]]
-        co = _coreach(np.ascontiguousarray(table[:, cols]), accept)
+        co = coreachable(np.ascontiguousarray(table[:, cols]), accept)
         now = co[np.asarray(entries)]
         if np.array_equal(now, nonempty):
             break
