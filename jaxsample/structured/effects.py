@@ -119,7 +119,8 @@ def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
     dw = np.where(pd.delta != 0, pd.delta, np.where(pd.enter != 0, marker, np.where(pd.accept[:, None], ret_marker, 0)))
     dw[pd.bottom] = 0
     plan = walk.plan(dw, pd.byte_class, index, marker_from=q_count)
-    w = walk.walk(dw, pd.byte_class, index, plan, marker_from=q_count)
+    trees = walk.forest(dw, pd.byte_class, index, plan)
+    w = walk.walk(dw, pd.byte_class, index, plan, marker_from=q_count, trees=trees)
     fx, stacks = _Effects(q_count), _Stacks()
     pop_empty = fx.ret(0)
 
@@ -129,7 +130,7 @@ def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
     fine = [(w.fine[0], w.fine[1], value(w.fine[2]))]
     coarse = tuple((o, t, value(q)) for o, t, q in w.coarse)
     rests = _Rests(index)
-    more, exits = _resolve_marks(pd, index, dw, w.marks, fx, stacks, ret_marker, calls_q, calls_b)
+    more, exits = _resolve_marks(pd, index, trees, w.marks, fx, stacks, ret_marker, calls_q, calls_b)
     fine += more
     fine.append(_returns(index, exits, rests, fx))
     rest_value, rest_class = _rest_results(pd, rests, fx)
@@ -219,7 +220,7 @@ def _returns(index, exits: list, rests: _Rests, fx: _Effects):
     return np.repeat(o, size), strings, vals[which.reshape(-1)]
 
 
-def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls_q, calls_b):
+def _resolve_marks(pd: Pushdown, index, trees, marks, fx, stacks, ret_marker, calls_q, calls_b):
     """Follows walkers stopped at calls and returns: ``(entries (origin, string, value), token returns (origin, node))``.
 
     Each round walks, in one batch, every walker that entered a rule or returned into a local
@@ -227,7 +228,6 @@ def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls
     """
     q_count = pd.num_states
     closed = pd.closed
-    forest = walk.forest(dw, pd.byte_class, index)
     label = index.trie.label
     pairs: dict[tuple[int, int, int], int] = {}
     pair_list: list[tuple[int, int, int]] = []
@@ -273,7 +273,7 @@ def _resolve_marks(pd: Pushdown, index, dw, marks, fx, stacks, ret_marker, calls
                     break
         if not states:
             break
-        (po, s, q), (o_arr, n_arr, m_arr) = walk.walk_from(forest, np.asarray(states), np.asarray(nodes), np.asarray(who), q_count)
+        (po, s, q), (o_arr, n_arr, m_arr) = walk.walk_from(trees, np.asarray(states), np.asarray(nodes), np.asarray(who), q_count)
         combos, which = np.unique(po * q_count + q, return_inverse=True)  # one result per (walker, state)
         vals, origin = [], []
         for p_, q_ in zip((combos // q_count).tolist(), (combos % q_count).tolist()):

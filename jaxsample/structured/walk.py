@@ -300,13 +300,18 @@ def _estimate(delta: np.ndarray, byte_class: np.ndarray, p: Plan, marker_from: i
     return est
 
 
-def walk(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan, marker_from: int | None = None) -> Walk:
+def walk(
+    delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan, marker_from: int | None = None,
+    trees: "_Forest | None" = None,
+) -> Walk:
     """Where the tokens end from every state (see :class:`Walk`); origins are batched to bound memory.
 
     With ``marker_from``, a transition to a value ``>= marker_from`` stops the walker and is
     reported in ``Walk.marks`` (pushdown grammars: calls and returns, resolved by the caller).
+    ``trees``: :func:`forest` of the same arguments, if the caller built it (to walk on with
+    :func:`walk_from`).
     """
-    forest = _forest(delta, byte_class, index, p)
+    forest = _forest(delta, byte_class, index, p) if trees is None else trees
     origins = np.arange(1, delta.shape[0], dtype=np.int64)
     batch = (np.cumsum(_estimate(delta, byte_class, p, marker_from)[origins]) // PAIR_BUDGET).astype(np.int64)
     hits = [_walk(forest, p, origins[batch == b], marker_from) for b in np.unique(batch)]
@@ -328,9 +333,10 @@ def _joined(pieces: list) -> tuple:
     return tuple(np.concatenate([x[i] for x in pieces]) if pieces else np.zeros(0, np.int64) for i in range(3))
 
 
-def forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex) -> "_Forest":
-    """The byte trie of ``index`` with ``delta``'s transitions, for :func:`walk_from`."""
-    return _forest(delta, byte_class, index, Plan(np.zeros(delta.shape[0], np.int32), (), np.zeros(delta.shape[0])))
+def forest(delta: np.ndarray, byte_class: np.ndarray, index: VocabIndex, p: Plan) -> "_Forest":
+    """The byte trie of ``index`` and the quotient tries of ``p`` with ``delta``'s transitions, for
+    :func:`walk` and :func:`walk_from` (which walks the byte trie only)."""
+    return _forest(delta, byte_class, index, p)
 
 
 def walk_from(f: "_Forest", states: np.ndarray, nodes: np.ndarray, origins: np.ndarray, marker_from: int):
