@@ -8,8 +8,9 @@ signature of its successors' blocks; when a block splits, only the states that m
 signatures of their predecessors, and only blocks holding such predecessors are regrouped (the
 largest part of a split block keeps its id, as in Hopcroft's algorithm). A long counter chain
 (``maxLength: 200``) needs one round per link, and each round touches a handful of states instead
-of the whole table. The result is checked exactly (every block's members agree on their
-successors' blocks); a hash collision falls back to plain Moore rounds.
+of the whole table (rounds of a few states regroup them in plain Python, cheaper than numpy calls
+there). The result is checked exactly (every block's members agree on their successors' blocks); a
+hash collision falls back to plain Moore rounds.
 
 >>> import numpy as np
 >>> delta = np.array([[0, 0], [2, 3], [0, 4], [0, 4], [0, 0]])  # "ab" or "bb": states 2 and 3 merge
@@ -178,7 +179,7 @@ def trim(
     ``reachable``: every state is known to be reachable (a subset construction's output).
     Returns ``None`` when ``start`` cannot reach an accepting state (the language is empty).
     """
-    s_count, k = delta.shape
+    s_count = delta.shape[0]
     fwd = np.full(s_count, reachable)
     fwd[start] = True
     frontier = np.array([] if reachable else [start], np.int64)
