@@ -71,7 +71,7 @@ def nan_free_normalised(
 ) -> Array:
     """``core(v, statistics(v, normaliser(v)))`` with ``v = clean(x)``, for float32 ``x [..., V]``
     from :func:`prepare` with ``map_nan=False``, for a core that needs the normaliser anyway.
-    ``normaliser``: :func:`shifted_normaliser` or a tuple that starts with its three outputs.
+    ``normaliser``: :func:`shifted_normaliser` (the default) or a function whose tuple starts with its three outputs.
 
     A NaN logit makes its row's ``log_sum`` NaN (``exp`` and sums carry it, whatever the row maximum),
     so the normaliser over ``x`` itself decides: a batch without NaN runs ``core(x, ...)``, the same
