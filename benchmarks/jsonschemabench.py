@@ -6,7 +6,9 @@ measured when importable: ``/work/venv-xgr/bin/python -m benchmarks.jsonschemabe
 Data: the pinned sample ``benchmarks/data/jsonschemabench_sample.jsonl.gz`` (253 schemas, 23 from
 each of 11 splits of guidance-ai/jsonschemabench's MaskBench data, with their test instances;
 provenance in its first line; nothing is downloaded). Vocabulary: a byte-level BPE of
-``--vocab`` tokens trained here on ``pydoc_data.topics`` (the Python docs).
+``--vocab`` tokens trained here on ``pydoc_data.topics`` (the Python docs; the corpus gives at most ~9.2k
+tokens: ``--synthetic`` adds synthetic two-token pieces up to ``--vocab`` for the jaxsample engines,
+as ``benchmarks/structured.py`` does, to measure how compile time and tables grow with the vocabulary).
 
 Per engine (jaxsample with its defaults; ``jaxsample-spec``: with ``SPEC_OPTIONS``, the JSON Schema
 meaning of an absent ``additionalProperties``/``type``; ``jaxsample-disk`` (asked for by name): the
@@ -98,11 +100,12 @@ def _best(fn, repeats: int, budget: float = 2.0):
 
 # ----------------------------------------------------------------------------------- engines
 class Ours:
-    def __init__(self, tok, vocab_size, options, name="jaxsample"):
+    def __init__(self, vocab: st.Vocabulary, options, name="jaxsample"):
         import jax
 
         self.jax, self.name = jax, name
-        self.vocab = st.Vocabulary.from_tokenizer(tok, eos_ids=[0], size=vocab_size)
+        self.vocab = vocab
+        self.token_bytes = vocab.token_bytes
         self.options = options
         self.compile({"type": "string"})  # warm-up: the per-vocabulary trie, JAX's device transfer
 
@@ -122,12 +125,12 @@ class OursFromDisk(Ours):
     compiled once untimed (:meth:`prime`), then timed as a new process finds it: memory cache
     empty, grammar read from disk, device tables built and uploaded."""
 
-    def __init__(self, tok, vocab_size, options, name):
+    def __init__(self, vocab: st.Vocabulary, options, name):
         import tempfile
 
         self._files = tempfile.TemporaryDirectory(prefix="jsonschemabench-grammars-")  # removed with the engine
         self.directory = self._files.name
-        super().__init__(tok, vocab_size, options, name)
+        super().__init__(vocab, options, name)
 
     @contextlib.contextmanager
     def _on_disk(self):
@@ -277,12 +280,13 @@ def output_valid(text: str, schema) -> bool:
 
 
 def run(engines, records, tok, args) -> dict:
-    vocab_bytes = st.Vocabulary.from_tokenizer(tok, eos_ids=[0]).token_bytes
-    single_byte = np.array([b is not None and len(b) == 1 for b in vocab_bytes])
+    tok_bytes = st.Vocabulary.from_tokenizer(tok, eos_ids=[0]).token_bytes
 
-    def decode(ids):
-        return b"".join(vocab_bytes[i] for i in ids).decode("utf-8", "replace")
+    def decoder(vocab_bytes):  # (the engine's token bytes: ours may add synthetic tokens, --synthetic)
+        single = np.array([b is not None and len(b) == 1 for b in vocab_bytes])
+        return single, lambda ids: b"".join(vocab_bytes[i] for i in ids).decode("utf-8", "replace")
 
+    decoders = {e.name: decoder(getattr(e, "token_bytes", tok_bytes)) for e in engines}
     signal.signal(signal.SIGALRM, _alarm)
     stats = {e.name: {"times": {}, "bytes": [], "errors": Counter(), "failed": {}, "valid": [0, 0],
                       "invalid_acc": [0, 0], "outputs": [0, 0, 0]} for e in engines}  # fmt: skip
@@ -318,6 +322,7 @@ def run(engines, records, tok, args) -> dict:
                 (s["valid"] if t["valid"] else s["invalid_acc"])[0] += bool(ok)
                 (s["valid"] if t["valid"] else s["invalid_acc"])[1] += 1
             rng = np.random.default_rng(k)
+            single_byte, decode = decoders[e.name]
             for _ in range(args.samples):
                 out = generate(e.matcher(compiled), single_byte, rng, args.max_tokens, decode)
                 if out is None:
@@ -357,6 +362,9 @@ def table(stats, n_schemas: int) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--synthetic", action="store_true",
+                   help="jaxsample engines only: when the trained BPE stops short of --vocab (~9.2k tokens on "
+                        "this corpus), add synthetic two-token pieces up to --vocab (benchmarks/structured.py)")
     p.add_argument("--limit", type=int, default=None, help="first N schemas of the sample")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--samples", type=int, default=3)
@@ -374,15 +382,27 @@ def main(argv=None):
     tok = train_tokenizer(args.vocab)
     v = tok.get_vocab_size()
     wanted = args.engines.split(",")
+    vocab = st.Vocabulary.from_tokenizer(tok, eos_ids=[0], size=v)
+    described = f"byte-level BPE V={v}"
+    if args.synthetic and args.vocab > v:
+        from benchmarks.structured import extend_vocab
+
+        others = sorted(set(wanted) & {"llguidance", "xgrammar"})
+        if others:
+            p.error(f"--synthetic measures the jaxsample engines only (their vocabulary is ours), not {others}")
+        vocab = extend_vocab(vocab, args.vocab)
+        described = f"byte-level BPE of {v} tokens + {args.vocab - v} synthetic, V={args.vocab}"
+    elif args.vocab > v:
+        print(f"(the trained BPE has {v} tokens, fewer than --vocab {args.vocab}; --synthetic adds the rest)")
     engines = []
     options = json.loads(args.options)
     if "jaxsample" in wanted:
-        engines.append(Ours(tok, v, options, f"jaxsample {options}" if options else "jaxsample"))
+        engines.append(Ours(vocab, options, f"jaxsample {options}" if options else "jaxsample"))
     if "jaxsample-spec" in wanted:  # the JSON Schema meaning of absent additionalProperties and type
         spec = {**options, **SPEC_OPTIONS}
-        engines.append(Ours(tok, v, spec, f"jaxsample {spec}"))
+        engines.append(Ours(vocab, spec, f"jaxsample {spec}"))
     if "jaxsample-disk" in wanted:  # defaults, grammars read from a warm on-disk cache
-        engines.append(OursFromDisk(tok, v, options, "jaxsample (from disk)"))
+        engines.append(OursFromDisk(vocab, options, "jaxsample (from disk)"))
     for key, cls in (("llguidance", LLGuidance), ("xgrammar", XGrammar)):
         if key in wanted:
             try:
@@ -391,7 +411,7 @@ def main(argv=None):
                 print(f"({cls.name} not installed: skipped)")
     stats = run(engines, records, tok, args)
     print(f"JSONSchemaBench sample ({len(records)} schemas, {provenance['repo']}@{provenance['commit'][:10]}), "
-          f"byte-level BPE V={v}")  # fmt: skip
+          f"{described}")  # fmt: skip
     print(table(stats, len(records)))
     if args.out:
         Path(args.out).write_text(json.dumps({n: {**s, "errors": dict(s["errors"])} for n, s in stats.items()}, indent=1))

@@ -219,6 +219,12 @@ def make_vocab(size: int):
     )
     tok.train_from_iterator(text, trainer)
     base = st.Vocabulary.from_tokenizer(tok, eos_ids=[0])
+    return tok, extend_vocab(base, size), base.size
+
+
+def extend_vocab(base: st.Vocabulary, size: int) -> st.Vocabulary:
+    """``base`` (ids kept) followed by synthetic tokens up to ``size``: distinct concatenations of two
+    random multi-byte tokens of ``base`` (seeded), the shape of a large BPE's long word-like tokens."""
     pieces = list(base.token_bytes)
     words = [b for b in pieces if b and len(b) > 1]
     seen = set(b for b in pieces if b)
@@ -228,7 +234,7 @@ def make_vocab(size: int):
         if cand not in seen:
             seen.add(cand)
             pieces.append(cand)
-    return tok, st.Vocabulary(tuple(pieces), (0,)), base.size
+    return st.Vocabulary(tuple(pieces), tuple(base.eos_ids))
 
 
 class _GreedyTokenizer:

@@ -38,6 +38,30 @@ def test_benchmark_smoke(capsys):
     assert "| jaxsample | " in out and "| jaxsample (from disk) | " in out
 
 
+def test_benchmark_synthetic_vocabulary(capsys, monkeypatch):
+    """``--synthetic`` extends a BPE that stops short of ``--vocab``: our engine compiles, checks and
+    samples over the extended vocabulary (outputs decode with its bytes); other engines are refused."""
+    pytest.importorskip("jsonschema")
+    from benchmarks.structured import extend_vocab
+
+    train = jsonschemabench.train_tokenizer
+    monkeypatch.setattr(jsonschemabench, "train_tokenizer", lambda n: train(300))  # stops short of 700
+    stats = jsonschemabench.main(["--vocab", "700", "--synthetic", "--limit", "2", "--samples", "3", "--repeats", "1",
+                                  "--engines", "jaxsample"])  # fmt: skip
+    s = stats["jaxsample"]
+    assert len(s["times"]) == 2 and s["valid"][0] == s["valid"][1] > 0
+    assert s["outputs"][1] > 0 and s["outputs"][0] == s["outputs"][1]
+    out = capsys.readouterr().out
+    assert "byte-level BPE of 300 tokens + 400 synthetic, V=700" in out
+    with pytest.raises(SystemExit):
+        jsonschemabench.main(["--vocab", "700", "--synthetic", "--engines", "jaxsample,llguidance"])
+    assert "not ['llguidance']" in capsys.readouterr().err
+    base = st.Vocabulary.from_tokenizer(train(300), eos_ids=[0])
+    wide = extend_vocab(base, 700)
+    assert wide.size == 700 and wide.token_bytes[:300] == base.token_bytes and wide.eos_ids == base.eos_ids
+    assert len(set(wide.token_bytes[300:])) == 400 and not set(wide.token_bytes[300:]) & set(base.token_bytes)
+
+
 #: Pinned-sample schemas for the table check: regular (4, 64, 141, 137) and recursive (10, 53, 76,
 #: 192, 176, 222) across splits, and one that needs the ``ref_calls`` budget fallback (98).
 TABLE_SCHEMAS = (4, 64, 141, 137, 10, 53, 76, 192, 176, 222, 98)
