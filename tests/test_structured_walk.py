@@ -280,3 +280,18 @@ def test_quotient_cache_bounds_and_vocabularies(monkeypatch):
     other = trie.vocab_index(sentencepiece_vocab())
     assert other is not trie.vocab_index(bpe_vocab())
     assert other.quotient(partition(0)).of_byte_node.size == other.trie.size != index.trie.size
+
+
+def test_regroup_keys_do_not_overflow_int32():
+    """Walkers merge only at the same (state, node): the key ``state * nodes + node`` is computed in
+    int64. In int32 (the DFA's dtype) state 2**16 at a node of a 2**16-node trie wrapped onto state 0
+    at that node (a 32k vocabulary's trie has ~2**18 nodes: DFAs past ~8k states merged walkers of
+    different states and recorded tokens in the wrong state)."""
+    n_fine = 1 << 16
+    q = np.array([0, 1 << 16], np.int32)
+    n = np.array([5, 5], np.int64)
+    parent = np.array([0, 1])
+    ptr, origin = np.arange(3), np.array([7, 9], np.int32)
+    q2, n2, ptr2, origin2 = walk._regroup(parent, q, n, ptr, origin, n_fine)
+    assert sorted(zip(q2.tolist(), n2.tolist())) == [(0, 5), (1 << 16, 5)]
+    assert ptr2.tolist() == [0, 1, 2] and sorted(origin2.tolist()) == [7, 9]

@@ -370,7 +370,7 @@ def _regroup(parent, q, n, ptr, origin, n_fine: int):
     fine = np.flatnonzero(n < n_fine)
     if fine.size == 0 and single:  # quotient walkers only: nothing merges, origins follow their parents
         return q, n, np.arange(q.size + 1), origin[parent]
-    key = q[fine] * n_fine + n[fine]
+    key = q[fine].astype(np.int64) * n_fine + n[fine]  # (int64: states x nodes passes 2**31 at V=32k)
     by_key = np.argsort(key, kind="stable")
     key = key[by_key]
     order = np.concatenate([fine[by_key], np.flatnonzero(n >= n_fine)])
@@ -416,7 +416,7 @@ def _walk(f: _Forest, p: Plan, origins: np.ndarray, marker_from=None, states=Non
         offsets = np.cumsum(count) - count
         child = np.repeat(f.first[n] - offsets, count) + np.arange(total)
         parent = np.repeat(np.arange(q.size), count)
-        nxt = f.delta[np.repeat(q * f.width, count) + f.label[child]]
+        nxt = f.delta[np.repeat(q.astype(np.int64) * f.width, count) + f.label[child]]
         if marker_from is not None:
             mk = np.flatnonzero(nxt >= marker_from)
             if mk.size:
