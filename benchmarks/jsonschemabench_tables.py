@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.jsonschemabench import SPEC_OPTIONS, train_tokenizer  # noqa: E402
 from benchmarks.jsonschemabench_sample import load  # noqa: E402
+from benchmarks.structured import extend_vocab  # noqa: E402
 from jaxsample import structured as st  # noqa: E402
 from jaxsample.structured import automaton, compiler, json_schema, pushdown  # noqa: E402
 
@@ -127,10 +128,15 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=25, help="tokens per walk")
     p.add_argument("--timeout", type=int, default=20, help="seconds per compile before the schema is skipped")
     p.add_argument("--device", action="store_true", help="also step the device tables and compare their masks")
+    p.add_argument("--synthetic", action="store_true",
+                   help="extend the trained BPE (it stops near 9k tokens) with synthetic two-token pieces up to "
+                        "--vocab, as benchmarks.jsonschemabench --synthetic (large-vocabulary tables)")  # fmt: skip
     args = p.parse_args(argv)
     options = {**json.loads(args.options), **(SPEC_OPTIONS if args.spec else {})}
     tok = train_tokenizer(args.vocab)
     vocab = st.Vocabulary.from_tokenizer(tok, eos_ids=[0], size=tok.get_vocab_size())
+    if args.synthetic and args.vocab > vocab.size:
+        vocab = extend_vocab(vocab, args.vocab)
     _, records = load()
     signal.signal(signal.SIGALRM, _alarm)
     totals = {"schemas": 0, "skipped": 0, "configurations": 0, "mismatches": 0}

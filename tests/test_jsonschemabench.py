@@ -110,3 +110,15 @@ def test_table_check_finds_a_wrong_bit(bench_vocab, monkeypatch):
     wrong = jsonschemabench_tables._allowed
     monkeypatch.setattr(jsonschemabench_tables, "_allowed", lambda *a: ~wrong(*a))  # a device mask that differs
     assert jsonschemabench_tables.check(auto, g, vocab, [], steps=2, device=True)[2][0] == ("device", 0)
+
+
+def test_vocabulary_cache_benchmark(capsys):
+    """benchmarks/vocab_cache.py: each grammar's first compile with the analysis built, read from
+    disk (it fails if nothing was read) and in memory."""
+    from benchmarks import vocab_cache
+
+    out = vocab_cache.main(["--vocab", "400", "--repeats", "1"])
+    rows, mib = out[400]
+    assert [r[0] for r in rows] == list(vocab_cache.CASES) and mib > 0
+    assert all(min(r[1:]) > 0 for r in rows)
+    assert "built/read" in capsys.readouterr().out

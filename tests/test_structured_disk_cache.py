@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxsample import structured as st
-from jaxsample.structured import effects, grammar_cache, tables, tokens
+from jaxsample.structured import effects, grammar_cache, tables, tokens, trie
 from tests._structured_vocab import bpe_vocab
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}, "b": {"type": "integer"}},
@@ -165,3 +165,59 @@ def test_another_process_reads_what_this_one_wrote(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == f"[1, {g.num_states}]"
+
+
+RECURSIVE_SCHEMA = {"$defs": {"n": {"type": "object", "properties": {"s": {"type": "string"}, "n": {"$ref": "#/$defs/n"}}}},
+                    "$ref": "#/$defs/n"}  # fmt: skip
+
+
+@pytest.fixture
+def fresh_index():
+    trie._cached_index.cache_clear()  # as a new process: the vocabulary analysed again (or read)
+    yield
+    trie._cached_index.cache_clear()
+
+
+def test_vocabulary_analysis_is_read_back_from_disk(cache_dir, fresh_index, monkeypatch):
+    """The byte trie (with its chains), each quotient trie and the suffix ids are kept in ``*.vocab``
+    files: a new process compiling a grammar it has not seen skips the analysis, same grammar."""
+    v = bpe_vocab()
+    built = trie.vocab_index(v)
+    g = st.compile_json_schema(RECURSIVE_SCHEMA, v)  # recursive (suffixes) with string bodies (quotient)
+    info = grammar_cache.info()
+    assert info["vocab_disk_writes"] >= 3 and len(list(cache_dir.glob("*.vocab"))) == info["vocab_disk_writes"]
+    for p in cache_dir.glob("*.grammar"):
+        p.unlink()  # the grammar itself must be compiled again
+    grammar_cache.clear()
+    trie._cached_index.cache_clear()
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the vocabulary was analysed although its analysis is on disk")
+
+    for name in ("_byte_trie", "_quotient", "_suffix_ids", "chains"):
+        monkeypatch.setattr(trie, name, refuse)
+    again = st.compile_json_schema(RECURSIVE_SCHEMA, v)
+    assert grammar_cache.info()["vocab_disk_hits"] == info["vocab_disk_writes"]
+    _same_with_dtypes(g, again)
+    read = trie.vocab_index(v)
+    assert read is not built and read.strings == built.strings
+    for name in ("token_ids", "string_of_token", "lengths", "end", "single_byte", "byte_weight", "_parent"):
+        a, b = getattr(read, name), getattr(built, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    for a, b in zip((*read.trie, *read.chains, *read.suffixes), (*built.trie, *built.chains, *built.suffixes)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_a_damaged_vocabulary_file_is_analysed_again_with_a_warning(cache_dir, fresh_index):
+    v = bpe_vocab()
+    g = st.compile_regex("[a-c]{2}y", v)
+    index_file = max(cache_dir.glob("*.vocab"), key=lambda p: p.stat().st_size)  # the byte trie's
+    index_file.write_bytes(_flip(index_file.read_bytes()))
+    for p in cache_dir.glob("*.grammar"):
+        p.unlink()
+    grammar_cache.clear()
+    trie._cached_index.cache_clear()
+    with pytest.warns(RuntimeWarning, match=f"cannot read '{index_file}'"):
+        h = st.compile_regex("[a-c]{2}y", v)
+    assert st.same_grammar(g, h) and grammar_cache.info()["vocab_disk_errors"] == 1
+    assert grammar_cache.info()["disk_errors"] == 0  # (grammar files are counted apart)

@@ -37,6 +37,10 @@ server, or every host of a pod sharing one directory, compiles each schema once.
   cannot be read or does not hold a whole grammar is reported with a warning naming it and
   compiled again; a directory that cannot be written warns once and the compile goes on.
 * Nothing is ever evicted from the directory: delete it (or any file in it) at any time.
+* The directory also keeps each vocabulary's analysis (``*.vocab`` files: its byte trie with unary
+  paths, and each quotient trie as it is first built; see :mod:`~jaxsample.structured.trie`), keyed
+  by the token bytes' digest: the first grammar of a new process skips it (at V=128k most of that
+  first compile; :func:`load_vocab_part`, :func:`store_vocab_part`).
 
 :func:`same_grammar` compares two compiled grammars by content; :func:`~jaxsample.structured.grammar_params`
 uses it so equal grammars share one table slot even when compiled separately.
@@ -75,7 +79,8 @@ MAX_BYTES = 256 << 20
 _lock = threading.Lock()
 _entries: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
 _sizes: dict[tuple, int] = {}
-_stats = {"hits": 0, "misses": 0, "uncacheable": 0, "disk_hits": 0, "disk_writes": 0, "disk_errors": 0}
+_stats = {"hits": 0, "misses": 0, "uncacheable": 0, "disk_hits": 0, "disk_writes": 0, "disk_errors": 0,
+          "vocab_disk_hits": 0, "vocab_disk_writes": 0, "vocab_disk_errors": 0}
 _limits = {"max_entries": MAX_ENTRIES, "max_bytes": MAX_BYTES}
 _vocab_digests: "collections.OrderedDict[int, tuple[Any, str]]" = collections.OrderedDict()
 _VOCAB_MEMO = 16
@@ -164,10 +169,10 @@ def _code_digest() -> str:
     return h.hexdigest()
 
 
-def _disk_key(key: tuple) -> tuple[str, str]:
+def _disk_key(key: tuple, suffix: str = ".grammar") -> tuple[str, str]:
     """The key's text (stored in the file) and the file name."""
     text = json.dumps([_FORMAT, _code_digest(), *key], separators=(",", ":"))
-    return text, hashlib.blake2b(text.encode(), digest_size=20).hexdigest() + ".grammar"
+    return text, hashlib.blake2b(text.encode(), digest_size=20).hexdigest() + suffix
 
 
 def _warn(what: str) -> None:
@@ -251,30 +256,29 @@ def _unpack(blob: bytes, text: str) -> dict | None:
     return out
 
 
-def _read(d: Path, stored: tuple[str, str]) -> Any:
-    """The grammar stored in directory ``d`` under ``stored`` (:func:`_disk_key`), or ``None``."""
+def _read(d: Path, stored: tuple[str, str], convert: Callable = None, stat: str = "disk") -> Any:
+    """``convert`` (default: the token grammar) of the arrays stored in directory ``d`` under ``stored``
+    (:func:`_disk_key`), or ``None``; counted in ``{stat}_hits`` / ``{stat}_errors``."""
     text, name = stored
     path = d / name
     try:
         arrays = _unpack(path.read_bytes(), text)
-        grammar = None if arrays is None else _grammar(arrays)
+        out = None if arrays is None else (convert or _grammar)(arrays)
     except (FileNotFoundError, NotADirectoryError):  # not there (yet)
         return None
     except Exception as err:  # unreadable, truncated or foreign: compile again (and overwrite it)
         with _lock:
-            _stats["disk_errors"] += 1
+            _stats[f"{stat}_errors"] += 1
         _warn(f"cannot read {str(path)!r} ({type(err).__name__}: {err}); compiling again")
         return None
-    if grammar is not None:
+    if out is not None:
         with _lock:
-            _stats["disk_hits"] += 1
-    return grammar
+            _stats[f"{stat}_hits"] += 1
+    return out
 
 
-def _write(d: Path, stored: tuple[str, str], grammar: Any) -> None:
-    """Stores ``grammar`` in directory ``d`` under ``stored`` (:func:`_disk_key`), atomically."""
-    _freeze(grammar)  # shared with the directory from now on
-    arrays = _arrays(grammar)
+def _write(d: Path, stored: tuple[str, str], arrays: dict | None, stat: str = "disk") -> None:
+    """Stores ``arrays`` in directory ``d`` under ``stored`` (:func:`_disk_key`), atomically."""
     if arrays is None:
         return
     text, name = stored
@@ -290,11 +294,26 @@ def _write(d: Path, stored: tuple[str, str], grammar: Any) -> None:
                 os.unlink(tmp)
     except OSError as err:
         with _lock:
-            _stats["disk_errors"] += 1
+            _stats[f"{stat}_errors"] += 1
         _warn(f"cannot write to {str(d)!r} ({err}); grammars are not kept on disk")
         return
     with _lock:
-        _stats["disk_writes"] += 1
+        _stats[f"{stat}_writes"] += 1
+
+
+def load_vocab_part(key: tuple, convert: Callable) -> Any:
+    """``convert(arrays)`` of a vocabulary analysis (:mod:`~jaxsample.structured.trie`) stored in the
+    directory under ``key`` (JSON data), or ``None``: no directory, not stored yet, or unreadable
+    (warned; ``convert`` raising ``KeyError`` on a missing field counts as unreadable)."""
+    d = directory()
+    return None if d is None else _read(d, _disk_key(key, ".vocab"), convert, "vocab_disk")
+
+
+def store_vocab_part(key: tuple, arrays: Callable[[], dict]) -> None:
+    """Stores ``arrays()`` (integer / boolean numpy arrays by name) under ``key`` when a directory is set."""
+    d = directory()
+    if d is not None:
+        _write(d, _disk_key(key, ".vocab"), arrays(), "vocab_disk")
 
 
 def cached_compile(kind: str, source: str, *, source_is_json: bool = False, options_of: Callable | None = None) -> Callable:
@@ -344,7 +363,8 @@ def cached_compile(kind: str, source: str, *, source_is_json: bool = False, opti
             if grammar is None:
                 grammar = fn(*args, **kwargs)
                 if d is not None:
-                    _write(d, stored, grammar)
+                    _freeze(grammar)  # shared with the directory from now on
+                    _write(d, stored, _arrays(grammar))
             size = _nbytes(grammar)
             if size <= _limits["max_bytes"]:
                 _freeze(grammar)
@@ -361,8 +381,9 @@ def cached_compile(kind: str, source: str, *, source_is_json: bool = False, opti
 
 
 def info() -> dict:
-    """``{"hits", "misses", "uncacheable", "disk_hits", "disk_writes", "disk_errors", "entries",
-    "bytes", "max_entries", "max_bytes", "directory"}`` (``directory``: ``None`` or a path string)."""
+    """``{"hits", "misses", "uncacheable", "disk_hits", "disk_writes", "disk_errors", "vocab_disk_hits",
+    "vocab_disk_writes", "vocab_disk_errors", "entries", "bytes", "max_entries", "max_bytes", "directory"}``
+    (``disk_*``: grammar files; ``vocab_disk_*``: vocabulary analyses; ``directory``: ``None`` or a path string)."""
     with _lock:
         return {**_stats, "entries": len(_entries), "bytes": sum(_sizes.values()), **_limits,
                 "directory": _disk["directory"]}

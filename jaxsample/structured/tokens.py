@@ -159,7 +159,7 @@ def _classes(w: walk.Walk, n_states: int, index: trie.VocabIndex, p: walk.Plan):
     walk; its class key is the tuple of the (exact) column classes of these parts, and a class
     column is the sum of the part columns (for every state at most one part is non-zero).
     """
-    n_strings = len(index.strings)
+    n_strings = index.lengths.size
     parts = [(_group_columns(*w.fine, n_strings, n_states), None)]
     for m, entries in zip(p.modes, w.coarse):
         parts.append((_group_columns(*entries, m.quotient.num_terminals, n_states), m.quotient.string_terminal))

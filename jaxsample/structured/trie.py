@@ -8,6 +8,12 @@ behaves the same, and the ~170k-node byte trie of a 32k vocabulary collapses to 
 are cached per partition (the same partitions recur across schemas), with the map from byte-trie
 nodes to quotient nodes and its inverse (the byte nodes a quotient node stands for).
 
+Where :func:`~jaxsample.structured.grammar_cache.set_directory` names a directory, the analysis is
+kept there too (``*.vocab`` files keyed by the token bytes' digest and the compiler's sources: the
+byte trie with its chains, each quotient and the suffix ids as first built), and a new process reads
+it instead of building it (at V=128k a regular schema's first compile takes ~0.3 s instead of ~1.9 s:
+``benchmarks/vocab_cache.py``).
+
 >>> from jaxsample.structured.vocab import Vocabulary
 >>> v = Vocabulary.from_pieces(["<eos>", "ab", "ac", "b"], kind="raw", special_ids=[0], eos_ids=[0])
 >>> t = vocab_index(v).trie
@@ -19,10 +25,12 @@ from __future__ import annotations
 
 import collections
 import functools
+import hashlib
 from typing import NamedTuple
 
 import numpy as np
 
+from jaxsample.structured import grammar_cache
 from jaxsample.structured.minimise import unique_rows
 
 #: Quotient tries kept per vocabulary: at least this many (each costs a few MiB at V=128k) ...
@@ -193,14 +201,47 @@ class VocabIndex:
         self.trie, self.end = _byte_trie(strings)
         self.single_byte = np.zeros(256, bool)
         self.single_byte[[s[0] for s in strings if len(s) == 1]] = True
+        self._derived()
+
+    def _derived(self) -> None:
+        """The fields computed from the stored ones (after building or reading from disk)."""
         edges = np.bincount(self.trie.label[1:], minlength=256).astype(np.float64)
         self.byte_weight = edges / max(edges.sum(), 1.0)
         self._quotients: collections.OrderedDict = collections.OrderedDict()
         self._quotient_bytes = 0
+        self.disk_key: tuple | None = None  # set by vocab_index: its quotients and suffixes are kept on disk
         # parent of every byte-trie node, needed to build quotients
         t = self.trie
         self._parent = np.full(t.size, -1, np.int32)
         self._parent[1:] = np.repeat(np.arange(t.size, dtype=np.int32), t.count)
+
+    def arrays(self) -> dict:
+        """The index as named arrays (its byte trie's :attr:`chains` included), for the on-disk cache."""
+        out = {"token_ids": self.token_ids, "string_of_token": self.string_of_token, "lengths": self.lengths,
+               "end": self.end, "single_byte": self.single_byte, "flat": self.flat}  # fmt: skip
+        return {**out, **_flatten("trie.", self.trie), **_flatten("chains.", self.chains)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict) -> "VocabIndex":
+        """The index stored by :meth:`arrays` (``KeyError`` if a field is missing)."""
+        self = cls.__new__(cls)
+        for name in ("token_ids", "string_of_token", "lengths", "end", "single_byte", "flat"):
+            self.__dict__[name] = arrays[name]
+        self.trie = _unflatten(Trie, arrays, "trie.")
+        self.__dict__["chains"] = _unflatten(Chains, arrays, "chains.")
+        self._derived()
+        return self
+
+    @functools.cached_property
+    def flat(self) -> np.ndarray:
+        """``uint8[sum(lengths)]``: the strings' bytes concatenated."""
+        return np.frombuffer(b"".join(self.strings), np.uint8)
+
+    @functools.cached_property
+    def strings(self) -> tuple:
+        """The distinct byte strings of the text tokens, sorted (set when built; from :attr:`flat` when read)."""
+        data, ends = self.flat.tobytes(), np.cumsum(self.lengths).tolist()
+        return tuple(data[a:b] for a, b in zip([0] + ends[:-1], ends))
 
     @functools.cached_property
     def chains(self) -> Chains:
@@ -213,26 +254,9 @@ class VocabIndex:
         ``offset[u]``); the suffix of ``strings[u]`` from byte ``k`` has id ``suffix[offset[u] + k]``
         (equal suffixes share an id: hashed from the right, verified byte by byte); ``first[i]`` is
         the position of suffix ``i``'s first occurrence. Built on first use (recursive grammars)."""
-        flat = np.frombuffer(b"".join(self.strings), np.uint8).astype(np.int64)
+        flat = self.flat.astype(np.int64)
         offset = np.cumsum(self.lengths) - self.lengths
-        owner = np.repeat(np.arange(len(self.strings)), self.lengths)
-        rem = (offset + self.lengths)[owner] - np.arange(flat.size)  # bytes from each position to its end
-        h1, h2 = np.zeros(flat.size + 1, np.uint64), np.zeros(flat.size + 1, np.uint64)
-        nxt = np.where(rem > 1, np.arange(flat.size) + 1, flat.size)  # the next position, or the zero at the end
-        order = np.argsort(rem, kind="stable")
-        bounds = np.searchsorted(rem[order], np.arange(1, int(rem.max(initial=0)) + 2))
-        for r in range(bounds.size - 1):  # shortest suffixes first
-            at = order[bounds[r] : bounds[r + 1]]
-            b = (flat[at] + 1).astype(np.uint64)
-            h1[at] = b + np.uint64(0x100000001B3) * h1[nxt[at]]
-            h2[at] = b ^ (np.uint64(0x9E3779B97F4A7C15) * h2[nxt[at]] + np.uint64(0x632BE59BD9B4E019))
-        key = np.stack([h1[:-1].view(np.int64), h2[:-1].view(np.int64), rem], axis=1)
-        first, suffix = unique_rows(key) if flat.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-        rep = first[suffix]
-        for j in range(int(rem.max(initial=0))):  # verify: every suffix equals its first occurrence
-            live = rem > j
-            if not np.array_equal(flat[(np.arange(flat.size) + j)[live]], flat[(rep + j)[live]]):
-                raise RuntimeError("suffix hashing collided")  # pragma: no cover
+        suffix, first = self._kept(("suffixes",), lambda: _suffix_ids(flat, offset, self.lengths), _SuffixIds)
         return flat, offset, suffix, first
 
     @functools.cached_property
@@ -240,7 +264,7 @@ class VocabIndex:
         """``(lo, hi, depth)`` per byte-trie node: the strings below it are ``strings[lo:hi]`` (sorted
         strings make them contiguous); ``depth`` is the node's length in bytes."""
         t = self.trie
-        big = len(self.strings)
+        big = self.lengths.size
         lo = np.where(t.term >= 0, t.term, big).astype(np.int64)
         hi = np.where(t.term >= 0, t.term + 1, 0).astype(np.int64)
         ds = t.depth_start
@@ -260,13 +284,80 @@ class VocabIndex:
         key = (canon.astype(np.uint8).tobytes(), int(exact_depth))
         hit = self._quotients.get(key)
         if hit is None:
-            hit = self._quotients[key] = _quotient(self, canon, int(exact_depth))
+            part = ("quotient", canon.astype(np.uint8).tobytes().hex(), int(exact_depth))
+            hit = self._quotients[key] = self._kept(part, lambda: _quotient(self, canon, int(exact_depth)), Quotient)
             self._quotient_bytes += _nbytes(hit)
             while len(self._quotients) > MAX_QUOTIENTS and self._quotient_bytes > MAX_QUOTIENT_BYTES:
                 self._quotient_bytes -= _nbytes(self._quotients.popitem(last=False)[1])
         else:
             self._quotients.move_to_end(key)
         return hit
+
+    def _kept(self, part: tuple, build, cls):
+        """``build()`` (a named tuple ``cls`` of arrays), or the one kept on disk under this index's key
+        and ``part`` (where what is built is stored, when a directory is set; see :func:`vocab_index`)."""
+        if self.disk_key is None:
+            return build()
+        key = (*self.disk_key, *part)
+        out = grammar_cache.load_vocab_part(key, lambda arrays: _unflatten(cls, arrays, ""))
+        if out is None:
+            out = build()
+            grammar_cache.store_vocab_part(key, lambda: _flatten("", out))
+        return out
+
+
+class _SuffixIds(NamedTuple):
+    """:attr:`VocabIndex.suffixes`' ids (``int64[sum(lengths)]``) and first occurrences (``int64[I]``)."""
+
+    suffix: np.ndarray
+    first: np.ndarray
+
+
+def _suffix_ids(flat: np.ndarray, offset: np.ndarray, lengths: np.ndarray) -> _SuffixIds:
+    """``(suffix, first)`` of :attr:`VocabIndex.suffixes` for the strings ``flat[offset[u]:][:lengths[u]]``."""
+    owner = np.repeat(np.arange(lengths.size), lengths)
+    rem = (offset + lengths)[owner] - np.arange(flat.size)  # bytes from each position to its end
+    h1, h2 = np.zeros(flat.size + 1, np.uint64), np.zeros(flat.size + 1, np.uint64)
+    nxt = np.where(rem > 1, np.arange(flat.size) + 1, flat.size)  # the next position, or the zero at the end
+    order = np.argsort(rem, kind="stable")
+    bounds = np.searchsorted(rem[order], np.arange(1, int(rem.max(initial=0)) + 2))
+    for r in range(bounds.size - 1):  # shortest suffixes first
+        at = order[bounds[r] : bounds[r + 1]]
+        b = (flat[at] + 1).astype(np.uint64)
+        h1[at] = b + np.uint64(0x100000001B3) * h1[nxt[at]]
+        h2[at] = b ^ (np.uint64(0x9E3779B97F4A7C15) * h2[nxt[at]] + np.uint64(0x632BE59BD9B4E019))
+    key = np.stack([h1[:-1].view(np.int64), h2[:-1].view(np.int64), rem], axis=1)
+    first, suffix = unique_rows(key) if flat.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    rep = first[suffix]
+    for j in range(int(rem.max(initial=0))):  # verify: every suffix equals its first occurrence
+        live = rem > j
+        if not np.array_equal(flat[(np.arange(flat.size) + j)[live]], flat[(rep + j)[live]]):
+            raise RuntimeError("suffix hashing collided")  # pragma: no cover
+    return _SuffixIds(suffix, first)
+
+
+def _flatten(prefix: str, tup: tuple) -> dict:
+    """The arrays of a (nested) named tuple by dotted name (integers as 0-d arrays)."""
+    out = {}
+    for name, value in tup._asdict().items():
+        if isinstance(value, tuple):
+            out.update(_flatten(f"{prefix}{name}.", value))
+        else:
+            out[prefix + name] = np.asarray(value)
+    return out
+
+
+def _unflatten(cls, arrays: dict, prefix: str):
+    """The named tuple ``cls`` from :func:`_flatten`'s arrays (``KeyError`` if one is missing)."""
+    nested = {"trie": Trie, "chains": Chains}
+    fields = {}
+    for name in cls._fields:
+        if name in nested:
+            fields[name] = _unflatten(nested[name], arrays, f"{prefix}{name}.")
+        else:
+            a = arrays[prefix + name]
+            fields[name] = int(a) if a.ndim == 0 else a
+    return cls(**fields)
 
 
 def _nbytes(x) -> int:
@@ -357,9 +448,25 @@ def _quotient(index: VocabIndex, blocks: np.ndarray, exact_depth: int) -> Quotie
     )
 
 
+def _digest(token_bytes: tuple) -> str:
+    """Content hash of a vocabulary's token bytes (``None`` entries included)."""
+    lengths = np.fromiter((-1 if b is None else len(b) for b in token_bytes), np.int64, len(token_bytes))
+    h = hashlib.blake2b(lengths.tobytes(), digest_size=20)
+    h.update(b"".join(b for b in token_bytes if b))
+    return h.hexdigest()
+
+
 @functools.lru_cache(maxsize=8)
 def _cached_index(token_bytes: tuple) -> VocabIndex:
-    return VocabIndex(token_bytes)
+    """Built, or read from the on-disk cache when :func:`~jaxsample.structured.grammar_cache.set_directory`
+    names one (keyed by the token bytes' digest; the byte trie's chains are stored with it)."""
+    key = ("vocab_index", _digest(token_bytes))
+    index = grammar_cache.load_vocab_part(key, VocabIndex.from_arrays)  # (None without a directory)
+    if index is None:
+        index = VocabIndex(token_bytes)
+        grammar_cache.store_vocab_part(key, index.arrays)
+    index.disk_key = key  # its quotients too, whenever a directory is set
+    return index
 
 
 def vocab_index(vocab) -> VocabIndex:
