@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import pickle
 from typing import NamedTuple
 
 import numpy as np
@@ -84,6 +85,15 @@ class Chains(NamedTuple):
     term_node: np.ndarray
 
 
+def _into_parents(ufunc: np.ufunc, out: np.ndarray, parent: np.ndarray, values: np.ndarray) -> None:
+    """``out[p] = ufunc(out[p], ufunc of the values of p's children)`` for the nodes of one level
+    (children are contiguous, so their parents come in runs: ``reduceat``, not the slow ``ufunc.at``)."""
+    if parent.size:
+        starts = np.flatnonzero(np.concatenate([[True], parent[1:] != parent[:-1]]))
+        p = parent[starts]
+        out[p] = ufunc(out[p], ufunc.reduceat(values, starts))
+
+
 def chains(t: Trie, alphabet: int, from_depth: int = 0) -> Chains:
     """:class:`Chains` of a trie over ``alphabet`` labels; paths start at depth ``from_depth`` or deeper."""
     n = t.size
@@ -93,7 +103,7 @@ def chains(t: Trie, alphabet: int, from_depth: int = 0) -> Chains:
     size = np.ones(n, np.int64)
     for d in range(ds.size - 2, 0, -1):  # subtrie sizes, deepest level first
         a, b = int(ds[d]), int(ds[d + 1])
-        np.add.at(size, parent[a:b], size[a:b])
+        _into_parents(np.add, size, parent[a:b], size[a:b])
     rank = np.zeros(n, np.int64)  # pre-order rank: first child after its parent, then siblings by size
     for d in range(1, ds.size - 1):
         a, b = int(ds[d]), int(ds[d + 1])
@@ -270,8 +280,8 @@ class VocabIndex:
         ds = t.depth_start
         for d in range(ds.size - 2, 0, -1):  # deepest level first
             a, b = int(ds[d]), int(ds[d + 1])
-            np.minimum.at(lo, self._parent[a:b], lo[a:b])
-            np.maximum.at(hi, self._parent[a:b], hi[a:b])
+            _into_parents(np.minimum, lo, self._parent[a:b], lo[a:b])
+            _into_parents(np.maximum, hi, self._parent[a:b], hi[a:b])
         depth = np.repeat(np.arange(ds.size - 1), np.diff(ds))
         return lo, hi, depth
 
@@ -314,25 +324,25 @@ class _SuffixIds(NamedTuple):
 
 
 def _suffix_ids(flat: np.ndarray, offset: np.ndarray, lengths: np.ndarray) -> _SuffixIds:
-    """``(suffix, first)`` of :attr:`VocabIndex.suffixes` for the strings ``flat[offset[u]:][:lengths[u]]``."""
+    """``(suffix, first)`` of :attr:`VocabIndex.suffixes` for the strings ``flat[offset[u]:][:lengths[u]]``.
+
+    Shortest suffixes first: a suffix of length ``k > 1`` is its first byte and a suffix of length
+    ``k - 1`` already numbered, so equal suffixes are equal ``(byte, id)`` pairs (exact, no hashing).
+    """
     owner = np.repeat(np.arange(lengths.size), lengths)
     rem = (offset + lengths)[owner] - np.arange(flat.size)  # bytes from each position to its end
-    h1, h2 = np.zeros(flat.size + 1, np.uint64), np.zeros(flat.size + 1, np.uint64)
-    nxt = np.where(rem > 1, np.arange(flat.size) + 1, flat.size)  # the next position, or the zero at the end
-    order = np.argsort(rem, kind="stable")
+    order = np.argsort(rem, kind="stable")  # by length, then position
     bounds = np.searchsorted(rem[order], np.arange(1, int(rem.max(initial=0)) + 2))
-    for r in range(bounds.size - 1):  # shortest suffixes first
+    suffix = np.zeros(flat.size, np.int64)
+    firsts, count = [], 0
+    for r in range(bounds.size - 1):
         at = order[bounds[r] : bounds[r + 1]]
-        b = (flat[at] + 1).astype(np.uint64)
-        h1[at] = b + np.uint64(0x100000001B3) * h1[nxt[at]]
-        h2[at] = b ^ (np.uint64(0x9E3779B97F4A7C15) * h2[nxt[at]] + np.uint64(0x632BE59BD9B4E019))
-    key = np.stack([h1[:-1].view(np.int64), h2[:-1].view(np.int64), rem], axis=1)
-    first, suffix = unique_rows(key) if flat.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    rep = first[suffix]
-    for j in range(int(rem.max(initial=0))):  # verify: every suffix equals its first occurrence
-        live = rem > j
-        if not np.array_equal(flat[(np.arange(flat.size) + j)[live]], flat[(rep + j)[live]]):
-            raise RuntimeError("suffix hashing collided")  # pragma: no cover
+        key = flat[at] if r == 0 else flat[at] * (count + 1) + suffix[at + 1]
+        _, where, ids = np.unique(key, return_index=True, return_inverse=True)
+        suffix[at] = ids.reshape(-1) + count
+        firsts.append(at[where])  # (the lowest position: ``at`` is in position order)
+        count += where.size
+    first = np.concatenate(firsts) if firsts else np.zeros(0, np.int64)
     return _SuffixIds(suffix, first)
 
 
@@ -381,21 +391,22 @@ def _byte_trie(strings: list[bytes]) -> tuple[Trie, np.ndarray]:
         same = np.cumprod(mat[1:] == mat[:-1], axis=1, dtype=np.int8).sum(axis=1)
         lcp[1:] = np.minimum(same, np.minimum(lengths[1:], lengths[:-1]))
     labels, parents, terms, depth_start = [np.array([-1], np.int32)], [], [np.array([-1], np.int32)], [0, 1]
-    node = np.zeros(u, np.int64)  # node of each string at the current depth (valid if long enough)
+    live = np.arange(u)  # the strings at least d bytes long, in order
+    node = np.zeros(u, np.int64)  # node of each live string at the previous depth
     end = np.zeros(u, np.int32)
     base = 1
     for d in range(1, width + 1):
-        long = lengths >= d
-        new = long & (lcp < d)
+        keep = lengths[live] >= d
+        live, node = live[keep], node[keep]
+        new = lcp[live] < d  # a new node where the string leaves its predecessor's path
         n_new = int(new.sum())
-        idx = np.cumsum(new) - 1 + base
         parents.append(node[new].astype(np.int32))
-        node = np.where(long, idx, 0)
-        labels.append(mat[new, d - 1].astype(np.int32))
+        node = np.cumsum(new) - 1 + base
+        labels.append(mat[live[new], d - 1].astype(np.int32))
         term = np.full(n_new, -1, np.int32)
-        ends = np.flatnonzero(lengths == d)
-        term[node[ends] - base] = ends
-        end[ends] = node[ends]
+        ends = np.flatnonzero(lengths[live] == d)
+        term[node[ends] - base] = live[ends]
+        end[live[ends]] = node[ends]
         terms.append(term)
         base += n_new
         depth_start.append(base)
@@ -450,10 +461,7 @@ def _quotient(index: VocabIndex, blocks: np.ndarray, exact_depth: int) -> Quotie
 
 def _digest(token_bytes: tuple) -> str:
     """Content hash of a vocabulary's token bytes (``None`` entries included)."""
-    lengths = np.fromiter((-1 if b is None else len(b) for b in token_bytes), np.int64, len(token_bytes))
-    h = hashlib.blake2b(lengths.tobytes(), digest_size=20)
-    h.update(b"".join(b for b in token_bytes if b))
-    return h.hexdigest()
+    return hashlib.blake2b(pickle.dumps(tuple(token_bytes), protocol=5), digest_size=20).hexdigest()
 
 
 @functools.lru_cache(maxsize=8)
