@@ -38,9 +38,9 @@ server, or every host of a pod sharing one directory, compiles each schema once.
   compiled again; a directory that cannot be written warns once and the compile goes on.
 * Nothing is ever evicted from the directory: delete it (or any file in it) at any time.
 * The directory also keeps each vocabulary's analysis (``*.vocab`` files: its byte trie with unary
-  paths, and each quotient trie as it is first built; see :mod:`~jaxsample.structured.trie`), keyed
-  by the token bytes' digest: the first grammar of a new process skips it (at V=128k most of that
-  first compile; :func:`load_vocab_part`, :func:`store_vocab_part`).
+  paths, each quotient trie and the suffix ids as first built; see :mod:`~jaxsample.structured.trie`),
+  keyed by the token bytes' digest: the first grammar of a new process skips it (at V=128k most of
+  that first compile; :func:`load_vocab_part`, :func:`store_vocab_part`).
 
 :func:`same_grammar` compares two compiled grammars by content; :func:`~jaxsample.structured.grammar_params`
 uses it so equal grammars share one table slot even when compiled separately.
@@ -256,7 +256,7 @@ def _unpack(blob: bytes, text: str) -> dict | None:
     return out
 
 
-def _read(d: Path, stored: tuple[str, str], convert: Callable = None, stat: str = "disk") -> Any:
+def _read(d: Path, stored: tuple[str, str], convert: Callable | None = None, stat: str = "disk") -> Any:
     """``convert`` (default: the token grammar) of the arrays stored in directory ``d`` under ``stored``
     (:func:`_disk_key`), or ``None``; counted in ``{stat}_hits`` / ``{stat}_errors``."""
     text, name = stored
