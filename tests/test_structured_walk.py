@@ -248,6 +248,40 @@ def test_vocabulary_trie_and_quotients():
         assert q.trie.size < t.size
 
 
+def test_suffix_ids_subtree_ranges_and_chain_sizes_by_brute_force():
+    """``suffixes``: equal ids exactly for equal suffixes, ``first`` at an occurrence of its id;
+    ``subtree``: the strings below a node are those starting with its bytes; ``chains``' hit ranges
+    list the tokens on each unary path (checked against a walk down the path)."""
+    index = trie.VocabIndex(bpe_vocab().token_bytes)
+    flat, offset, suffix, first = index.suffixes
+    data = index.flat.tobytes()
+    ends = np.repeat(offset + index.lengths, index.lengths)
+    text = [data[x : ends[x]] for x in range(flat.size)]
+    ids: dict = {}
+    for x, sfx in enumerate(text):
+        assert ids.setdefault(sfx, suffix[x]) == suffix[x], f"suffix {sfx!r} has two ids"
+    assert len(ids) == len(set(ids.values())) == first.size  # distinct suffixes, distinct ids
+    assert all(suffix[first[i]] == i for i in range(first.size))
+    t = index.trie
+    lo, hi, depth = index.subtree
+    prefix = [b""] * t.size
+    for n in range(t.size):  # breadth first: parents before children
+        for k in range(t.first[n], t.first[n] + t.count[n]):
+            prefix[k] = prefix[n] + bytes([t.label[k]])
+    for n in range(1, t.size, 7):
+        below = [u for u, s in enumerate(index.strings) if s.startswith(prefix[n])]
+        assert (lo[n], hi[n], depth[n]) == (below[0], below[-1] + 1, len(prefix[n]))
+    ch = index.chains
+    for n in range(0, t.size, 5):
+        m, on_path = n, []
+        while t.count[m] == 1 and m != ch.end[n]:
+            m = int(t.first[m])
+            if t.term[m] >= 0:
+                on_path.append(m)
+        assert m == ch.end[n]
+        assert sorted(ch.term_node[ch.hit_lo[n] : ch.hit_hi[n]].tolist()) == sorted(on_path)
+
+
 def test_quotient_cache_bounds_and_vocabularies(monkeypatch):
     """Quotients are kept per vocabulary: at least ``MAX_QUOTIENTS``, more while under ``MAX_QUOTIENT_BYTES``;
     an evicted partition is rebuilt equal; another vocabulary has its own index and quotients."""
