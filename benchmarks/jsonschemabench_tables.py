@@ -1,6 +1,6 @@
 """Token tables of real schemas against the byte-level automata they were built from.
 
-Run: ``python -m benchmarks.jsonschemabench_tables [--limit N] [--options JSON] [--spec]``.
+Run: ``python -m benchmarks.jsonschemabench_tables [--limit N | --only I,J] [--options JSON] [--spec] [--vocab V --synthetic]``.
 
 For each schema of the pinned JSONSchemaBench sample (see :mod:`benchmarks.jsonschemabench`) it
 builds the byte automaton and the token grammar from the same expression, with the same retries as
@@ -123,6 +123,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--limit", type=int, default=None, help="first N schemas of the sample")
+    p.add_argument("--only", default=None, help="comma-separated record indices of the sample (instead of --limit)")
     p.add_argument("--options", default="{}", help="JSON dict of compile_json_schema options")
     p.add_argument("--spec", action="store_true", help="with the jaxsample-spec options (open objects, untyped any)")
     p.add_argument("--steps", type=int, default=25, help="tokens per walk")
@@ -140,7 +141,9 @@ def main(argv=None):
     _, records = load()
     signal.signal(signal.SIGALRM, _alarm)
     totals = {"schemas": 0, "skipped": 0, "configurations": 0, "mismatches": 0}
-    for k, rec in enumerate(records[: args.limit]):
+    chosen = range(len(records))[: args.limit] if args.only is None else [int(x) for x in args.only.split(",")]
+    for k in chosen:
+        rec = records[k]
         gc.disable()  # (an alarm raised inside a garbage-collection callback would be ignored)
         try:
             signal.alarm(args.timeout)
