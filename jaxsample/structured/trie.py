@@ -294,7 +294,7 @@ class VocabIndex:
         key = (canon.astype(np.uint8).tobytes(), int(exact_depth))
         hit = self._quotients.get(key)
         if hit is None:
-            part = ("quotient", canon.astype(np.uint8).tobytes().hex(), int(exact_depth))
+            part = ("quotient", key[0].hex(), key[1])
             hit = self._quotients[key] = self._kept(part, lambda: _quotient(self, canon, int(exact_depth)), Quotient)
             self._quotient_bytes += _nbytes(hit)
             while len(self._quotients) > MAX_QUOTIENTS and self._quotient_bytes > MAX_QUOTIENT_BYTES:
