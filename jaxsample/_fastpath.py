@@ -114,10 +114,10 @@ def _is_entry(sampler, j: int, vocab: int) -> bool:
     return isinstance(stage, CandidateEntry) and _usable(sampler, j + 1, min(stage.candidate_count, vocab), vocab)
 
 
-def _enter(sampler, j: int, x: Array, states: tuple, state, params) -> Entry:
+def _enter(sampler, j: int, x: Array, states: tuple, params, infos: dict) -> Entry:
     """The entry stage ``j`` on ``x``, its ``ok`` narrowed to the rows every later form handles."""
     stage = sampler.stages[j]
-    c, ok, dense = stage.enter_candidates(x, states[j], params, sampler.step_info(state, params, stage.name))
+    c, ok, dense = stage.enter_candidates(x, states[j], params, infos[stage.name])
     for later in sampler.stages[j + 1 :]:
         rows = later.candidate_rows(params)
         if rows is not None:
@@ -125,32 +125,32 @@ def _enter(sampler, j: int, x: Array, states: tuple, state, params) -> Entry:
     return c, ok, dense
 
 
-def _forms(sampler, i: int, c: Candidates, states: tuple, state, params, vocab: int):
+def _forms(sampler, i: int, c: Candidates, states: tuple, state, params, infos: dict, vocab: int):
     """Stages ``i..`` and the selector on candidates: ``(tokens, processed [B, V], states, selector state)``."""
     states = list(states)
     for j in range(i, len(sampler.stages)):
         stage = sampler.stages[j]
-        c, states[j] = stage.on_candidates(c, states[j], params, sampler.step_info(state, params, stage.name))
-    info = sampler.step_info(state, params, sampler.selector.name)
+        c, states[j] = stage.on_candidates(c, states[j], params, infos[stage.name])
+    info = infos[sampler.selector.name]
     tokens, sel = sampler.selector.select_candidates(c, state.selector, params, info)
     return tokens.astype(jnp.int32), _candidates.densify(c, vocab), tuple(states), sel
 
 
-def _dense(sampler, i: int, x: Array, states: tuple, state, params):
+def _dense(sampler, i: int, x: Array, states: tuple, state, params, infos: dict):
     """Stages ``i..`` and the selector on ``x [B, V]``, switching to candidates at the first usable entry."""
     states = list(states)
     vocab = x.shape[-1]
     for j in range(i, len(sampler.stages)):
         if _is_entry(sampler, j, vocab):
-            c, ok, dense = _enter(sampler, j, x, tuple(states), state, params)
+            c, ok, dense = _enter(sampler, j, x, tuple(states), params, infos)
             frozen = tuple(states)
             return _math.cond(
                 jnp.all(ok),
-                lambda: _forms(sampler, j + 1, c, frozen, state, params, vocab),
-                lambda: _dense(sampler, j + 1, dense(), frozen, state, params),
+                lambda: _forms(sampler, j + 1, c, frozen, state, params, infos, vocab),
+                lambda: _dense(sampler, j + 1, dense(), frozen, state, params, infos),
             )
         stage = sampler.stages[j]
-        x, states[j] = apply(stage, x, states[j], params, sampler.step_info(state, params, stage.name))
+        x, states[j] = apply(stage, x, states[j], params, infos[stage.name])
     tokens, sel = sampler.select(x, state, params)
     return tokens, x, tuple(states), sel.selector
 
@@ -162,7 +162,7 @@ def process_select(sampler, x: Array, state, params) -> tuple[Array, Array, tupl
       ``(tokens int32[B], processed float32[B, V], stage states, selector state)``, equal bit for bit
       to :meth:`~jaxsample.Sampler.process` followed by :meth:`~jaxsample.Sampler.select`.
     """
-    return _dense(sampler, 0, x, state.stages, state, params)
+    return _dense(sampler, 0, x, state.stages, state, params, sampler.step_infos(state, params))
 
 
 def candidate_path(sampler, x: Array, state, params):
@@ -177,8 +177,9 @@ def candidate_path(sampler, x: Array, state, params):
     if j is None:
         return None
     states = list(state.stages)
+    infos = sampler.step_infos(state, params)
     for i in range(j):
         stage = sampler.stages[i]
-        x, states[i] = apply(stage, x, states[i], params, sampler.step_info(state, params, stage.name))
-    c, ok, _ = _enter(sampler, j, x, tuple(states), state, params)
-    return _forms(sampler, j + 1, c, tuple(states), state, params, vocab) + (ok,)
+        x, states[i] = apply(stage, x, states[i], params, infos[stage.name])
+    c, ok, _ = _enter(sampler, j, x, tuple(states), params, infos)
+    return _forms(sampler, j + 1, c, tuple(states), state, params, infos, vocab) + (ok,)

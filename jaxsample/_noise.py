@@ -67,12 +67,16 @@ def row_keys(key: KeyLike, batch_shape: tuple[int, ...]) -> Array:
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
+@jax.jit
 def threefry2x32(k1: Array, k2: Array, x0: Array, x1: Array) -> tuple[Array, Array]:
     """Threefry-2x32 with 20 rounds, unrolled: bit-identical to ``jax.extend.random.threefry2x32_p``.
 
     All arguments ``uint32``, broadcast together; returns the two output words. JAX's own lowering on
     CPU keeps the rounds in a loop that writes every intermediate word to memory (about 11
     ``logsumexp`` passes for one word per token at ``B=64, V=131072``, against 2.4 for this form).
+    Under ``jax.jit`` itself: a step's program calls it ~80 times, each traced once per shape (not
+    ~350 ops every call; a chain of every stage traced in 3.9 s, not 7.6) and inlined by XLA before
+    fusion, so the compiled program is the same.
     """
     u32 = jnp.uint32
     ks = (k1, k2, k1 ^ k2 ^ u32(0x1BD11BDA))

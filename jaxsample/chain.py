@@ -427,27 +427,35 @@ class Sampler(NamedTuple):
         )
 
     # ------------------------------------------------------------------------------------- step
-    def step_info(self, state: SamplerState, params: Params, name: str) -> StepInfo:
-        """What stage (or selector) ``name`` sees at this step: its key, the position and the history.
+    def step_infos(self, state: SamplerState, params: Params) -> dict[str, StepInfo]:
+        """What each stage and the selector see at this step, by name: its key, the position, the history.
 
-        The key is :func:`request_keys` folded with the position, then salted with ``name``.
+        A name's key is :func:`request_keys` folded with the position, then salted with the name. The
+        parts every name shares are computed once and the salts hashed in one call, so a step's program
+        holds one key derivation, not one per stage (same bits as :meth:`step_info` name by name).
         """
-        keys = request_keys(params)
-        key = _noise.fold_in(_noise.fold_in(keys, state.position), _stage_salt(name))
-        return StepInfo(
-            key=key,
-            position=state.position,
-            history=_ring_view(state.ring, state.filled),
-            prompt=state.prompt,
-            encoder_ids=state.encoder_ids,
-        )
+        names = tuple(dict.fromkeys([s.name for s in self.stages] + [self.selector.name]))
+        at_position = _noise.fold_in(request_keys(params), state.position)
+        salts = jnp.asarray([_stage_salt(n) for n in names], jnp.uint32)
+        keys = _noise.fold_in(jnp.broadcast_to(at_position[..., None], at_position.shape + (len(names),)), salts)
+        history = _ring_view(state.ring, state.filled)
+        return {
+            name: StepInfo(key=keys[..., i], position=state.position, history=history, prompt=state.prompt,
+                           encoder_ids=state.encoder_ids)
+            for i, name in enumerate(names)
+        }
+
+    def step_info(self, state: SamplerState, params: Params, name: str) -> StepInfo:
+        """:meth:`step_infos` of one stage (or the selector) ``name``."""
+        return self.step_infos(state, params)[name]
 
     def process(self, logits: ArrayLike, state: SamplerState, params: Params) -> tuple[Array, SamplerState]:
         """Applies every stage: ``logits [B, V]`` (any float dtype) -> float32 ``[B, V]`` (NaN -> ``-inf``)."""
         x = _math.clean(jnp.asarray(logits).astype(jnp.float32))
         new = []
+        infos = self.step_infos(state, params)
         for stage, s in zip(self.stages, state.stages):
-            x, s = apply(stage, x, s, params, self.step_info(state, params, stage.name))
+            x, s = apply(stage, x, s, params, infos[stage.name])
             new.append(s)
         return x, state._replace(stages=tuple(new))
 
@@ -465,8 +473,9 @@ class Sampler(NamedTuple):
         Rows where ``active`` is False keep their state unchanged.
         """
         tokens = jnp.asarray(tokens, jnp.int32)
+        infos = self.step_infos(state, params)
         new = tuple(
-            stage.accept(tokens, s, params, self.step_info(state, params, stage.name))
+            stage.accept(tokens, s, params, infos[stage.name])
             for stage, s in zip(self.stages, state.stages)
         )
         w = state.ring.shape[-1]

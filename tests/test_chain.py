@@ -111,6 +111,29 @@ def test_request_keys_streams_are_independent_of_adjacent_seeds():
     np.testing.assert_array_equal(per_row["seed_stream"], [0, 0, 0])
 
 
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_step_infos_keys_are_each_names_own_derivation(impl):
+    """``step_infos`` derives every name's key in one hash: the same bits as folding the request key
+    with the position, then with the name's salt, name by name (other PRNG implementations too)."""
+    from jaxsample import _noise
+    from jaxsample.chain import _stage_salt
+
+    sampler = js.chain(stages.xtc(), stages.top_k(), _recording_stage(2), select=stages.categorical())
+    params = sampler.params((3,), seed=jnp.array([4, 9, 4]), seed_stream=jnp.array([0, 0, 1]))
+    state = sampler.init(params, vocab_size=5, prompt=jnp.array([[1, 2], [-1, 0], [3, -1]]))
+    state = state._replace(position=jnp.array([0, 5, 2**31 - 1], jnp.int32))
+    with jax.default_prng_impl(impl):
+        infos = sampler.step_infos(state, params)
+        base = _noise.fold_in(request_keys(params), state.position)
+        for name in ("xtc", "top_k", "record", "dist"):
+            want = _noise.fold_in(base, _stage_salt(name))
+            assert str(jax.random.key_impl(infos[name].key)) == impl
+            np.testing.assert_array_equal(jax.random.key_data(infos[name].key), jax.random.key_data(want), err_msg=name)
+            np.testing.assert_array_equal(infos[name].history, _ring_view(state.ring, state.filled))
+            assert sampler.step_info(state, params, name).key.shape == (3,)
+    assert sorted(infos) == ["dist", "record", "top_k", "xtc"]
+
+
 def test_sample_compiles_once_for_new_values():
     sampler = js.chain(stages.dynamic_temperature(), select=stages.categorical())
     x = jnp.zeros((2, 8))

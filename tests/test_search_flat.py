@@ -99,17 +99,25 @@ def _typical_fns():  # shared by both seeds: compiled once per shape
 @pytest.mark.parametrize("seed", [0, 1])
 def test_typical_value_search_is_the_bit_bisection(seed):
     """The value search keeps what the exhaustive bit bisection keeps, with and without candidates
-    (a batch of flat rows skips them), and a row alone equals its row of the batch."""
+    (a batch of flat rows skips them), and a row alone equals its row of the batch.
+
+    Every call has the batch's 24 rows (one compiled program per function): a row "alone" is that row
+    repeated over the batch, so every batch-level decision sees it alone, as in a batch of one.
+    """
     x, p, min_keep = _typical_rows(seed)
+    n = x.shape[0]
     fast, bisection = _typical_fns()
     got = np.asarray(fast(x, p, min_keep))
     np.testing.assert_array_equal(got, np.asarray(bisection(x, p, min_keep)))
     for i in (0, 2, 3, 7, 9):
-        np.testing.assert_array_equal(np.asarray(fast(x[i:i + 1], p[i:i + 1], min_keep[i:i + 1]))[0], got[i])
-    flat, p_flat, one = x[10:], jnp.full((14,), 0.9), jnp.ones((14,), jnp.int32)  # no candidates
+        alone = fast(*(jnp.repeat(a[i:i + 1], n, axis=0) for a in (x, p, min_keep)))
+        np.testing.assert_array_equal(np.asarray(alone), np.broadcast_to(got[i], got.shape))
+    flat = jnp.concatenate([x[10:], x[10:]])[:n]  # no candidates cover these rows
+    p_flat, one = jnp.full((n,), 0.9), jnp.ones((n,), jnp.int32)
     got = np.asarray(fast(flat, p_flat, one))
     np.testing.assert_array_equal(got, np.asarray(bisection(flat, p_flat, one)))
-    np.testing.assert_array_equal(np.asarray(fast(x[:11], jnp.full((11,), 0.9), one[:11]))[10], got[0])
+    mixed = jnp.concatenate([x[:11], x[:11], x[:11]])[:n]  # row 10 among rows that take the candidates
+    np.testing.assert_array_equal(np.asarray(fast(mixed, p_flat, one))[10], got[0])
 
 
 def test_typical_program_holds_one_value_search_per_nan_branch():
