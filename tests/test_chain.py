@@ -122,7 +122,9 @@ def test_step_infos_keys_are_each_names_own_derivation(impl):
     params = sampler.params((3,), seed=jnp.array([4, 9, 4]), seed_stream=jnp.array([0, 0, 1]))
     state = sampler.init(params, vocab_size=5, prompt=jnp.array([[1, 2], [-1, 0], [3, -1]]))
     state = state._replace(position=jnp.array([0, 5, 2**31 - 1], jnp.int32))
-    with jax.default_prng_impl(impl):
+    default = jax.config.jax_default_prng_impl
+    jax.config.update("jax_default_prng_impl", impl)
+    try:
         infos = sampler.step_infos(state, params)
         base = _noise.fold_in(request_keys(params), state.position)
         for name in ("xtc", "top_k", "record", "dist"):
@@ -131,6 +133,8 @@ def test_step_infos_keys_are_each_names_own_derivation(impl):
             np.testing.assert_array_equal(jax.random.key_data(infos[name].key), jax.random.key_data(want), err_msg=name)
             np.testing.assert_array_equal(infos[name].history, _ring_view(state.ring, state.filled))
             assert sampler.step_info(state, params, name).key.shape == (3,)
+    finally:
+        jax.config.update("jax_default_prng_impl", default)
     assert sorted(infos) == ["dist", "record", "top_k", "xtc"]
 
 
