@@ -447,7 +447,10 @@ class Sampler(NamedTuple):
 
     def step_info(self, state: SamplerState, params: Params, name: str) -> StepInfo:
         """:meth:`step_infos` of one stage (or the selector) ``name``."""
-        return self.step_infos(state, params)[name]
+        infos = self.step_infos(state, params)
+        if name not in infos:
+            raise ValueError(f"name {name!r} is neither a stage nor the selector of this chain: {sorted(infos)}")
+        return infos[name]
 
     def process(self, logits: ArrayLike, state: SamplerState, params: Params) -> tuple[Array, SamplerState]:
         """Applies every stage: ``logits [B, V]`` (any float dtype) -> float32 ``[B, V]`` (NaN -> ``-inf``)."""

@@ -136,6 +136,8 @@ def test_step_infos_keys_are_each_names_own_derivation(impl):
     finally:
         jax.config.update("jax_default_prng_impl", default)
     assert sorted(infos) == ["dist", "record", "top_k", "xtc"]
+    with pytest.raises(ValueError, match="'top_p' is neither a stage nor the selector"):
+        sampler.step_info(state, params, "top_p")
 
 
 def test_sample_compiles_once_for_new_values():
