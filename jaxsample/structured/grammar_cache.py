@@ -391,14 +391,15 @@ def info() -> dict:
 
 def clear() -> None:
     """Drops every grammar cached in memory (and the device-table parts prepared from them) and resets
-    the counters (the directory is left as it is)."""
+    the counters (the directory is left as it is). Vocabularies' content hashes stay memoised, as their
+    tries do (:mod:`~jaxsample.structured.trie`): a vocabulary is immutable, and a grammar never seen
+    before, compiled for a vocabulary used before, pays for neither."""
     from jaxsample.structured import tables
 
     tables.forget_prepared()
     with _lock:
         _entries.clear()
         _sizes.clear()
-        _vocab_digests.clear()
         for k in _stats:
             _stats[k] = 0
 
