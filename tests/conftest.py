@@ -48,8 +48,8 @@ if _CHECKED not in os.environ:
 # One persistent XLA compilation cache per run, new and empty (never the user's), shared by the xdist
 # workers and the processes tests start: a program that both workers, or two test modules (compiled
 # programs are freed per module below), compile alike is compiled once and then read from disk
-# (~130 programs took >= 1 s and are stored, ~50 MB; the fast tier 15:40 -> 14:09 on 2 cores, the
-# typical-vs-bisection test 38 -> 11 s on the second worker). With a size bound, JAX holds a file
+# (~130 programs took >= 1 s and are stored, ~50 MB; one run each on 2 cores: the fast tier 15:40 -> 14:09,
+# the typical-vs-bisection test 38 -> 11 s on the second worker). With a size bound, JAX holds a file
 # lock around each read and write, so no process reads an entry another is still writing (the lock
 # needs `filelock`, which torch and huggingface_hub bring; without it the cache stays off).
 # Env variables, not jax.config: set before JAX is imported, they reach the workers and subprocesses.
