@@ -60,6 +60,9 @@ if _OWN_CACHE:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_CACHE]
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1"
     os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(16 << 30)
+elif _CACHE not in os.environ:  # no filelock: no cache, and not the user's either
+    os.environ[_CACHE] = ""
+    os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 
 def pytest_unconfigure(config):
