@@ -317,3 +317,31 @@ def test_one_of_with_a_recursive_branch():
     overlapping = {"oneOf": [{"type": "object"}, {"$ref": "#/$defs/node"}], "$defs": nullable["$defs"]}
     with pytest.raises(am.GrammarError, match="overlap"):
         schema_expr(overlapping)
+
+
+def test_calls_of_rules_matching_nothing_are_skippable_and_only_reachable_rules_are_checked():
+    from jaxsample.structured.automaton import EPSILON, Call, alt, lit, seq
+    from jaxsample.structured.pushdown import Grammar, compile_grammar
+
+    rules = {"root": seq(lit("("), Call("xs"), lit(")")), "xs": alt(EPSILON, seq(lit("x"), Call("xs"))),
+             "unused": Call("undefined")}  # fmt: skip
+    p = compile_grammar(Grammar(rules, "root"))
+    assert [p.matches(s) for s in (b"()", b"(x)", b"(xxx)", b"(y)", b"(")] == [True, True, True, False, False]
+    with pytest.raises(am.GrammarError, match="'undefined' is called but not defined"):
+        compile_grammar(Grammar({**rules, "xs": alt(EPSILON, Call("unused"))}, "root"))
+
+
+def test_a_grammar_past_the_budget_fails_in_the_budgets_time_not_its_sizes():
+    """compile_grammar stops when the NFA reaches ``max_nfa_states``: no pass over the whole expression
+    first (front ends build expressions of millions of nodes that no budget admits; such passes took
+    20 s of a 22 s failed attempt on one JSONSchemaBench schema)."""
+    import time
+
+    from jaxsample.structured.automaton import EPSILON, Call, alt, lit, seq
+    from jaxsample.structured.pushdown import Grammar, compile_grammar
+
+    rules = {"root": alt(*(seq(lit(f"k{i}"), Call("r")) for i in range(30_000))), "r": alt(EPSILON, lit("x"))}
+    start = time.perf_counter()
+    with pytest.raises(am.BudgetError):
+        compile_grammar(Grammar(rules, "root"), max_nfa_states=1_000)
+    assert time.perf_counter() - start < 0.5  # (a pass over its 30,000 branches first: ~1.5 s)

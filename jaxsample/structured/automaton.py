@@ -257,14 +257,33 @@ def _byte_paths(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, ...], .
 
 # --------------------------------------------------------------------------------------------- NFA
 class _NFA:
-    """Thompson NFA; an edge is ``(symbol mask, target)``: bits 0-255 are bytes, bit ``256 + i`` calls rule ``i``."""
+    """Thompson NFA; an edge is ``(symbol mask, target)``: bits 0-255 are bytes, bit ``256 + i`` calls rule ``i``.
 
-    def __init__(self, max_states: int, rules: Sequence[str] = ()):
+    With ``rules`` (a recursive grammar's definitions), a rule gets its index ``i`` when first called
+    (``called`` lists them in that order; call :meth:`call_index` on the root first), and a call of
+    a rule in ``nullable`` may also be skipped: the automaton enters a rule on a byte, its empty
+    match is the caller's own path (``ε | Call(r)``).
+    """
+
+    def __init__(self, max_states: int, rules: dict | None = None, nullable: frozenset = frozenset()):
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[int, int]]] = []
         self.max_states = max_states
-        self.rule_index = {name: i for i, name in enumerate(rules)}
+        self.rules = {} if rules is None else rules
+        self.nullable = nullable
+        self.called: list[str] = []
+        self.rule_index: dict[str, int] = {}
         self._memo: dict = {}
+
+    def call_index(self, rule: str) -> int:
+        """The index of ``rule`` (numbered when first called)."""
+        i = self.rule_index.get(rule)
+        if i is None:
+            if rule not in self.rules:
+                raise GrammarError(f"rule {rule!r} is called but not defined")
+            i = self.rule_index[rule] = len(self.called)
+            self.called.append(rule)
+        return i
 
     def new(self) -> int:
         if len(self.eps) >= self.max_states:
@@ -305,9 +324,13 @@ class _NFA:
             self.eps[entry] = [self.build(x, cont) for x in node.items]
             return entry
         if isinstance(node, Call):
+            skip = self.new() if node.rule in self.nullable else None
             entry = self.new()
-            self.edges[entry].append((1 << (256 + self.rule_index[node.rule]), cont))
-            return entry
+            self.edges[entry].append((1 << (256 + self.call_index(node.rule)), cont))
+            if skip is None:
+                return entry
+            self.eps[skip] = [cont, entry]
+            return skip
         if isinstance(node, Repeat):
             if node.hi is None:
                 loop = self.new()

@@ -44,7 +44,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxsample.structured.automaton import (
-    EPSILON,
     Alt,
     Call,
     Chars,
@@ -54,10 +53,7 @@ from jaxsample.structured.automaton import (
     Seq,
     _determinise,
     _NFA,
-    alt,
     budgets,
-    repeat,
-    seq,
 )
 from jaxsample.structured.minimise import _gather, coreachable, partition, predecessors
 
@@ -162,27 +158,11 @@ class Pushdown(NamedTuple):
 
 
 # ----------------------------------------------------------------------------------- expressions
-def _calls(expr, out: set, seen: set | None = None) -> set:
-    """Rules called in ``expr`` (shared sub-expressions are visited once)."""
-    seen = set() if seen is None else seen
-    if id(expr) in seen:
-        return out
-    seen.add(id(expr))
-    if isinstance(expr, Call):
-        out.add(expr.rule)
-    elif isinstance(expr, (Seq, Alt)):
-        for x in expr.items:
-            _calls(x, out, seen)
-    elif isinstance(expr, Repeat):
-        _calls(expr.item, out, seen)
-    return out
-
-
 def _nullable(expr, rules_nullable: dict) -> bool:
     if isinstance(expr, Chars):
         return False
     if isinstance(expr, Call):
-        return rules_nullable[expr.rule]
+        return rules_nullable.get(expr.rule, False)
     if isinstance(expr, Seq):
         return all(_nullable(x, rules_nullable) for x in expr.items)
     if isinstance(expr, Alt):
@@ -194,46 +174,17 @@ def _nullable(expr, rules_nullable: dict) -> bool:
     raise TypeError(f"not an expression node: {expr!r}")
 
 
-def _optional_calls(expr, nullable: dict, memo: dict):
-    """``Call(r)`` of a rule that matches the empty string becomes ``ε | Call(r)``: the automaton only
-    enters a rule on a byte, the empty match is the caller's own path."""
-    key = id(expr)
-    if key in memo:
-        return memo[key][1]
-    if isinstance(expr, Call):
-        out = alt(EPSILON, expr) if nullable[expr.rule] else expr
-    elif isinstance(expr, Seq):
-        out = seq(*(_optional_calls(x, nullable, memo) for x in expr.items))
-    elif isinstance(expr, Alt):
-        out = alt(*(_optional_calls(x, nullable, memo) for x in expr.items))
-    elif isinstance(expr, Repeat):
-        out = repeat(_optional_calls(expr.item, nullable, memo), expr.lo, expr.hi)
-    else:
-        out = expr
-    memo[key] = (expr, out)
-    return out
-
-
-def _rules(g: Grammar) -> dict:
-    """The rules reachable from the root (root first), with calls to nullable rules made optional."""
-    order, todo = [], [g.root]
-    while todo:
-        name = todo.pop()
-        if name in order:
-            continue
-        if name not in g.rules:
-            raise GrammarError(f"rule {name!r} is called but not defined")
-        order.append(name)
-        todo.extend(sorted(_calls(g.rules[name], set()) - set(order)))
-    nullable = {name: False for name in order}
+def _nullable_rules(rules: dict) -> frozenset:
+    """The rules that match the empty string (a call of an undefined rule counts as not empty here;
+    it is an error where the automaton reaches it)."""
+    nullable = {name: False for name in rules}
     changed = True
     while changed:
         changed = False
-        for name in order:
-            if not nullable[name] and _nullable(g.rules[name], nullable):
+        for name, expr in rules.items():
+            if not nullable[name] and _nullable(expr, nullable):
                 nullable[name] = changed = True
-    memo: dict = {}
-    return {name: _optional_calls(g.rules[name], nullable, memo) for name in order}
+    return frozenset(name for name, v in nullable.items() if v)
 
 
 # ------------------------------------------------------------------------------------- automaton
@@ -280,13 +231,13 @@ def compile_grammar(
       EmptyLanguageError: if the grammar matches nothing.
     """
     max_nfa_states, max_dfa_states = budgets(max_nfa_states, max_dfa_states)
-    rules = _rules(g)
-    names = list(rules)
-    nfa = _NFA(max_nfa_states, names)
+    nfa = _NFA(max_nfa_states, g.rules, _nullable_rules(g.rules))
+    nfa.call_index(g.root)
     finals, starts = [], []
-    for name in names:
+    while len(starts) < len(nfa.called):  # the rules reachable from the root, numbered as first called
         finals.append(nfa.new())
-        starts.append(nfa.build(rules[name], finals[-1]))
+        starts.append(nfa.build(g.rules[nfa.called[len(starts)]], finals[-1]))
+    names = nfa.called
     table, symbol_class, accept, entries = _determinise(nfa, starts, set(finals), max_dfa_states)
     call_cols = {int(symbol_class[256 + i]): i for i in range(len(names))}
     call_cols = {c: r for c, r in call_cols.items() if c not in set(symbol_class[:256].tolist())}
