@@ -694,3 +694,36 @@ def test_type_lists_compile_the_same_in_every_process():
                           text=True, check=True).stdout.split("] ") for seed in ("1", "2")]  # fmt: skip
     assert out[0][0] != out[1][0]  # the two processes iterate the set differently
     assert out[0][1] == out[1][1]
+
+
+def _diamond(depth: int) -> dict:
+    """``d{i+1}`` is an object of two ``d{i}``: ``2**depth`` uses of ``d0`` when every reference is inlined."""
+    defs = {"d0": {"type": "integer", "minimum": 0, "maximum": 9}}
+    for i in range(depth):
+        ref = {"$ref": f"#/$defs/d{i}"}
+        defs[f"d{i + 1}"] = {"type": "object", "properties": {"x": ref, "y": ref}, "required": ["x", "y"],
+                             "additionalProperties": False}  # fmt: skip
+    return {"$defs": defs, "$ref": f"#/$defs/d{depth}"}
+
+
+def test_a_reference_inlined_in_the_same_context_is_compiled_once():
+    """A schema reached again through the same reference, in the same context, is one shared expression:
+    expression building is linear in the references, not in the paths through them (the old cost: an
+    object per path, ``2**16`` here, minutes)."""
+    import time
+
+    start = time.perf_counter()
+    expr = schema_expr(_diamond(16), whitespace="compact")
+    assert time.perf_counter() - start < 2.0
+    nodes, todo = set(), [expr]
+    while todo:  # distinct nodes (by identity): linear in the depth when d{i} is shared
+        x = todo.pop()
+        if id(x) not in nodes:
+            nodes.add(id(x))
+            todo.extend(getattr(x, "items", ()))
+    assert len(nodes) < 100 * 16
+    d = am.compile_expr(schema_expr(_diamond(2), whitespace="compact"))
+    doc = {"x": {"x": 1, "y": 2}, "y": {"x": 3, "y": 4}}
+    assert d.matches(json.dumps(doc, separators=(",", ":")).encode())
+    assert not d.matches(b'{"x":{"x":1,"y":2},"y":{"x":3}}')
+    assert not d.matches(b'{"x":{"x":1,"y":2},"y":{"x":3,"y":10}}')

@@ -165,6 +165,7 @@ class _Compiler:
         self.inline_until = 0  # generic values above this nesting are compiled inline (see any_value)
         self._inline: dict[int, Any] = {}
         self._sizes: dict[int, tuple[Any, int]] = {}
+        self._entered: dict[tuple, Any] = {}  # (rule, context) -> its expression: a reference used twice is shared
         self._anchors = None
         self.string = seq(lit('"'), STRING_BODY, lit('"'))
         self.first = None  # (property, level): objects at that nesting write it first (see discriminator)
@@ -272,7 +273,8 @@ class _Compiler:
         return self._anchors
 
     def enter(self, rule: str, schema, path: str, refs: list):
-        """RECURSION: ``schema``, reached through the references ``refs``, compiled inline; when the
+        """RECURSION: ``schema``, reached through the references ``refs``, compiled inline (once per
+        :meth:`context`: a reference met again in the same context is the same expression); when the
         same ``rule`` (the schema, named by its reference) is already being expanded on this path,
         or with option ``ref_calls`` every reference, a :class:`Call` of it instead (the rule is
         compiled once, by :meth:`grammar`)."""
@@ -283,13 +285,27 @@ class _Compiler:
             return Call(rule)
         if any(self.open_refs[r] >= MAX_REF_NESTING for r in refs):
             raise error(path, "$ref", f"{refs[0]!r} nests more than {MAX_REF_NESTING} times without repeating a schema")
+        key = (rule, self.context())
+        hit = self._entered.get(key)
+        if hit is not None:
+            return hit
         self.active.add(rule)
         self.open_refs.update(refs)
         try:
-            return self.compile(schema, path)
+            out = self._entered[key] = self.compile(schema, path)
+            return out
         finally:
             self.active.discard(rule)
             self.open_refs.subtract(refs)
+
+    def context(self) -> tuple:
+        """Everything besides a schema that its compiled expression depends on: the references being
+        expanded (later ones become calls; their count bounds nesting), and the nesting relative to
+        the generic values inlined in unions and to a discriminator (with its absolute level: rules
+        of called values name it)."""
+        inline = max(self.inline_until - self.level, 0)
+        first = None if self.first is None else (self.first, self.level)
+        return frozenset(self.active), frozenset((+self.open_refs).items()), inline, first
 
     def value_call(self, schema, value) -> Call:
         """A :class:`Call` of ``value`` (``schema`` compiled here) as a rule compiled once: an object
