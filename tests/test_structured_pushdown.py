@@ -120,6 +120,7 @@ def test_token_tables_equal_the_byte_level_pushdown_automaton(compiled, name, cr
                 assert allowed[t] == (t in g.eos_ids and m.is_accepting()), t
                 continue
             want = pd.run(data, m.state, m.stack, m.limit)
+            want = want if want is None else want[:2]
             assert allowed[t] == (want is not None), (data, m.state, m.stack)
             if want is not None:
                 assert m._step(t) == want, data

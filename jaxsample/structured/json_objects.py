@@ -219,15 +219,15 @@ class ObjectBuilder:
         """Whether the object records its keys in the key register: any order, presence conditions
         that are ``required`` only, no property counts, outside called rules."""
         c, s = self.c, self.s
-        return (c.opts["key_register"] and c.opts["property_order"] == "any" and not c.in_rule and self.members
+        return (c.keys_recorded() and c.opts["property_order"] == "any" and self.members
                 and all(p[0] == "has" for p in self.pred[1]) and "minProperties" not in s and "maxProperties" not in s)
 
     def build_registered(self):
         """``{ member (, member)* }`` over every declared member and extra: a declared key marks its bit
         (absent before: each at most once) before its closing quote; ``}`` needs the required bits and
-        clears the object's bits for the next object at this nesting."""
+        clears the nesting's bits for the next object there."""
         c = self.c
-        bits = {name: c.key_bit(name) for name in self.declared}
+        bits = {name: c.key_bit(name, self.path) for name in self.declared}
         members = []
         for name in self.declared:
             mark = KeyOp(absent=bits[name], add=bits[name])
@@ -236,8 +236,11 @@ class ObjectBuilder:
             members.append(self.extras)
         member = alt(*members)
         start = members[self.declared.index(self.first)] if self.first is not None else member
-        required = sum(bits[n] for n in self.declared if n in self.required)
-        close = seq(KeyOp(present=required, clear=sum(bits.values())), lit("}"))
+        needed = {p[1] for p in self.pred[1]}
+        if not needed <= bits.keys():  # a required property that no value can have
+            return EMPTY
+        required = sum(bits[n] for n in needed)
+        close = seq(KeyOp(present=required, clear=c.level_keys()), lit("}"))
         items = seq(start, star(seq(c.comma, member)), c.ws)
         out = seq(lit("{"), c.ws, alt(EPSILON, items) if not required and self.first is None else items, close)
         c._sizes[id(out)] = (out, sum(c.size(m) for m in members) + 1)
@@ -316,6 +319,8 @@ class ObjectBuilder:
             if self.extras is not None and self.first is None:
                 options.append(seq(self.extras, after(0, start, min(1, cap))))
         out = c.container("{", "}", alt(*options), close_ok(0, start, 0))
+        if c.keys_recorded() and out != EMPTY:  # the same op as registered objects' where both may close (union branches)
+            out = seq(*out.items[:-1], KeyOp(clear=c.level_keys()), out.items[-1])
         extras = 0 if self.extras is None or not c.opts["value_calls"] else c.size(self.extras)
         c._sizes[id(out)] = (out, cost if any_order else sum(c.size(m) for _, m in self.members) + extras + 1)
         return out

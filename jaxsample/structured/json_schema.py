@@ -120,6 +120,10 @@ def _is_type(value, t: str) -> bool:
 
 
 # -------------------------------------------------------------------------------------- compiler
+#: Key-register bits reserved per nesting level (see :meth:`_Compiler.key_bit`).
+LEVEL_KEYS = 4096
+
+
 class _Compiler:
     def __init__(self, root, opts: dict):
         self.root = root
@@ -170,13 +174,26 @@ class _Compiler:
         self._anchors = None
         self.string = seq(lit('"'), STRING_BODY, lit('"'))
         self.first = None  # (property, level): objects at that nesting write it first (see discriminator)
-        self.key_bits: dict[tuple[int, str], int] = {}  # (level, property) -> its bit in the key register
+        self.key_names: dict[int, dict[str, int]] = {}  # level -> property -> its index in the level's bits
         self.in_rule = False  # compiling a called rule (no key register there: one register per row)
 
-    def key_bit(self, name: str) -> int:
+    def keys_recorded(self) -> bool:
+        """Whether objects here may use the key register (option ``key_register``, outside called rules)."""
+        return self.opts["key_register"] and not self.in_rule
+
+    def key_bit(self, name: str, path: str) -> int:
         """The key-register bit of property ``name`` at the current nesting: objects at one nesting
-        share bits by name (union branches then record the same ops), nested objects use others."""
-        return 1 << self.key_bits.setdefault((self.level, name), len(self.key_bits))
+        share bits by name (union branches then record the same ops), nested objects use others.
+        Each nesting has a block of :data:`LEVEL_KEYS` bits (the automaton keeps only those used)."""
+        names = self.key_names.setdefault(self.level, {})
+        i = names.setdefault(name, len(names))
+        if i >= LEVEL_KEYS:
+            raise error(path, "properties", f"more than {LEVEL_KEYS} property names at one nesting")
+        return 1 << (self.level * LEVEL_KEYS + i)
+
+    def level_keys(self) -> int:
+        """Every key-register bit of the current nesting (cleared where an object closes)."""
+        return ((1 << LEVEL_KEYS) - 1) << (self.level * LEVEL_KEYS)
 
     def sub(self, **changes) -> "_Compiler":
         """A compiler for the same document with other options (e.g. compact whitespace for checks)."""

@@ -410,7 +410,24 @@ def _key_ops(t: np.ndarray, delta: np.ndarray, op_cols: dict, call_cols):
                 raise KeyOpConflictError(_conflict(b))
             delta[q, b] = got[0]
             op[q, b] = ids.setdefault(got[1], len(ids))
-    return op, tuple(ids)
+    return op, _dense(tuple(ids))
+
+
+def _dense(ops: tuple) -> tuple:
+    """The ops over the bits they test or set, numbered from 0 in order (others are never set)."""
+    used = 0
+    for o in ops:
+        used |= o.absent | o.present | o.add
+    position, i = {}, 0
+    while used >> i:
+        if used >> i & 1:
+            position[i] = len(position)
+        i += 1
+
+    def dense(mask: int) -> int:
+        return sum(1 << j for i, j in position.items() if mask >> i & 1)
+
+    return tuple(KeyOp(dense(o.absent), dense(o.present), dense(o.clear), dense(o.add)) for o in ops)
 
 
 def _conflict(b: int) -> str:
