@@ -122,6 +122,8 @@ def _is_type(value, t: str) -> bool:
 # -------------------------------------------------------------------------------------- compiler
 #: Key-register bits reserved per nesting level (see :meth:`_Compiler.key_bit`).
 LEVEL_KEYS = 4096
+#: The default of option ``key_register``.
+KEY_REGISTER = False
 
 
 class _Compiler:
@@ -934,7 +936,7 @@ def schema_expr(
     inline_generic: int = 0,
     discriminator_first: bool = False,
     value_calls: bool = False,
-    key_register: bool = False,
+    key_register: bool | None = None,
 ):
     """Expression tree of the JSON documents a schema accepts, or a
     :class:`~jaxsample.structured.pushdown.Grammar` when it recurses (see the module docstring).
@@ -1009,6 +1011,6 @@ def schema_expr(
                 max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
                 open_objects=open_objects, untyped=untyped, unknown_formats=unknown_formats, max_depth=max_depth,
                 ref_calls=ref_calls, inline_generic=inline_generic, discriminator_first=discriminator_first,
-                value_calls=value_calls, key_register=key_register)  # fmt: skip
+                value_calls=value_calls, key_register=KEY_REGISTER if key_register is None else key_register)  # fmt: skip
     c = _Compiler(schema, opts)
     return c.grammar(c.compile(schema))

@@ -333,7 +333,7 @@ def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth, op
         op = np.concatenate([op, np.zeros((1, k), np.int32)])
         callee = {rule_start[r] for _, r, _ in calls}
         if _reaches(delta, enter, callee, op):
-            raise GrammarError("key register ops inside a called rule are not supported (one register per row)")
+            raise KeyRegisterError("key register ops inside a called rule are not supported (one register per row)")
     p = Pushdown(
         delta, byte_class, accept, enter, enter_push, tuple(pushes), 1, bottom,
         np.zeros(q_count + 1, np.int32), np.zeros(0, np.int32), int(max_depth),
@@ -348,7 +348,12 @@ def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth, op
     return p._replace(need=need.astype(np.int32), returns=np.asarray(returns, np.int32))
 
 
-class KeyOpConflictError(GrammarError):
+class KeyRegisterError(GrammarError):
+    """Key-register ops where this automaton cannot apply them: in a called rule (one register per
+    row), right before a call, or in conflict (:class:`KeyOpConflictError`)."""
+
+
+class KeyOpConflictError(KeyRegisterError):
     """A byte can be read both with and without a key-register op (or with two), e.g. where a JSON
     object that records its keys and one that does not are both still possible."""
 
@@ -381,7 +386,7 @@ def _key_ops(t: np.ndarray, delta: np.ndarray, op_cols: dict, call_cols):
             if not x:
                 continue
             if calls[x]:
-                raise GrammarError("a key register op right before a call is not supported")
+                raise KeyRegisterError("a key register op right before a call is not supported")
             reach = [(int(direct[x, b]), KeyOp()) if direct[x, b] else None for b in range(delta.shape[1])]
             if has[x]:
                 for b, got in enumerate(through(x, path + (q,))):
