@@ -85,3 +85,36 @@ def test_a_large_object_stays_small_and_accepts_any_order():
     assert not pd.matches(b'{"p05":1,"p30":2}')  # a required key missing
     end = pd.run(b'{"p31":1,"p02":2,', max_depth=0)
     assert end is not None and end[2] == 1 << 31 | 1 << 2  # a bit per declared property, in schema order
+
+
+def test_ops_the_automaton_cannot_follow_are_refused():
+    from jaxsample.structured.automaton import Call, lit, seq, star
+
+    mark = KeyOp(absent=1, add=1)
+    called = pushdown.Grammar({"root": seq(lit("["), Call("r"), lit("]")), "r": seq(mark, lit("a"))}, "root")
+    with pytest.raises(pushdown.KeyRegisterError, match="called rule"):
+        pushdown.compile_grammar(called)
+    before_call = pushdown.Grammar({"root": seq(lit("["), mark, Call("r"), lit("]")), "r": lit("a")}, "root")
+    with pytest.raises(pushdown.KeyRegisterError, match="before a call"):
+        pushdown.compile_grammar(before_call)
+    with pytest.raises(pushdown.KeyOpConflictError):  # "a" read with the op and without it
+        am.compile_expr(am.alt(seq(mark, lit("a")), lit("ab")))
+    with pytest.raises(am.GrammarError, match="without reading a byte"):
+        am.compile_expr(seq(star(mark), lit("a")))
+
+
+def test_compile_json_schema_falls_back_where_union_branches_close_with_different_requirements():
+    """Both objects may close after ``{"uri": ...}`` (one needs ``text``, the other ``blob``): the
+    byte ``}`` would need two different ops, so the schema compiles without the register, to the
+    same grammar as the default."""
+    from jaxsample import structured as st
+    from tests._structured_vocab import bpe_vocab
+
+    item = {"type": "object", "properties": {"uri": {"type": "string"}, "text": {"type": "string"}}, "required": ["uri", "text"]}
+    blob = {"type": "object", "properties": {"uri": {"type": "string"}, "blob": {"type": "string"}}, "required": ["uri", "blob"]}
+    schema = {"anyOf": [item, blob]}
+    with pytest.raises(pushdown.KeyOpConflictError):
+        am.compile_expr(schema_expr(schema, key_register=True))
+    v = bpe_vocab(size=1216)
+    registered = st.compile_json_schema(schema, v, key_register=True)
+    assert st.same_grammar(registered, st.compile_json_schema(schema, v))

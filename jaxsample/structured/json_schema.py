@@ -999,7 +999,9 @@ def schema_expr(
         register of key bits (:class:`~jaxsample.structured.automaton.KeyOp`) instead of one copy of
         their states per set of written properties: linear size at any number of properties. Objects
         whose presence conditions go beyond ``required``, that count properties or that sit in a
-        called rule keep the tracked-set form.
+        called rule keep the tracked-set form. ``None``: :data:`KEY_REGISTER` (off for now);
+        :func:`~jaxsample.structured.compiler.compile_json_schema` retries without it where the
+        automaton cannot apply the ops (:class:`~jaxsample.structured.pushdown.KeyRegisterError`).
 
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
