@@ -118,3 +118,80 @@ def test_compile_json_schema_falls_back_where_union_branches_close_with_differen
     v = bpe_vocab(size=1216)
     registered = st.compile_json_schema(schema, v, key_register=True)
     assert st.same_grammar(registered, st.compile_json_schema(schema, v))
+
+
+def test_generate_with_recorded_keys_writes_valid_objects_without_repeats():
+    """The real decode loop: rows sample a 12-property object (too many for the tracked-set form in
+    any order) and an array of such objects; finished outputs validate and never repeat a key."""
+    import jax.numpy as jnp
+    import jsonschema
+    import numpy as np
+
+    import jaxsample as js
+    from jaxsample import stages
+    from jaxsample import structured as st
+    from jaxsample.decoding import BIGRAM, generate
+    from tests._structured_vocab import bpe_vocab
+
+    v = bpe_vocab(size=1216)
+    obj = {"type": "object", "properties": {f"k{i}": {"type": "integer", "minimum": 0, "maximum": 9} for i in range(12)},
+           "required": ["k3"], "additionalProperties": False}  # fmt: skip
+    schemas = [obj, {"type": "array", "items": obj, "maxItems": 3}]
+    grammars = [st.compile_json_schema(s, v, whitespace="compact", key_register=True) for s in schemas]
+    assert all(int(g.pushdown.key_ops.shape[0]) > 1 for g in grammars)
+    rows = [0, 1, 0, 1]
+    sampler = js.chain(stages.grammar(), stages.temperature(1.0), select=stages.categorical())
+    params = {"seed": np.arange(4) + 5, **st.grammar_params([grammars[r] for r in rows])}
+    model = {"logits": jnp.asarray(np.random.default_rng(1).standard_normal((1216, 1216)).astype(np.float32))}
+    eos = list(v.eos_ids)
+    out = generate(BIGRAM, model, np.ones((4, 1), np.int32), max_new_tokens=120, eos_ids=eos, pad_id=-1,
+                   sampler=sampler, sampler_params=params)  # fmt: skip
+    toks, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    finished = 0
+    for r in range(4):
+        ids = toks[r, : lengths[r]].tolist()
+        if not set(eos) & set(ids):
+            continue
+        text = b"".join(v.token_bytes[t] for t in ids[: min(ids.index(e) for e in eos if e in ids)]).decode()
+
+        def unique(pairs):
+            keys = [k for k, _ in pairs]
+            assert len(keys) == len(set(keys)), text
+            return dict(pairs)
+
+        jsonschema.validate(json.loads(text, object_pairs_hook=unique), schemas[rows[r]])
+        finished += 1
+    assert finished >= 2
+
+
+def test_rows_are_never_stranded_by_written_keys():
+    """Regression: a key prefix (``"k9``) was allowed after ``k9`` had been written, and so was ``,``
+    after every key: the row then had no token left (the generate loop ended it with EOS, an invalid
+    document). Random walks through objects that fill up: every configuration allows a token, and
+    every finished walk is a valid document."""
+    import jsonschema
+    import numpy as np
+
+    from jaxsample import structured as st
+    from tests._structured_vocab import bpe_vocab
+
+    v = bpe_vocab(size=1216)
+    inner = {"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "integer"}}, "required": ["ab"]}
+    schema = {"type": "object", "properties": {"k1": {"type": "integer"}, "k2": inner, "k3": {"type": "boolean"}},
+              "required": ["k2"], "additionalProperties": False}  # fmt: skip
+    g = st.compile_json_schema(schema, v, whitespace="compact", key_register=True)
+    rng = np.random.default_rng(0)
+    eos = np.isin(np.arange(v.size), v.eos_ids)
+    finished = 0
+    for _ in range(40):
+        m, ids = st.Matcher(g), []
+        for _ in range(80):
+            allowed = m.allowed()
+            assert allowed.any(), b"".join(v.token_bytes[t] for t in ids)
+            if allowed[eos].any() and (not (allowed & ~eos).any() or rng.random() < 0.3):
+                jsonschema.validate(json.loads(b"".join(v.token_bytes[t] for t in ids)), schema)
+                finished += 1
+                break
+            ids.append(int(rng.choice(np.flatnonzero(allowed & ~eos))))
+            assert m.accept_token(ids[-1])
+    assert finished >= 20

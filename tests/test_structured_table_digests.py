@@ -18,8 +18,9 @@ previous ``stack`` before the split. Both digests of ``json_depth4`` were regene
 hold the same 64 effects under other ids; the Matcher on both grammars in lock step allows the same
 tokens over 1,116 random steps, and every other case is byte-identical. All digests were regenerated
 on branch h12register, 2026-11-29, for the key register's new arrays (``PushdownTables.effect_op`` /
-``key_ops``, device ``Tables.effect_op`` / ``key_ops``): with those two fields left out of the
-digests, every case gave its previous digests; ``person_keys`` and ``sample25_keys`` were added.)
+``key_ops`` / ``key_need``, device ``Tables.effect_op`` / ``key_ops`` / ``key_need``): with those
+fields left out of the digests, every case gave its previous digests; ``person_keys`` and
+``sample25_keys`` were added.)
 """
 
 from __future__ import annotations
@@ -53,60 +54,60 @@ TREE = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties
 PINNED = {
     "vocabulary": "6b289696cb9ff172",
     "choice": "7142c02da9046f6f",
-    "gbnf_arithmetic": "704f8315610dcd4f",
-    "json_depth4": "ae9daf89ec29fc08",
+    "gbnf_arithmetic": "fa770f62b5a57e26",
+    "json_depth4": "776aff84247719db",
     "person": "a72f2240a4870d56",
     "person_compact": "620e3e394a8d9f78",
-    "person_keys": "53e8a73e65b744f9",
+    "person_keys": "23a69191c808ccb0",
     "regex0": "735128ab640f5101",
     "regex1": "58f8c250a1d5dc98",
     "regex2": "cca7613e843c6007",
     "sample130": "ede04559b44f3d94",
     "sample17": "575e04d1892a2975",
     "sample175": "4242b09488a5e876",
-    "sample178": "203b15752b149432",
+    "sample178": "cb43edb48f21a560",
     "sample180": "0555e0c7f05bd64a",
     "sample188": "b1b6ccf9ae2ddb6f",
-    "sample192": "1f4912d9bc188837",
+    "sample192": "bc167d8f7b495829",
     "sample198": "558ef12e8da44349",
     "sample219": "32e4ca3116a230cd",
     "sample25": "aa6f5e57557f82cd",
-    "sample25_keys": "6e297e92f121e07a",
+    "sample25_keys": "6bbf26841c042bc1",
     "sample32": "bbe97b9a239fdf4e",
     "sample5": "dff7445bf0c2bf06",
-    "sample53": "a44036fc1905b83a",
-    "sample53_spec": "a1b88a7ce508466f",
-    "tree": "93443b3261cb9388",
+    "sample53": "c16ce9fe02a50600",
+    "sample53_spec": "a1b12b3b4813f63d",
+    "tree": "acbddf1334da2c51",
 }
 
 #: Digests of the device ``Tables`` (``stack``), apart: a deliberate change of the device layout
 #: leaves the compiler's pins above untouched.
 PINNED_DEVICE = {
-    "choice": "bb2625daa65e955c",
-    "gbnf_arithmetic": "99c37a8af954ce2a",
-    "json_depth4": "44bcc36ba33470a1",
-    "person": "509188c02f9eb9ba",
-    "person_compact": "25ef743a0d6a2912",
-    "person_keys": "93f201bd647614c6",
-    "regex0": "06139deb0e066b2e",
-    "regex1": "b07328f43cf08fbd",
-    "regex2": "c349e0ed37075615",
-    "sample130": "384015442e02ec27",
-    "sample17": "afbe6cd21edddb7b",
-    "sample175": "d583d5465c3a711f",
-    "sample178": "7386bbe124c64f5a",
-    "sample180": "b7ab3f205c9ad412",
-    "sample188": "a75efa032464f928",
-    "sample192": "3b3f086ca0cf3194",
-    "sample198": "6e079ad7bb02265b",
-    "sample219": "4b96b556b53e0dbd",
-    "sample25": "b23ff6fad3a63305",
-    "sample25_keys": "ae27da9c5ab4a6a8",
-    "sample32": "5cc97294c6635ffa",
-    "sample5": "bb957e9a10eed20f",
-    "sample53": "1a30f1ba3a600c03",
-    "sample53_spec": "a192bf1a6a011b76",
-    "tree": "965a0af2fbae5a4b",
+    "choice": "a86ef8fe3c1aa9fb",
+    "gbnf_arithmetic": "7bbb718b78863bce",
+    "json_depth4": "d9943bfe66761471",
+    "person": "5e2dd7c7795c76fc",
+    "person_compact": "6dcc885d28885f1c",
+    "person_keys": "a5afc808836db9db",
+    "regex0": "344874a215ec9c0a",
+    "regex1": "df4f4ed2e95d3498",
+    "regex2": "680f0c0347056c12",
+    "sample130": "387edda36be47789",
+    "sample17": "e6ba2a4574cf5c56",
+    "sample175": "fb1d2ddb997bc151",
+    "sample178": "b6d5884df590444e",
+    "sample180": "28fd6f663c532886",
+    "sample188": "74b2839fd1bd51e7",
+    "sample192": "357387f2eba71322",
+    "sample198": "73fa2474281b0b4a",
+    "sample219": "86eda4b26bd81365",
+    "sample25": "f06ea1698af4584f",
+    "sample25_keys": "c77d9bdb99a1437d",
+    "sample32": "571e5325245b84f5",
+    "sample5": "0ce67bc6acf97b11",
+    "sample53": "62426e6cf6744557",
+    "sample53_spec": "6d382a309aadfb1b",
+    "tree": "e30637adf439d249",
 }
 
 

@@ -423,7 +423,12 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     base = (nxt != 0) & resting[:, None]
     base[eq[ret & ~ret_empty], ec[ret & ~ret_empty]] = False
     tests = np.array([bool(o.absent or o.present) for o in ops])[effect_op[nxt[eq, ec] - q_count]] & resting[eq]
-    base[eq[tests], ec[tests]] = False  # a key op's test: listed, resolved on the row's register
+    needs = np.array(pd.key_need or [0] * q_count, object) != 0  # states where a key must still be written
+    ends = needs[np.where(nxt < q_count, nxt, 0)] & resting[:, None]  # ... and the entries ending there
+    ends[eq, ec] = needs[np.maximum(fx[:, 0], 0)] & (fx[:, 0] >= 0) & resting[eq]
+    tests |= ends[eq, ec]
+    base &= ~ends
+    base[eq[tests], ec[tests]] = False  # a key op's test or a key still needed: listed, resolved on the row's register
     need = np.where(base, need, big)
     finite = need[base & (need < big)]
     rooms = int(finite.max()) + 1 if finite.size else 1
@@ -434,6 +439,7 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     depends = ret & ~ret_empty & resting[eq]
     viable, pops = _chains(pd, nxt, effect, eq[depends], ec[depends], bool(ret.any()))
     viable[eq[tests], ec[tests]] = True
+    viable |= ends
     first, which = unique_rows(viable)  # states with the same stack-dependent classes share one list
     lists = [np.flatnonzero(viable[f][class_of]) for f in first.tolist()]
     offset = np.concatenate([[0], np.cumsum([t.size for t in lists])]).astype(np.int32)
@@ -442,8 +448,10 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     forced = _forced(patterns, class_of)[room_mask_id[:, -1]]
     forced = np.where((pop_count == 0) & (room_mask_id[:, 0] == room_mask_id[:, -1]), forced, -1)
     mask_id = room_mask_id[:, -1]
+    key_ops = _key_words(ops)
+    key_need = _words(list(pd.key_need or [0] * q_count), key_ops.shape[2])
     stack = PushdownTables(effect, pd.need, room_mask_id, pop_start, pop_count, pop_token, pd.bottom, pd.max_depth,
-                           pops, effect_op, _key_words(ops))  # fmt: skip
+                           pops, effect_op, key_ops, key_need)  # fmt: skip
     masks = _pack(patterns, class_of)
     return TokenGrammar(nxt, class_of, pd.accept, forced.astype(np.int32), pd.start, mask_id, masks, stack)
 
@@ -452,11 +460,12 @@ def _key_words(ops: list) -> np.ndarray:
     """``uint32[O, 4, W]``: each op's ``absent``, ``present``, ``clear`` and ``add`` bits as words."""
     width = max([max(o.absent, o.present, o.clear, o.add).bit_length() for o in ops] + [1])
     n = -(-width // 32)
-    out = np.zeros((len(ops), 4, n), np.uint32)
-    for i, o in enumerate(ops):
-        for j, mask in enumerate((o.absent, o.present, o.clear, o.add)):
-            out[i, j] = [(mask >> (32 * w)) & 0xFFFFFFFF for w in range(n)]
-    return out
+    return np.stack([_words([o.absent, o.present, o.clear, o.add], n) for o in ops])
+
+
+def _words(masks: list, n: int) -> np.ndarray:
+    """``uint32[len(masks), n]``: bit masks as ``n`` words each (bit ``i`` in word ``i // 32``)."""
+    return np.array([[(m >> (32 * w)) & 0xFFFFFFFF for w in range(n)] for m in masks], np.uint32).reshape(len(masks), n)
 
 
 def _chains(pd: Pushdown, nxt, effect, q, c, returns: bool):

@@ -225,7 +225,8 @@ class ObjectBuilder:
     def build_registered(self):
         """``{ member (, member)* }`` over every declared member and extra: a declared key marks its bit
         (absent before: each at most once) before its closing quote; ``}`` needs the required bits and
-        clears the nesting's bits for the next object there."""
+        clears the nesting's bits for the next object there; ``{`` clears them too (they are clear
+        there already; it tells the automaton, whose completability analysis needs it)."""
         c = self.c
         bits = {name: c.key_bit(name, self.path) for name in self.declared}
         members = []
@@ -242,7 +243,8 @@ class ObjectBuilder:
         required = sum(bits[n] for n in needed)
         close = seq(KeyOp(present=required, clear=c.level_keys()), lit("}"))
         items = seq(start, star(seq(c.comma, member)), c.ws)
-        out = seq(lit("{"), c.ws, alt(EPSILON, items) if not required and self.first is None else items, close)
+        open_ = seq(KeyOp(clear=c.level_keys()), lit("{"))  # (clear already: says so to the automaton)
+        out = seq(open_, c.ws, alt(EPSILON, items) if not required and self.first is None else items, close)
         c._sizes[id(out)] = (out, sum(c.size(m) for m in members) + 1)
         return out
 
@@ -319,8 +321,8 @@ class ObjectBuilder:
             if self.extras is not None and self.first is None:
                 options.append(seq(self.extras, after(0, start, min(1, cap))))
         out = c.container("{", "}", alt(*options), close_ok(0, start, 0))
-        if c.keys_recorded() and out != EMPTY:  # the same op as registered objects' where both may close (union branches)
-            out = seq(*out.items[:-1], KeyOp(clear=c.level_keys()), out.items[-1])
+        if c.keys_recorded() and out != EMPTY:  # the same ops as registered objects' (union branches)
+            out = seq(KeyOp(clear=c.level_keys()), *out.items[:-1], KeyOp(clear=c.level_keys()), out.items[-1])
         extras = 0 if self.extras is None or not c.opts["value_calls"] else c.size(self.extras)
         c._sizes[id(out)] = (out, cost if any_order else sum(c.size(m) for _, m in self.members) + extras + 1)
         return out

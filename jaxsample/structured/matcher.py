@@ -62,6 +62,9 @@ class Matcher:
         words = pd.key_ops.astype(object) if pd is not None else np.zeros((1, 4, 1), object)
         masks = (words << (32 * np.arange(words.shape[2], dtype=object))).sum(axis=2)
         self._ops = [KeyOp(*(int(x) for x in row)) for row in masks]
+        if pd is not None:
+            words = pd.key_need.astype(object) << (32 * np.arange(pd.key_need.shape[1], dtype=object))
+            self._need = words.sum(axis=1).tolist()
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -174,17 +177,25 @@ class Matcher:
             if v == 0:
                 return None
             if v < s:
-                return (v, tuple(stack), keys) if len(stack) + pd.need[v] <= self.limit else None
+                ok = len(stack) + pd.need[v] <= self.limit and self._viable(v, keys)
+                return (v, tuple(stack), keys) if ok else None
             target, rest, n, room = pd.effect[v - s, :4].tolist()
             keys = self._ops[int(pd.effect_op[v - s])].apply(keys)
             if len(stack) + room > self.limit or keys is None:  # (a return: calls entered and left before it)
                 return None
             if target >= 0:
+                if not self._viable(target, keys):
+                    return None
                 return target, tuple(stack) + tuple(pd.effect[v - s, 4 : 4 + n].tolist()), keys
             r = stack.pop() if stack else pd.bottom
             c = c if rest < 0 else rest
             v = int(g.next[r, c])
         return None  # pragma: no cover - chains are at most max_pops long
+
+    def _viable(self, q: int, keys: int) -> bool:
+        """Whether a key still needed in ``q`` (inside a key, after ``,``) can be written."""
+        need = self._need[q]
+        return not need or keys & need != need
 
 
 def _set(words: np.ndarray, tokens) -> np.ndarray:

@@ -96,6 +96,9 @@ class Pushdown(NamedTuple):
       closed: ``bool[Q]`` states where the rule must end (accepting, nothing continues): they return at once.
       op: ``int32[Q, K]`` index into ``ops`` of the key-register op a shifted byte applies first (0: none).
       ops: the :class:`~jaxsample.structured.automaton.KeyOp` s; ``ops[0]`` does nothing.
+      key_need: per state, the key bits of which one at least must be clear for the output to be
+        completable (every way on needs a key not yet written: inside a key, after ``,``); 0: none
+        (see :func:`_key_needs`).
     """
 
     delta: np.ndarray
@@ -112,6 +115,12 @@ class Pushdown(NamedTuple):
     closed: np.ndarray
     op: np.ndarray | None = None
     ops: tuple = (KeyOp(),)
+    key_need: tuple = ()
+
+    def viable(self, q: int, keys: int) -> bool:
+        """Whether the output can still be completed from ``q`` with key register ``keys``."""
+        need = self.key_need[q] if self.key_need else 0
+        return not need or keys & need != need
 
     @property
     def num_states(self) -> int:
@@ -159,7 +168,7 @@ class Pushdown(NamedTuple):
                 return None
         if len(frames) + self.need[q] > limit or any(i + self.need[r] > limit for i, r in enumerate(frames)):
             return None
-        return q, tuple(frames), keys
+        return (q, tuple(frames), keys) if self.viable(q, keys) else None
 
     def matches(self, data: bytes, max_depth: int | None = None) -> bool:
         """Whether ``data`` is a complete output with at most ``max_depth`` frames (default: the grammar's)
@@ -345,7 +354,57 @@ def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth, op
     if need[p.start] > max_depth:
         raise GrammarError(f"the shortest output of the grammar nests {need[p.start]} calls deep (max_depth={max_depth})")
     returns = sorted({s for seq_ in pushes for s in seq_} | {bottom})
-    return p._replace(need=need.astype(np.int32), returns=np.asarray(returns, np.int32))
+    p = p._replace(need=need.astype(np.int32), returns=np.asarray(returns, np.int32))
+    if op is not None:
+        p = p._replace(key_need=_key_needs(p))
+        if any(p.key_need[r] for r in returns):
+            raise KeyRegisterError("a call returns where a key must still be written")
+    return p
+
+
+def _key_needs(p: Pushdown) -> tuple:
+    """Per state, the bits of which one at least must be clear to complete the output (0: none needed).
+
+    A least fixpoint over the byte transitions: accepting states need nothing; a shift or a call
+    passes on its target's need (a call's callee holds no ops: it completes); a byte read with an
+    op passes on its target's need as the op leaves it (a bit it clears satisfies it, a bit it adds
+    cannot), and its ``absent`` bits (a key written for the first time) are needed when the target
+    needs nothing. Alternatives join: one that needs nothing wins, otherwise any of their bits will
+    do. An op's ``present`` test (required keys before ``}``) counts as satisfiable: the JSON objects
+    recording keys can always write a missing required key first. A key test whose target needs
+    other keys too would need a conjunction: :class:`KeyRegisterError`.
+    """
+    free = p.accept.copy()
+    free[p.bottom] = True
+    mask = [0] * p.num_states
+    moves = []  # (state, target, op) of every shift; calls as moves to a state that needs nothing
+    for q, b in zip(*np.nonzero(p.delta)):
+        moves.append((int(q), int(p.delta[q, b]), p.ops[int(p.op[q, b])]))
+    callers = np.flatnonzero((p.enter != 0).any(axis=1)).tolist()
+    free[callers] = True
+    changed = True
+    while changed:
+        changed = False
+        for q, t, o in moves:
+            if free[q]:
+                continue
+            if free[t]:
+                got = o.absent or None
+            else:
+                if mask[t] & o.clear & ~o.add:
+                    got = None
+                else:
+                    got = mask[t] & ~(o.clear | o.add)
+                    if o.absent and got:
+                        raise KeyRegisterError("a key test where the next state needs keys too")
+                    if not got:
+                        continue
+            if got is None:
+                free[q] = changed = True
+            elif mask[q] | got != mask[q]:
+                mask[q] |= got
+                changed = True
+    return tuple(0 if free[q] else mask[q] for q in range(p.num_states))
 
 
 class KeyRegisterError(GrammarError):

@@ -142,6 +142,8 @@ class Tables:
       effect_op: ``idx[G, E]`` the key-register op of each effect (0: none; ``[G, 1]`` when no grammar has one).
       key_ops: ``uint32[G, O, 4, K]`` the ops' ``absent``, ``present``, ``clear`` and ``add`` bits over the
         ``K`` words of a row's key register (``K = 0`` when no grammar has ops).
+      key_need: ``uint32[G, S, K]`` per state, the key bits of which one at least must be clear (inside
+        a key, after ``,``: the output must stay completable; 0: none).
       depth: static stack capacity ``D`` (0: no grammar recurses).
       max_pops: static bound on the frames one token returns from.
       window: static number of stack-dependent tokens examined per row and step.
@@ -174,6 +176,7 @@ class Tables:
     eos: Array
     effect_op: Array
     key_ops: Array
+    key_need: Array
     depth: int = 0
     max_pops: int = 0
     window: int = 0
@@ -339,6 +342,7 @@ def stack(
     eos = np.full((n, n_eos), -1, np.int32)
     effect_op = np.zeros((n, n_eff if key_ops else 1), _index_dtype(n_ops))
     key_table = np.zeros((n, n_ops, 4, n_words), np.uint32)
+    key_need = np.zeros((n, s if key_ops else 1, n_words), np.uint32)
     start = np.zeros(n, np.int32)  # padding grammars: start in the dead state
     for i, (g, p) in enumerate(zip(grammars, pds)):
         k = g.num_states
@@ -375,6 +379,7 @@ def stack(
         if key_ops:
             effect_op[i, : p.effect_op.size] = p.effect_op
             key_table[i, : p.key_ops.shape[0], :, : p.key_ops.shape[2]] = p.key_ops
+            key_need[i, : p.key_need.shape[0], : p.key_need.shape[1]] = p.key_need
         if window:
             pop_start[i, :k], pop_count[i, :k], token, value = lists[i]
             pop_token[i, : token.size], pop_next[i, : value.size] = token, remap(value)
@@ -382,7 +387,7 @@ def stack(
         limit[i] = limits[i]
     arrays = [row_sets, live_bits, pattern_bits, pattern_rank, row_offset, targets, class_of, forced, start, mask_id,
               mask_rows, mask_blocks, accept, need, effect, pop_start, pop_count, pop_token, pop_next, return_row,
-              return_col, return_next, bottom, limit, eos, effect_op, key_table]  # fmt: skip
+              return_col, return_next, bottom, limit, eos, effect_op, key_table, key_need]  # fmt: skip
     return Tables(*jax.device_put(arrays), depth=d, max_pops=max_pops, window=window)  # one transfer call: ~4x faster
 
 
@@ -627,6 +632,9 @@ def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, first: A
     target = jnp.where(eff, e[..., 0], v)
     room = jnp.where(eff, e[..., 3], tables.need[gg, jnp.clip(v, 0, s_size - 1)])
     valid = fits & (v != 0) & (target > 0) & (depth + room <= tables.limit[gg])
+    if keys.shape[-1]:  # a key still needed there must be writable
+        need = tables.key_need[gg, jnp.clip(target, 0, s_size - 1)]
+        valid &= jnp.all(need == 0, axis=-1) | jnp.any(keys & need != need, axis=-1)
     return valid, target, depth, jnp.where(eff[..., None], e, 0), keys
 
 

@@ -61,6 +61,8 @@ class PushdownTables(NamedTuple):
       key_ops: ``uint32[O, 4, W]`` the ops' ``absent``, ``present``, ``clear`` and ``add`` bits
         (:class:`~jaxsample.structured.automaton.KeyOp`) as ``W`` words of the row's key register.
         Tokens with an op that tests the register are listed with the stack-dependent ones.
+      key_need: ``uint32[S, W]`` per state, the key bits of which one at least must be clear for the
+        output to stay completable (0: none); tokens ending in such a state are listed too.
     """
 
     effect: np.ndarray
@@ -74,6 +76,7 @@ class PushdownTables(NamedTuple):
     max_pops: int
     effect_op: np.ndarray
     key_ops: np.ndarray
+    key_need: np.ndarray
 
 
 class TokenGrammar(NamedTuple):
