@@ -86,10 +86,10 @@ def check(auto, grammar, vocab: st.Vocabulary, scripts, *, steps: int = 25, seed
                 if data is None:
                     ok = t in eos and accepting
                 elif recursive:
-                    want = auto.run(data, m.state, m.stack, m.limit)
+                    want = auto.run(data, m.state, m.stack, m.limit, m.keys)
                     if want is not None and allowed[t]:
                         m.accept_token(t)
-                        if (m.state, m.stack) != want:
+                        if (m.state, m.stack, m.keys) != want:
                             miss(("state", data, step))
                         m.rollback(1)
                     ok = want is not None

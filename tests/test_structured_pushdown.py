@@ -30,6 +30,18 @@ TREE = {
     },
     "$ref": "#/$defs/node",
 }
+# objects recording their keys (any order in linear size), next to generic values and arrays of objects
+KEYS = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer"},
+        "b": {"type": "string"},
+        "c": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "integer"},
+                                                                          "y": {"type": "integer"}}, "required": ["x"]}},
+        "d": {},
+    },
+    "required": ["a"],
+}  # fmt: skip
 # name: (byte-level automaton, token tables), the same grammar and limit
 SOURCES = {
     "arith": (lambda: parse_gbnf(ARITHMETIC, max_depth=3), lambda v: st.compile_gbnf(ARITHMETIC, v, max_depth=3)),
@@ -38,6 +50,10 @@ SOURCES = {
                   lambda v: st.compile_json(v, max_depth=3, whitespace="bounded")),
     "tree": (lambda: schema_expr(TREE, whitespace="compact", max_depth=2),
              lambda v: st.compile_json_schema(TREE, v, whitespace="compact", max_depth=2)),
+    "tree_keys": (lambda: schema_expr(TREE, whitespace="compact", max_depth=2, key_register=True),
+                  lambda v: st.compile_json_schema(TREE, v, whitespace="compact", max_depth=2, key_register=True)),
+    "keys": (lambda: schema_expr(KEYS, max_depth=2, key_register=True),
+             lambda v: st.compile_json_schema(KEYS, v, max_depth=2, key_register=True)),
 }  # fmt: skip
 
 
@@ -85,6 +101,8 @@ DEEP = {  # documents reaching each grammar's limit
     "json_gbnf": b'{"a": [{"b": 1, "c": true}, 2], "d": {"e": {}}}',
     "json_mode": b'[[[1, "x"], {"k": null}], 2.5]',
     "tree": b'{"v":1,"kids":[{"v":2,"kids":[{"v":3},{"v":4}]},{"v":5}]}',
+    "tree_keys": b'{"kids":[{"v":2,"kids":[{"v":3},{"v":4}]},{"v":5}],"v":1}',
+    "keys": b'{"c": [{"y": 1, "x": 2}, {"x": 3}], "d": [[1], {"k": 2}], "a": 5, "b": "s"}',
 }
 
 
@@ -119,7 +137,7 @@ def test_token_tables_equal_the_byte_level_pushdown_automaton(compiled, name, cr
             if data is None:
                 assert allowed[t] == (t in g.eos_ids and m.is_accepting()), t
                 continue
-            want = pd.run(data, m.state, m.stack, m.limit)
+            want = pd.run(data, m.state, m.stack, m.limit, m.keys)
             assert allowed[t] == (want is not None), (data, m.state, m.stack)
             if want is not None:
                 assert m._step(t) == want, data
@@ -154,9 +172,9 @@ def test_matches_is_the_language_of_the_tables_at_every_limit(limit):
 
 def test_device_stepping_equals_the_host_matcher(compiled):
     """Recursive and regular grammars and a free row in one batch; two limits through one trace."""
-    grammars = [compiled[k, V][1] for k in ("arith", "json_gbnf", "json_mode", "tree")]
+    grammars = [compiled[k, V][1] for k in ("arith", "json_gbnf", "json_mode", "tree", "keys", "tree_keys")]
     grammars.append(st.compile_regex(r"[a-z]{1,3}(,[0-9]+)*", bpe_vocab(size=V)))
-    rows = np.array([0, 1, 2, 3, 4, -1])
+    rows = np.array([0, 1, 2, 3, 4, 5, 6, -1])
     allowed_fn, advance_fn = CountingJit(st.allowed), CountingJit(st.advance)
     for limit in (None, 1):  # the limit is a traced table value
         tables = st.stack(grammars, max_depth=limit, num_depth=32)
@@ -170,8 +188,9 @@ def test_device_stepping_equals_the_host_matcher(compiled):
                 np.testing.assert_array_equal(dev[r], m.allowed())
                 assert int(state.state[r]) == m.state and int(state.depth[r]) == len(m.stack)
                 assert tuple(np.asarray(state.stack[r, : len(m.stack)]).tolist()) == m.stack
+                assert sum(int(w) << 32 * j for j, w in enumerate(np.asarray(state.keys[r]).tolist())) == m.keys
                 toks += _random_tokens(m, rng, 1) or [-1]  # -1 (padding): a finished row keeps its state
-            assert dev[5].all()
+            assert dev[-1].all()
             state = advance_fn(tables, rows, state, np.array(toks + [int(rng.integers(3, 1200))]))
     assert allowed_fn.traces == 1 and advance_fn.traces == 1
 

@@ -266,8 +266,9 @@ def test_tables_are_shared_parameters_and_the_state_is_one_int_per_row(grammars)
     assert bound["grammar_grammar"].tolist() == [0, 0, -1]
     params = sampler.params((3,), **bound)
     state = sampler.init(params, vocab_size=V)
-    gstate, gstack, gdepth = jax.tree.leaves(state.stages[0])
+    gstate, gstack, gdepth, gkeys = jax.tree.leaves(state.stages[0])
     assert gstate.shape == (3,) and gstate.dtype == jnp.int32 and gstack.shape == (3, 0) and gdepth.shape == (3,)
+    assert gkeys.shape == (3, 0)  # (no key register either)
     assert gstate.tolist() == [grammars["d"].start, grammars["d"].start, 0]
     x = jax.random.normal(jax.random.key(0), (3, V)).astype(jnp.bfloat16)
     # inactive rows keep their grammar state; forced tokens reported per row

@@ -16,7 +16,11 @@ previous ``stack`` before the split. Both digests of ``json_depth4`` were regene
 2026-11-29, when token-string suffixes got exact ids numbered by length instead of hash order
 (``trie._suffix_ids``): its pushdown effects are numbered in that order, so ``next`` and ``effect``
 hold the same 64 effects under other ids; the Matcher on both grammars in lock step allows the same
-tokens over 1,116 random steps, and every other case is byte-identical.)
+tokens over 1,116 random steps, and every other case is byte-identical. All digests were regenerated
+on branch h12register, 2026-11-29, for the key register's new arrays (``PushdownTables.effect_op`` /
+``key_ops`` / ``key_need``, device ``Tables.effect_op`` / ``key_ops`` / ``key_need``): with those
+fields left out of the digests, every case gave its previous digests; ``person_keys`` and
+``sample25_keys`` were added.)
 """
 
 from __future__ import annotations
@@ -50,56 +54,60 @@ TREE = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties
 PINNED = {
     "vocabulary": "6b289696cb9ff172",
     "choice": "7142c02da9046f6f",
-    "gbnf_arithmetic": "8cd857ae4c5f7995",
-    "json_depth4": "597f6556e7b7dce7",
+    "gbnf_arithmetic": "fa770f62b5a57e26",
+    "json_depth4": "776aff84247719db",
     "person": "a72f2240a4870d56",
     "person_compact": "620e3e394a8d9f78",
+    "person_keys": "23a69191c808ccb0",
     "regex0": "735128ab640f5101",
     "regex1": "58f8c250a1d5dc98",
     "regex2": "cca7613e843c6007",
     "sample130": "ede04559b44f3d94",
     "sample17": "575e04d1892a2975",
     "sample175": "4242b09488a5e876",
-    "sample178": "5a8887d9056deb0e",
+    "sample178": "cb43edb48f21a560",
     "sample180": "0555e0c7f05bd64a",
     "sample188": "b1b6ccf9ae2ddb6f",
-    "sample192": "b4ef22def4725198",
+    "sample192": "bc167d8f7b495829",
     "sample198": "558ef12e8da44349",
     "sample219": "32e4ca3116a230cd",
     "sample25": "aa6f5e57557f82cd",
+    "sample25_keys": "6bbf26841c042bc1",
     "sample32": "bbe97b9a239fdf4e",
     "sample5": "dff7445bf0c2bf06",
-    "sample53": "728dcd237d35a7b4",
-    "sample53_spec": "523de829745e14c8",
-    "tree": "316e1df63886b612",
+    "sample53": "c16ce9fe02a50600",
+    "sample53_spec": "a1b12b3b4813f63d",
+    "tree": "acbddf1334da2c51",
 }
 
 #: Digests of the device ``Tables`` (``stack``), apart: a deliberate change of the device layout
 #: leaves the compiler's pins above untouched.
 PINNED_DEVICE = {
-    "choice": "f5397e60e99a67b0",
-    "gbnf_arithmetic": "11341da2f5288f21",
-    "json_depth4": "76f988cbae9eb2d1",
-    "person": "46f33746d9287d2f",
-    "person_compact": "2d6877c50bf2341d",
-    "regex0": "0295c6561bd753f6",
-    "regex1": "57655a6d3dff0bd5",
-    "regex2": "48547e3eebcdced0",
-    "sample130": "6d80e43628f82b3f",
-    "sample17": "ac28e1d368401132",
-    "sample175": "55f5d3c60ead9cb8",
-    "sample178": "80427be713b2410a",
-    "sample180": "915a0d7b7b6b9832",
-    "sample188": "61d90dc64147526f",
-    "sample192": "95532c5fb168232d",
-    "sample198": "e7dfb3e140c8ba30",
-    "sample219": "d8f8c5e5e5d2be6a",
-    "sample25": "7abe781c6f635295",
-    "sample32": "d2cd02c35bb67c18",
-    "sample5": "918ea6c914781cde",
-    "sample53": "7bbf37f910cede87",
-    "sample53_spec": "54bea3d066ea108f",
-    "tree": "6473c383e2d97e00",
+    "choice": "a86ef8fe3c1aa9fb",
+    "gbnf_arithmetic": "7bbb718b78863bce",
+    "json_depth4": "d9943bfe66761471",
+    "person": "5e2dd7c7795c76fc",
+    "person_compact": "6dcc885d28885f1c",
+    "person_keys": "a5afc808836db9db",
+    "regex0": "344874a215ec9c0a",
+    "regex1": "df4f4ed2e95d3498",
+    "regex2": "680f0c0347056c12",
+    "sample130": "387edda36be47789",
+    "sample17": "e6ba2a4574cf5c56",
+    "sample175": "fb1d2ddb997bc151",
+    "sample178": "b6d5884df590444e",
+    "sample180": "28fd6f663c532886",
+    "sample188": "74b2839fd1bd51e7",
+    "sample192": "357387f2eba71322",
+    "sample198": "73fa2474281b0b4a",
+    "sample219": "86eda4b26bd81365",
+    "sample25": "f06ea1698af4584f",
+    "sample25_keys": "c77d9bdb99a1437d",
+    "sample32": "571e5325245b84f5",
+    "sample5": "0ce67bc6acf97b11",
+    "sample53": "62426e6cf6744557",
+    "sample53_spec": "6d382a309aadfb1b",
+    "tree": "e30637adf439d249",
 }
 
 
@@ -155,6 +163,8 @@ def cases() -> dict:
     for i in SAMPLE:
         out[f"sample{i}"] = functools.partial(st.compile_json_schema, records[i]["schema"])
     out["sample53_spec"] = lambda v: st.compile_json_schema(records[53]["schema"], v, open_objects=True, untyped="any")
+    out["person_keys"] = lambda v: st.compile_json_schema(PERSON, v, key_register=True)
+    out["sample25_keys"] = lambda v: st.compile_json_schema(records[25]["schema"], v, key_register=True)
     return out
 
 

@@ -110,6 +110,40 @@ class Call:
     rule: str
 
 
+@dataclass(frozen=True, slots=True)
+class KeyOp:
+    """A zero-width test and update of a row's *key register* (a bitset, zero at the start).
+
+    Bits in ``absent`` must be clear and bits in ``present`` set, else the path dies; then the bits
+    in ``clear`` are cleared and those in ``add`` set. JSON objects use it to record which declared
+    properties were written (any order in linear size instead of one state per set of written
+    properties). Only :func:`~jaxsample.structured.pushdown.compile_grammar` compiles it: it
+    attaches the op to the byte read after it (see :func:`compose` for several on one byte).
+    """
+
+    absent: int = 0
+    present: int = 0
+    clear: int = 0
+    add: int = 0
+
+    def apply(self, register: int) -> int | None:
+        """The register after the op, ``None`` if its test fails."""
+        if register & self.absent or register & self.present != self.present:
+            return None
+        return (register & ~self.clear) | self.add
+
+
+def compose(a: KeyOp, b: KeyOp) -> KeyOp | None:
+    """The op of ``a`` then ``b`` (``None``: no register passes both)."""
+    known = a.clear | a.add  # bits ``a`` leaves known: ``a.add`` set, the rest of ``a.clear`` clear
+    if b.absent & a.add or b.present & (a.clear & ~a.add):
+        return None
+    absent, present = a.absent | (b.absent & ~known), a.present | (b.present & ~known)
+    if absent & present:
+        return None
+    return KeyOp(absent, present, a.clear | b.clear, (a.add & ~b.clear) | b.add)
+
+
 EPSILON = Seq(())
 EMPTY = Alt(())  # matches nothing
 
@@ -257,7 +291,8 @@ def _byte_paths(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, ...], .
 
 # --------------------------------------------------------------------------------------------- NFA
 class _NFA:
-    """Thompson NFA; an edge is ``(symbol mask, target)``: bits 0-255 are bytes, bit ``256 + i`` calls rule ``i``.
+    """Thompson NFA; an edge is ``(symbol mask, target)``: bits 0-255 are bytes, bit ``256 + s`` is
+    symbol ``s``: a call of a rule (``call_symbol``) or a :class:`KeyOp` (``op_symbol``), numbered when first built.
 
     With ``rules`` (a recursive grammar's definitions), a rule gets its index ``i`` when first called
     (``called`` lists them in that order; call :meth:`call_index` on the root first), and a call of
@@ -273,6 +308,9 @@ class _NFA:
         self.nullable = nullable
         self.called: list[str] = []
         self.rule_index: dict[str, int] = {}
+        self.call_symbol: list[int] = []  # rule index -> symbol
+        self.op_symbol: dict[KeyOp, int] = {}
+        self.symbols = 0
         self._memo: dict = {}
 
     def call_index(self, rule: str) -> int:
@@ -283,6 +321,8 @@ class _NFA:
                 raise GrammarError(f"rule {rule!r} is called but not defined")
             i = self.rule_index[rule] = len(self.called)
             self.called.append(rule)
+            self.call_symbol.append(self.symbols)
+            self.symbols += 1
         return i
 
     def new(self) -> int:
@@ -326,11 +366,19 @@ class _NFA:
         if isinstance(node, Call):
             skip = self.new() if node.rule in self.nullable else None
             entry = self.new()
-            self.edges[entry].append((1 << (256 + self.call_index(node.rule)), cont))
+            self.edges[entry].append((1 << (256 + self.call_symbol[self.call_index(node.rule)]), cont))
             if skip is None:
                 return entry
             self.eps[skip] = [cont, entry]
             return skip
+        if isinstance(node, KeyOp):
+            s = self.op_symbol.get(node)
+            if s is None:
+                s = self.op_symbol[node] = self.symbols
+                self.symbols += 1
+            entry = self.new()
+            self.edges[entry].append((1 << (256 + s), cont))
+            return entry
         if isinstance(node, Repeat):
             if node.hi is None:
                 loop = self.new()
@@ -419,7 +467,7 @@ def _determinise(nfa: _NFA, starts: Sequence[int], final: int | set, max_states:
     A state is accepting when it holds one of the ``final`` NFA states; ``entries`` are the starts'
     DFA states.
     """
-    symbol_class, cls_of_mask = _byte_classes([m for es in nfa.edges for m, _ in es], 256 + len(nfa.rule_index))
+    symbol_class, cls_of_mask = _byte_classes([m for es in nfa.edges for m, _ in es], 256 + nfa.symbols)
     finals = {final} if isinstance(final, int) else set(final)
     k = int(symbol_class.max()) + 1
     everything = (1 << k) - 1
@@ -565,6 +613,9 @@ def compile_expr(expr, *, max_nfa_states: int | None = None, max_dfa_states: int
     nfa = _NFA(max_nfa_states)
     final = nfa.new()
     start = nfa.build(expr, final)
+    if nfa.op_symbol:  # key register ops are attached to bytes by the pushdown construction
+        return pushdown.compile_grammar(pushdown.Grammar({"root": expr}, "root", 0), max_nfa_states=max_nfa_states,
+                                        max_dfa_states=max_dfa_states)  # fmt: skip
     delta, byte_class, accept, (start,) = _determinise(nfa, [start], final, max_dfa_states)
     trimmed = trim(delta, accept, start, reachable=True)
     if trimmed is None:

@@ -148,6 +148,18 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
 
 
 def first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> Any:
+    """``attempt(options)`` retried as :func:`compile_json_schema` retries (see :func:`_first_fit`); where
+    objects recording their keys meet a construct the key register cannot follow
+    (:class:`~jaxsample.structured.pushdown.KeyRegisterError`), all of it again without the register."""
+    try:
+        return _first_fit(schema, options, attempt)
+    except pushdown.KeyRegisterError:
+        if not options.get("key_register", json_schema.KEY_REGISTER):
+            raise
+        return _first_fit(schema, {**options, "key_register": False}, attempt)
+
+
+def _first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> Any:
     """``attempt(options)``, retried as :func:`compile_json_schema` retries: on an
     :class:`~jaxsample.structured.pushdown.AmbiguousCallError` with each of :func:`_ambiguity_retries`,
     then on a :class:`~jaxsample.structured.automaton.BudgetError` with each of :func:`_fallbacks`;

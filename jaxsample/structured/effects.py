@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxsample.structured import trie, walk
-from jaxsample.structured.automaton import GrammarError
+from jaxsample.structured.automaton import GrammarError, KeyOp, compose
 from jaxsample.structured.minimise import unique_columns, unique_rows
 from jaxsample.structured.pushdown import Pushdown
 from jaxsample.structured.tokens import PushdownTables, TokenGrammar, _classes, _forced, _pack
@@ -76,13 +76,28 @@ class _Stacks:
 
 
 class _Effects:
-    """Results as ``next`` values: a stay without pushes (nor a transient deeper call) is its state;
-    others are ``base + index``. ``peak``: the most frames above the start the token held at once."""
+    """Results as ``next`` values: a stay without pushes (nor a transient deeper call, nor a key op)
+    is its state; others are ``base + index``. ``peak``: the most frames above the start the token
+    held at once; ``op``: the index in ``ops`` of the key ops the token applies (0: none)."""
 
-    def __init__(self, base: int):
+    def __init__(self, base: int, ops: list | None = None):
         self.base = base
         self.keys: list = []
         self.ids: dict = {}
+        self.ops = [KeyOp()] if ops is None else ops
+        self.op_ids = {o: i for i, o in enumerate(self.ops)}
+
+    def op(self, op: KeyOp) -> int:
+        got = self.op_ids.get(op)
+        if got is None:
+            got = self.op_ids[op] = len(self.ops)
+            self.ops.append(op)
+        return got
+
+    def then(self, k: int, op: KeyOp) -> int | None:
+        """The index of op ``k`` followed by ``op`` (``None``: no register passes both)."""
+        both = compose(self.ops[k], op)
+        return None if both is None else self.op(both)
 
     def add(self, key) -> int:
         got = self.ids.get(key)
@@ -91,11 +106,11 @@ class _Effects:
             self.keys.append(key)
         return self.base + got
 
-    def stay(self, q: int, pushes: tuple, peak: int = 0) -> int:
-        return self.add(("stay", q, pushes, max(peak, len(pushes)))) if pushes or peak else q
+    def stay(self, q: int, pushes: tuple, peak: int = 0, op: int = 0) -> int:
+        return self.add(("stay", q, pushes, max(peak, len(pushes)), op)) if pushes or peak or op else q
 
-    def ret(self, rest: int, peak: int = 0) -> int:
-        return self.add(("ret", rest, peak))
+    def ret(self, rest: int, peak: int = 0, op: int = 0) -> int:
+        return self.add(("ret", rest, peak, op))
 
 
 def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
@@ -113,10 +128,13 @@ def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
     q_count = pd.num_states
     closed = pd.closed
     calls_q, calls_b = np.nonzero(pd.enter)
+    ops_q, ops_b = np.nonzero(pd.op) if pd.op is not None else (np.zeros(0, np.int64),) * 2
     marker = np.zeros(pd.enter.shape, np.int64)
     marker[calls_q, calls_b] = q_count + np.arange(calls_q.size)
-    ret_marker = q_count + calls_q.size
+    marker[ops_q, ops_b] = q_count + calls_q.size + np.arange(ops_q.size)
+    ret_marker = q_count + calls_q.size + ops_q.size
     dw = np.where(pd.delta != 0, pd.delta, np.where(pd.enter != 0, marker, np.where(pd.accept[:, None], ret_marker, 0)))
+    dw[ops_q, ops_b] = marker[ops_q, ops_b]  # a byte read with a key op stops the walker too
     dw[pd.bottom] = 0
     plan = walk.plan(dw, pd.byte_class, index, marker_from=q_count)
     trees = walk.forest(dw, pd.byte_class, index, plan)
@@ -130,13 +148,13 @@ def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
     fine = [(w.fine[0], w.fine[1], value(w.fine[2]))]
     coarse = tuple((o, t, value(q)) for o, t, q in w.coarse)
     rests = _Rests(index)
-    more, exits = _resolve_marks(pd, index, trees, w.marks, fx, stacks, ret_marker, calls_q, calls_b)
+    more, exits = _resolve_marks(pd, index, trees, w.marks, fx, stacks, ret_marker, (calls_q, calls_b), (ops_q, ops_b))
     fine += more
     fine.append(_returns(index, exits, rests, fx))
     rest_value, rest_class = _rest_results(pd, rests, fx)
     # canonical effects: returns name rest classes, not rest strings
-    final = _Effects(q_count)
-    remap = np.array([final.add(("ret", SELF if k[1] == SELF else rest_class[k[1]], k[2])) if k[0] == "ret"
+    final = _Effects(q_count, fx.ops)
+    remap = np.array([final.add(("ret", SELF if k[1] == SELF else rest_class[k[1]], *k[2:])) if k[0] == "ret"
                       else final.add(k) for k in fx.keys] or [0], np.int64)  # fmt: skip
 
     def canon(v):
@@ -164,8 +182,8 @@ def build(pd: Pushdown, vocab: Vocabulary) -> TokenGrammar:
     class_of[index.token_ids] = col_class[np.where(token_class >= 0, token_class + 2, 0)]
     class_of[list(vocab.eos_ids)] = col_class[1]
     rest_col = col_class[2 + cols.shape[1] + np.arange(n_rest)]
-    effect = _effect_table(final.keys, rest_col, pd.need)
-    return _tables(pd, nxt, class_of, effect)._replace(eos_ids=tuple(vocab.eos_ids))
+    effect, effect_op = _effect_table(final.keys, rest_col, pd.need)
+    return _tables(pd, nxt, class_of, effect, effect_op, fx.ops)._replace(eos_ids=tuple(vocab.eos_ids))
 
 
 class _Rests:
@@ -202,38 +220,44 @@ def _returns(index, exits: list, rests: _Rests, fx: _Effects):
     if not exits:
         return tuple(np.zeros(0, np.int64) for _ in range(3))
     lo, hi, depth = index.subtree
-    o, node, peak = (np.asarray(x, np.int64) for x in zip(*exits))
+    o, node, peak, op = (np.asarray(x, np.int64) for x in zip(*exits))
     size = hi[node] - lo[node]
     offsets = np.cumsum(size) - size
     strings = np.repeat(lo[node] - offsets, size) + np.arange(int(size.sum()))
     k = np.repeat(depth[node] - 1, size)
     peaks = np.repeat(peak, size)
+    ops = np.repeat(op, size)
     rest = np.where(k > 0, 0, -1)  # -1: the token itself (SELF)
     later = np.flatnonzero(k > 0)  # a rest after some bytes: a suffix of the token
     suffix = rests.suffix[rests.offset[strings[later]] + k[later]]
     uniq, inv = np.unique(suffix, return_inverse=True)
     local = np.array([rests.at(int(rests.first[sid])) for sid in uniq.tolist()], np.int64)
     rest[later] = local[inv.reshape(-1)]
-    span = int(peaks.max()) + 1
-    pairs, which = np.unique((rest + 1) * span + peaks, return_inverse=True)
-    vals = np.array([fx.ret(SELF if r < 0 else int(r), int(p)) for r, p in zip(pairs // span - 1, pairs % span)], np.int64)
+    span, n_ops = int(peaks.max()) + 1, int(ops.max()) + 1
+    pairs, which = np.unique(((rest + 1) * span + peaks) * n_ops + ops, return_inverse=True)
+    r, p, k = pairs // n_ops // span - 1, pairs // n_ops % span, pairs % n_ops
+    vals = np.array([fx.ret(SELF if a < 0 else int(a), int(b), int(c)) for a, b, c in zip(r, p, k)], np.int64)
     return np.repeat(o, size), strings, vals[which.reshape(-1)]
 
 
-def _resolve_marks(pd: Pushdown, index, trees, marks, fx, stacks, ret_marker, calls_q, calls_b):
-    """Follows walkers stopped at calls and returns: ``(entries (origin, string, value), token returns (origin, node))``.
+def _resolve_marks(pd: Pushdown, index, trees, marks, fx, stacks, ret_marker, calls, key_ops):
+    """Follows walkers stopped at calls, key ops and returns: ``(entries (origin, string, value), token
+    returns (origin, node, peak, op))``.
 
-    Each round walks, in one batch, every walker that entered a rule or returned into a local
-    caller, below the node where it stopped.
+    Each round walks, in one batch, every walker that entered a rule, read a byte with a key op or
+    returned into a local caller, below the node where it stopped. A walker whose key ops no
+    register passes stops: the tokens below are never allowed from its origin.
     """
     q_count = pd.num_states
+    calls_q, calls_b = calls
+    ops_q, ops_b = key_ops
     closed = pd.closed
     label = index.trie.label
     pairs: dict[tuple[int, int, int], int] = {}
     pair_list: list[tuple[int, int, int]] = []
 
-    def pair(o, sid, peak):
-        key = (o, sid, max(peak, stacks.depth[sid]))
+    def pair(o, sid, peak, op):
+        key = (o, sid, max(peak, stacks.depth[sid]), op)
         got = pairs.get(key)
         if got is None:
             got = pairs[key] = len(pair_list)
@@ -242,32 +266,45 @@ def _resolve_marks(pd: Pushdown, index, trees, marks, fx, stacks, ret_marker, ca
 
     entries, exits = [], []
     o_arr, n_arr, m_arr = (np.asarray(x, np.int64) for x in marks)
-    owners = [(int(o), 0, 0) for o in o_arr.tolist()]
+    owners = [(int(o), 0, 0, 0) for o in o_arr.tolist()]
     while o_arr.size:
         states, nodes, who = [], [], []
-        for (o, sid, peak), node, m in zip(owners, n_arr.tolist(), m_arr.tolist()):
+        for (o, sid, peak, op), node, m in zip(owners, n_arr.tolist(), m_arr.tolist()):
             c = int(pd.byte_class[label[node]])
-            if m < ret_marker:  # enter a rule: push its return state(s)
+            if m < q_count + calls_q.size:  # enter a rule: push its return state(s)
                 i = m - q_count
                 q, b = int(calls_q[i]), int(calls_b[i])
                 for r in pd.pushes[pd.enter_push[q, b]]:
                     sid = stacks.push(sid, r)
                 states.append(int(pd.enter[q, b]))
                 nodes.append(node)
-                who.append(pair(o, sid, peak))
+                who.append(pair(o, sid, peak, op))
+                continue
+            if m < ret_marker:  # a byte read with a key op
+                i = m - q_count - calls_q.size
+                q, b = int(ops_q[i]), int(ops_b[i])
+                op = fx.then(op, pd.ops[pd.op[q, b]])
+                if op is not None:
+                    states.append(int(pd.delta[q, b]))
+                    nodes.append(node)
+                    who.append(pair(o, sid, peak, op))
                 continue
             while True:  # return: the caller on the local stack reads the byte, or the token returns
                 if sid == 0:
-                    exits.append((o, node, peak))
+                    exits.append((o, node, peak, op))
                     break
                 r, sid = stacks.pop(sid)
                 if pd.delta[r, c] or pd.enter[r, c]:
                     if not pd.delta[r, c]:
                         for x in pd.pushes[pd.enter_push[r, c]]:
                             sid = stacks.push(sid, x)
+                    elif pd.op is not None and pd.op[r, c]:
+                        op = fx.then(op, pd.ops[pd.op[r, c]])
+                        if op is None:
+                            break
                     states.append(int(pd.delta[r, c] or pd.enter[r, c]))
                     nodes.append(node)
-                    who.append(pair(o, sid, peak))
+                    who.append(pair(o, sid, peak, op))
                     break
                 if not pd.accept[r]:
                     break
@@ -277,10 +314,10 @@ def _resolve_marks(pd: Pushdown, index, trees, marks, fx, stacks, ret_marker, ca
         combos, which = np.unique(po * q_count + q, return_inverse=True)  # one result per (walker, state)
         vals, origin = [], []
         for p_, q_ in zip((combos // q_count).tolist(), (combos % q_count).tolist()):
-            o, sid, peak = pair_list[p_]
+            o, sid, peak, op = pair_list[p_]
             while closed[q_] and sid:
                 q_, sid = stacks.pop(sid)
-            vals.append(fx.ret(0, peak) if closed[q_] else fx.stay(q_, stacks.frames(sid), peak))
+            vals.append(fx.ret(0, peak, op) if closed[q_] else fx.stay(q_, stacks.frames(sid), peak, op))
             origin.append(o)
         which = which.reshape(-1)
         entries.append((np.asarray(origin, np.int64)[which], s, np.asarray(vals, np.int64)[which]))
@@ -290,12 +327,16 @@ def _resolve_marks(pd: Pushdown, index, trees, marks, fx, stacks, ret_marker, ca
 
 def _run(pd: Pushdown, q: int, rests: _Rests, rid: int, fx: _Effects):
     """The result of reading rest ``rid`` from ``q`` with an empty stack (a rest read by a popped state)."""
-    closed, stack, peak = pd.closed, [], 0
+    closed, stack, peak, op = pd.closed, [], 0, 0
     start = rests.positions[rid]
     for i, byte in enumerate(rests.data(rid)):
         c = pd.byte_class[byte]
         while True:
             if pd.delta[q, c]:
+                if pd.op is not None and pd.op[q, c]:
+                    op = fx.then(op, pd.ops[pd.op[q, c]])
+                    if op is None:
+                        return 0
                 q = int(pd.delta[q, c])
                 break
             if pd.enter[q, c]:
@@ -306,11 +347,11 @@ def _run(pd: Pushdown, q: int, rests: _Rests, rid: int, fx: _Effects):
             if not pd.accept[q] or q == pd.bottom:
                 return 0
             if not stack:
-                return fx.ret(rests.at(start + i), peak)
+                return fx.ret(rests.at(start + i), peak, op)
             q = stack.pop()
     while closed[q] and stack:
         q = stack.pop()
-    return fx.ret(0, peak) if closed[q] else fx.stay(q, tuple(stack), peak)
+    return fx.ret(0, peak, op) if closed[q] else fx.stay(q, tuple(stack), peak, op)
 
 
 def _rest_results(pd: Pushdown, rests: _Rests, fx: _Effects):
@@ -333,31 +374,34 @@ def _rest_results(pd: Pushdown, rests: _Rests, fx: _Effects):
         for v in value[rid].tolist():
             kind = fx.keys[v - fx.base] if v >= fx.base else None
             if kind is not None and kind[0] == "ret":
-                key.append(("ret", SELF if kind[1] == rid else cls[kind[1]], kind[2]))
+                key.append(("ret", SELF if kind[1] == rid else cls[kind[1]], *kind[2:]))
             else:
                 key.append(kind or v)
         cls[rid] = keys.setdefault(tuple(key), len(keys) + 1)
     return value, cls
 
 
-def _effect_table(keys, rest_col, need) -> np.ndarray:
-    """``int32[E, 4 + P]``: target (-1: return), rest class column (-1: own), pushes, room needed (for a
-    return: the peak before it), pushed states."""
+def _effect_table(keys, rest_col, need) -> tuple[np.ndarray, np.ndarray]:
+    """``(int32[E, 4 + P], int32[E])``: target (-1: return), rest class column (-1: own), pushes, room
+    needed (for a return: the peak before it), pushed states; and each effect's key op."""
     width = max([len(k[2]) for k in keys if k[0] == "stay"], default=0)
     out = np.zeros((max(len(keys), 1), 4 + width), np.int32)
+    op = np.zeros(out.shape[0], np.int32)
     for i, k in enumerate(keys):
         if k[0] == "stay":
-            _, q, pushes, peak = k
+            _, q, pushes, peak, op[i] = k
             room = max([peak, len(pushes) + int(need[q])] + [j + int(need[r]) for j, r in enumerate(pushes)])
             out[i, :4] = (q, -1, len(pushes), room)
             out[i, 4 : 4 + len(pushes)] = pushes
         else:
             out[i, :4] = (-1, -1 if k[1] == SELF else rest_col[k[1]], 0, k[2])
-    return out
+            op[i] = k[3]
+    return out, op
 
 
-def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndarray) -> TokenGrammar:
-    """Masks per stack room, the per-state lists of stack-dependent tokens, forced tokens.
+def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndarray, effect_op: np.ndarray,
+            ops: list) -> TokenGrammar:  # fmt: skip
+    """Masks per stack room, the per-state lists of stack- (and key-register-) dependent tokens, forced tokens.
 
     The effects are few among the ``[Q, C]`` entries (8.6k of 35M in a 35k-state schema), so they
     are read at their own positions; the dense passes are the ones every entry needs.
@@ -378,6 +422,13 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     resting = ~pd.closed | (np.arange(q_count) == pd.bottom)  # a row never rests where its rule must end
     base = (nxt != 0) & resting[:, None]
     base[eq[ret & ~ret_empty], ec[ret & ~ret_empty]] = False
+    tests = np.array([bool(o.absent or o.present) for o in ops])[effect_op[nxt[eq, ec] - q_count]] & resting[eq]
+    needs = np.array(pd.key_need or [0] * q_count, object) != 0  # states where a key must still be written
+    ends = needs[np.where(nxt < q_count, nxt, 0)] & resting[:, None]  # ... and the entries ending there
+    ends[eq, ec] = needs[np.maximum(fx[:, 0], 0)] & (fx[:, 0] >= 0) & resting[eq]
+    tests |= ends[eq, ec]
+    base &= ~ends
+    base[eq[tests], ec[tests]] = False  # a key op's test or a key still needed: listed, resolved on the row's register
     need = np.where(base, need, big)
     finite = need[base & (need < big)]
     rooms = int(finite.max()) + 1 if finite.size else 1
@@ -387,6 +438,8 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     patterns = allowed.reshape(-1, c_count)[first]
     depends = ret & ~ret_empty & resting[eq]
     viable, pops = _chains(pd, nxt, effect, eq[depends], ec[depends], bool(ret.any()))
+    viable[eq[tests], ec[tests]] = True
+    viable |= ends
     first, which = unique_rows(viable)  # states with the same stack-dependent classes share one list
     lists = [np.flatnonzero(viable[f][class_of]) for f in first.tolist()]
     offset = np.concatenate([[0], np.cumsum([t.size for t in lists])]).astype(np.int32)
@@ -395,9 +448,24 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     forced = _forced(patterns, class_of)[room_mask_id[:, -1]]
     forced = np.where((pop_count == 0) & (room_mask_id[:, 0] == room_mask_id[:, -1]), forced, -1)
     mask_id = room_mask_id[:, -1]
-    stack = PushdownTables(effect, pd.need, room_mask_id, pop_start, pop_count, pop_token, pd.bottom, pd.max_depth, pops)
+    key_ops = _key_words(ops)
+    key_need = _words(list(pd.key_need or [0] * q_count), key_ops.shape[2])
+    stack = PushdownTables(effect, pd.need, room_mask_id, pop_start, pop_count, pop_token, pd.bottom, pd.max_depth,
+                           pops, effect_op, key_ops, key_need)  # fmt: skip
     masks = _pack(patterns, class_of)
     return TokenGrammar(nxt, class_of, pd.accept, forced.astype(np.int32), pd.start, mask_id, masks, stack)
+
+
+def _key_words(ops: list) -> np.ndarray:
+    """``uint32[O, 4, W]``: each op's ``absent``, ``present``, ``clear`` and ``add`` bits as words."""
+    width = max([max(o.absent, o.present, o.clear, o.add).bit_length() for o in ops] + [1])
+    n = -(-width // 32)
+    return np.stack([_words([o.absent, o.present, o.clear, o.add], n) for o in ops])
+
+
+def _words(masks: list, n: int) -> np.ndarray:
+    """``uint32[len(masks), n]``: bit masks as ``n`` words each (bit ``i`` in word ``i // 32``)."""
+    return np.array([[(m >> (32 * w)) & 0xFFFFFFFF for w in range(n)] for m in masks], np.uint32).reshape(len(masks), n)
 
 
 def _chains(pd: Pushdown, nxt, effect, q, c, returns: bool):

@@ -28,7 +28,7 @@ import functools
 
 from jaxsample.structured import dfa_ops
 from jaxsample.structured import schema_merge as sm
-from jaxsample.structured.automaton import EMPTY, EPSILON, ByteDFA, alt, compile_expr, lit, seq, star
+from jaxsample.structured.automaton import EMPTY, EPSILON, ByteDFA, KeyOp, alt, compile_expr, lit, seq, star
 from jaxsample.structured.json_text import body_dfa, encoded_literal, escape, names_dfa
 from jaxsample.structured.schema_merge import error
 
@@ -215,8 +215,43 @@ class ObjectBuilder:
                 raise error(at, "", "overlapping patternProperties make more than 64 key regions")
         return regions
 
+    def registered(self) -> bool:
+        """Whether the object records its keys in the key register: any order, presence conditions
+        that are ``required`` only, no property counts, outside called rules."""
+        c, s = self.c, self.s
+        return (c.keys_recorded() and c.opts["property_order"] == "any" and self.members
+                and all(p[0] == "has" for p in self.pred[1]) and "minProperties" not in s and "maxProperties" not in s)
+
+    def build_registered(self):
+        """``{ member (, member)* }`` over every declared member and extra: a declared key marks its bit
+        (absent before: each at most once) before its closing quote; ``}`` needs the required bits and
+        clears the nesting's bits for the next object there; ``{`` clears them too (they are clear
+        there already; it tells the automaton, whose completability analysis needs it)."""
+        c = self.c
+        bits = {name: c.key_bit(name, self.path) for name in self.declared}
+        members = []
+        for name in self.declared:
+            mark = KeyOp(absent=bits[name], add=bits[name])
+            members.append(seq(lit('"'), encoded_literal(name), mark, lit('"'), c.colon, self.values[name]))
+        if self.extras is not None:
+            members.append(self.extras)
+        member = alt(*members)
+        start = members[self.declared.index(self.first)] if self.first is not None else member
+        needed = {p[1] for p in self.pred[1]}
+        if not needed <= bits.keys():  # a required property that no value can have
+            return EMPTY
+        required = sum(bits[n] for n in needed)
+        close = seq(KeyOp(present=required, clear=c.level_keys()), lit("}"))
+        items = seq(start, star(seq(c.comma, member)), c.ws)
+        open_ = seq(KeyOp(clear=c.level_keys()), lit("{"))  # (clear already: says so to the automaton)
+        out = seq(open_, c.ws, alt(EPSILON, items) if not required and self.first is None else items, close)
+        c._sizes[id(out)] = (out, sum(c.size(m) for m in members) + 1)
+        return out
+
     def build(self):
         c, s = self.c, self.s
+        if self.registered():
+            return self.build_registered()
         lo, hi = s.get("minProperties", 0), s.get("maxProperties")
         n = len(self.members)
         # with 0 or 1 declared properties there is no order to track; their size counts for the
@@ -286,6 +321,8 @@ class ObjectBuilder:
             if self.extras is not None and self.first is None:
                 options.append(seq(self.extras, after(0, start, min(1, cap))))
         out = c.container("{", "}", alt(*options), close_ok(0, start, 0))
+        if c.keys_recorded() and out != EMPTY:  # the same ops as registered objects' (union branches)
+            out = seq(KeyOp(clear=c.level_keys()), *out.items[:-1], KeyOp(clear=c.level_keys()), out.items[-1])
         extras = 0 if self.extras is None or not c.opts["value_calls"] else c.size(self.extras)
         c._sizes[id(out)] = (out, cost if any_order else sum(c.size(m) for _, m in self.members) + extras + 1)
         return out

@@ -73,6 +73,7 @@ from jaxsample.structured.automaton import (
     Call,
     Chars,
     GrammarError,
+    KeyOp,
     Repeat,
     Seq,
     alt,
@@ -119,6 +120,12 @@ def _is_type(value, t: str) -> bool:
 
 
 # -------------------------------------------------------------------------------------- compiler
+#: Key-register bits reserved per nesting level (see :meth:`_Compiler.key_bit`).
+LEVEL_KEYS = 4096
+#: The default of option ``key_register``.
+KEY_REGISTER = False
+
+
 class _Compiler:
     def __init__(self, root, opts: dict):
         self.root = root
@@ -169,6 +176,26 @@ class _Compiler:
         self._anchors = None
         self.string = seq(lit('"'), STRING_BODY, lit('"'))
         self.first = None  # (property, level): objects at that nesting write it first (see discriminator)
+        self.key_names: dict[int, dict[str, int]] = {}  # level -> property -> its index in the level's bits
+        self.in_rule = False  # compiling a called rule (no key register there: one register per row)
+
+    def keys_recorded(self) -> bool:
+        """Whether objects here may use the key register (option ``key_register``, outside called rules)."""
+        return self.opts["key_register"] and not self.in_rule
+
+    def key_bit(self, name: str, path: str) -> int:
+        """The key-register bit of property ``name`` at the current nesting: objects at one nesting
+        share bits by name (union branches then record the same ops), nested objects use others.
+        Each nesting has a block of :data:`LEVEL_KEYS` bits (the automaton keeps only those used)."""
+        names = self.key_names.setdefault(self.level, {})
+        i = names.setdefault(name, len(names))
+        if i >= LEVEL_KEYS:
+            raise error(path, "properties", f"more than {LEVEL_KEYS} property names at one nesting")
+        return 1 << (self.level * LEVEL_KEYS + i)
+
+    def level_keys(self) -> int:
+        """Every key-register bit of the current nesting (cleared where an object closes)."""
+        return ((1 << LEVEL_KEYS) - 1) << (self.level * LEVEL_KEYS)
 
     def sub(self, **changes) -> "_Compiler":
         """A compiler for the same document with other options (e.g. compact whitespace for checks)."""
@@ -224,7 +251,7 @@ class _Compiler:
         hit = self._sizes.get(id(expr))
         if hit is not None and hit[0] is expr:
             return hit[1]
-        if isinstance(expr, (Chars, Call)):  # a call's rule is compiled once, not here
+        if isinstance(expr, (Chars, Call, KeyOp)):  # a call's rule is compiled once, not here
             n = 1
         elif isinstance(expr, (Seq, Alt)):
             n = sum(1 if type(x) is Chars else self.size(x) for x in expr.items)
@@ -305,7 +332,8 @@ class _Compiler:
         of called values name it)."""
         inline = max(self.inline_until - self.level, 0)
         first = None if self.first is None else (self.first, self.level)
-        return frozenset(self.active), frozenset((+self.open_refs).items()), inline, first
+        level = self.level if self.opts["key_register"] else None  # key bits are per nesting
+        return frozenset(self.active), frozenset((+self.open_refs).items()), inline, first, level
 
     def value_call(self, schema, value) -> Call:
         """A :class:`Call` of ``value`` (``schema`` compiled here) as a rule compiled once: an object
@@ -319,7 +347,7 @@ class _Compiler:
         """``root``, or a :class:`Grammar` of it and the recursive rules it calls (compiled here)."""
         while self.pending:
             rule, (schema, path) = self.pending.popitem()
-            self.active, self.open_refs = {rule}, collections.Counter()
+            self.active, self.open_refs, self.in_rule = {rule}, collections.Counter(), True
             self.rules[rule] = self.compile(schema, path)
         if not self.rules:
             return root
@@ -908,6 +936,7 @@ def schema_expr(
     inline_generic: int = 0,
     discriminator_first: bool = False,
     value_calls: bool = False,
+    key_register: bool | None = None,
 ):
     """Expression tree of the JSON documents a schema accepts, or a
     :class:`~jaxsample.structured.pushdown.Grammar` when it recurses (see the module docstring).
@@ -966,6 +995,13 @@ def schema_expr(
         sample's budget failures); :func:`~jaxsample.structured.compiler.compile_json_schema`
         retries without it where the automaton cannot choose between a call and another union
         branch's inline value.
+      key_register: objects in any order record the declared properties written in a per-row
+        register of key bits (:class:`~jaxsample.structured.automaton.KeyOp`) instead of one copy of
+        their states per set of written properties: linear size at any number of properties. Objects
+        whose presence conditions go beyond ``required``, that count properties or that sit in a
+        called rule keep the tracked-set form. ``None``: :data:`KEY_REGISTER` (off for now);
+        :func:`~jaxsample.structured.compiler.compile_json_schema` retries without it where the
+        automaton cannot apply the ops (:class:`~jaxsample.structured.pushdown.KeyRegisterError`).
 
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
@@ -977,6 +1013,6 @@ def schema_expr(
                 max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
                 open_objects=open_objects, untyped=untyped, unknown_formats=unknown_formats, max_depth=max_depth,
                 ref_calls=ref_calls, inline_generic=inline_generic, discriminator_first=discriminator_first,
-                value_calls=value_calls)  # fmt: skip
+                value_calls=value_calls, key_register=KEY_REGISTER if key_register is None else key_register)  # fmt: skip
     c = _Compiler(schema, opts)
     return c.grammar(c.compile(schema))

@@ -16,9 +16,10 @@ and llguidance's ``LLMatcher``:
 Semantics (shared with :mod:`~jaxsample.structured.tables`): a token's class gives ``next[state,
 class]``; a value below ``num_states`` is the new state; above, an *effect*: a stay that pushes
 return states, or a return that pops the top state (the state ``bottom`` when the stack is empty)
-and continues there with the class of the token's remaining bytes, until a stay. A token is allowed
-when that ends in a live state whose depth requirement fits the limit; EOS also needs every
-state on the stack to be able to end.
+and continues there with the class of the token's remaining bytes, until a stay. Effects may
+apply key-register ops (objects recording their written keys), which may refuse the token. A token
+is allowed when that ends in a live state whose depth requirement fits the limit; EOS also needs
+every state on the stack to be able to end.
 
 >>> from jaxsample.structured import compile_gbnf, Vocabulary
 >>> v = Vocabulary.from_pieces(["<eos>", "(", ")", "x", "))"], kind="raw", special_ids=[0], eos_ids=[0])
@@ -35,6 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxsample.structured.automaton import KeyOp
 from jaxsample.structured.tokens import TokenGrammar
 
 
@@ -57,12 +59,18 @@ class Matcher:
             raise ValueError(f"max_depth={max_depth} is negative or below what the grammar's shortest output needs")
         self.eos_ids = np.asarray(grammar.eos_ids, np.int64)
         self.vocab_size = int(grammar.class_of.shape[0])
+        words = pd.key_ops.astype(object) if pd is not None else np.zeros((1, 4, 1), object)
+        masks = (words << (32 * np.arange(words.shape[2], dtype=object))).sum(axis=2)
+        self._ops = [KeyOp(*(int(x) for x in row)) for row in masks]
+        if pd is not None:
+            words = pd.key_need.astype(object) << (32 * np.arange(pd.key_need.shape[1], dtype=object))
+            self._need = words.sum(axis=1).tolist()
         self.reset()
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         """Back to the start (history cleared)."""
-        self.state, self.stack, self.terminated = int(self.grammar.start), (), False
+        self.state, self.stack, self.keys, self.terminated = int(self.grammar.start), (), 0, False
         self._history: list = []
 
     def rollback(self, n: int) -> None:
@@ -74,7 +82,7 @@ class Matcher:
         if not 0 <= n <= len(self._history):
             raise ValueError(f"cannot roll back {n} tokens: {len(self._history)} accepted")
         if n:
-            self.state, self.stack, self.terminated = self._history[-n]
+            self.state, self.stack, self.keys, self.terminated = self._history[-n]
             del self._history[-n:]
 
     def is_terminated(self) -> bool:
@@ -139,13 +147,13 @@ class Matcher:
         token = int(token)
         if not 0 <= token < self.vocab_size or not self._allows(token):
             return False
-        self._history.append((self.state, self.stack, self.terminated))
+        self._history.append((self.state, self.stack, self.keys, self.terminated))
         if token in self.eos_ids:
             self.terminated = True
         elif self.grammar.pushdown is None:
             self.state = int(self.grammar.next[self.state, self.grammar.class_of[token]])
         else:
-            self.state, self.stack = self._step(token)
+            self.state, self.stack, self.keys = self._step(token)
         return True
 
     def accept_tokens(self, tokens: Sequence[int]) -> int:
@@ -156,28 +164,38 @@ class Matcher:
         return len(tokens)
 
     def _step(self, token: int):
-        """``(state, stack)`` after ``token``, or ``None`` if it leads nowhere or needs too much depth."""
+        """``(state, stack, keys)`` after ``token``, or ``None`` if it leads nowhere, needs too much
+        depth or fails a key-register test."""
         g, pd = self.grammar, self.grammar.pushdown
         c = int(g.class_of[token])
         v = int(g.next[self.state, c])
         if pd is None:
-            return (v, ()) if v else None
+            return (v, (), 0) if v else None
         s = g.num_states
-        stack = list(self.stack)
+        stack, keys = list(self.stack), self.keys
         for _ in range(pd.max_pops + 1):
             if v == 0:
                 return None
             if v < s:
-                return (v, tuple(stack)) if len(stack) + pd.need[v] <= self.limit else None
+                ok = len(stack) + pd.need[v] <= self.limit and self._viable(v, keys)
+                return (v, tuple(stack), keys) if ok else None
             target, rest, n, room = pd.effect[v - s, :4].tolist()
-            if len(stack) + room > self.limit:  # (a return: calls entered and left before it)
+            keys = self._ops[int(pd.effect_op[v - s])].apply(keys)
+            if len(stack) + room > self.limit or keys is None:  # (a return: calls entered and left before it)
                 return None
             if target >= 0:
-                return target, tuple(stack) + tuple(pd.effect[v - s, 4 : 4 + n].tolist())
+                if not self._viable(target, keys):
+                    return None
+                return target, tuple(stack) + tuple(pd.effect[v - s, 4 : 4 + n].tolist()), keys
             r = stack.pop() if stack else pd.bottom
             c = c if rest < 0 else rest
             v = int(g.next[r, c])
         return None  # pragma: no cover - chains are at most max_pops long
+
+    def _viable(self, q: int, keys: int) -> bool:
+        """Whether a key still needed in ``q`` (inside a key, after ``,``) can be written."""
+        need = self._need[q]
+        return not need or keys & need != need
 
 
 def _set(words: np.ndarray, tokens) -> np.ndarray:

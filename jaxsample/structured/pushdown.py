@@ -49,11 +49,13 @@ from jaxsample.structured.automaton import (
     Chars,
     EmptyLanguageError,
     GrammarError,
+    KeyOp,
     Repeat,
     Seq,
     _determinise,
     _NFA,
     budgets,
+    compose,
 )
 from jaxsample.structured.minimise import _gather, coreachable, partition, predecessors
 
@@ -92,6 +94,11 @@ class Pushdown(NamedTuple):
       returns: ``int32[R]`` the states that can be on top of a stack (pushed states and ``bottom``).
       max_depth: default stack limit.
       closed: ``bool[Q]`` states where the rule must end (accepting, nothing continues): they return at once.
+      op: ``int32[Q, K]`` index into ``ops`` of the key-register op a shifted byte applies first (0: none).
+      ops: the :class:`~jaxsample.structured.automaton.KeyOp` s; ``ops[0]`` does nothing.
+      key_need: per state, the key bits of which one at least must be clear for the output to be
+        completable (every way on needs a key not yet written: inside a key, after ``,``); 0: none
+        (see :func:`_key_needs`).
     """
 
     delta: np.ndarray
@@ -106,22 +113,34 @@ class Pushdown(NamedTuple):
     returns: np.ndarray
     max_depth: int
     closed: np.ndarray
+    op: np.ndarray | None = None
+    ops: tuple = (KeyOp(),)
+    key_need: tuple = ()
+
+    def viable(self, q: int, keys: int) -> bool:
+        """Whether the output can still be completed from ``q`` with key register ``keys``."""
+        need = self.key_need[q] if self.key_need else 0
+        return not need or keys & need != need
 
     @property
     def num_states(self) -> int:
         return int(self.delta.shape[0])
 
-    def step(self, q: int, byte: int, stack: list) -> int:
+    def step(self, q: int, byte: int, stack: list, keys: int = 0) -> int:
         """State after one byte (``stack`` updated in place; 0: the byte is not allowed)."""
-        return self.step_peak(q, byte, stack)[0]
+        return self.step_peak(q, byte, stack, keys)[0]
 
-    def step_peak(self, q: int, byte: int, stack: list) -> tuple[int, int]:
-        """``(state, peak)``: :meth:`step` and the deepest the stack was while reading the byte (calls
-        entered and left at once count, as they do for the depth limit)."""
+    def step_peak(self, q: int, byte: int, stack: list, keys: int = 0) -> tuple[int, int, int]:
+        """``(state, peak, keys)``: :meth:`step`, the deepest the stack was while reading the byte (calls
+        entered and left at once count, as they do for the depth limit) and the key register after it."""
         c = self.byte_class[byte]
         peak = len(stack)
         while True:
             if self.delta[q, c]:
+                if self.op is not None and self.op[q, c]:
+                    keys = self.ops[self.op[q, c]].apply(keys)
+                    if keys is None:
+                        return 0, peak, 0
                 q = int(self.delta[q, c])
                 break
             if self.enter[q, c]:
@@ -130,25 +149,26 @@ class Pushdown(NamedTuple):
                 q = int(self.enter[q, c])
                 break
             if not self.accept[q] or q == self.bottom:
-                return 0, peak
+                return 0, peak, 0
             q = stack.pop() if stack else self.bottom  # lazy return: the byte is processed by the caller
         while self.closed[q] and q != self.bottom:  # the rule must end: return at once
             q = stack.pop() if stack else self.bottom
-        return q, peak
+        return q, peak, keys
 
-    def run(self, data: bytes, state: int | None = None, stack: tuple = (), max_depth: int | None = None):
-        """``(state, stack)`` after ``data`` from ``state`` (default: the start) with return states
-        ``stack``; ``None`` if it dies, nests past ``max_depth`` frames (default: the grammar's) or
-        leaves no completion within them. The byte-level meaning every token table follows."""
+    def run(self, data: bytes, state: int | None = None, stack: tuple = (), max_depth: int | None = None,
+            keys: int = 0):  # fmt: skip
+        """``(state, stack, keys)`` after ``data`` from ``state`` (default: the start) with return states
+        ``stack`` and key register ``keys``; ``None`` if it dies, nests past ``max_depth`` frames (default:
+        the grammar's) or leaves no completion within them. The byte-level meaning every token table follows."""
         limit = self.max_depth if max_depth is None else int(max_depth)
         q, frames = self.start if state is None else state, list(stack)
         for b in data:
-            q, peak = self.step_peak(q, b, frames)
+            q, peak, keys = self.step_peak(q, b, frames, keys)
             if q == 0 or peak > limit:
                 return None
         if len(frames) + self.need[q] > limit or any(i + self.need[r] > limit for i, r in enumerate(frames)):
             return None
-        return q, tuple(frames)
+        return (q, tuple(frames), keys) if self.viable(q, keys) else None
 
     def matches(self, data: bytes, max_depth: int | None = None) -> bool:
         """Whether ``data`` is a complete output with at most ``max_depth`` frames (default: the grammar's)
@@ -169,6 +189,8 @@ def _nullable(expr, rules_nullable: dict) -> bool:
         return any(_nullable(x, rules_nullable) for x in expr.items)
     if isinstance(expr, Repeat):
         return expr.lo == 0 or _nullable(expr.item, rules_nullable)
+    if isinstance(expr, KeyOp):
+        return True
     if hasattr(expr, "dfa"):  # an embedded DFA (dfa_ops.Automaton)
         return bool(expr.dfa.accept[expr.dfa.start])
     raise TypeError(f"not an expression node: {expr!r}")
@@ -239,8 +261,9 @@ def compile_grammar(
         starts.append(nfa.build(g.rules[nfa.called[len(starts)]], finals[-1]))
     names = nfa.called
     table, symbol_class, accept, entries = _determinise(nfa, starts, set(finals), max_dfa_states)
-    call_cols = {int(symbol_class[256 + i]): i for i in range(len(names))}
+    call_cols = {int(symbol_class[256 + nfa.call_symbol[i]]): i for i in range(len(names))}
     call_cols = {c: r for c, r in call_cols.items() if c not in set(symbol_class[:256].tolist())}
+    op_cols = {int(symbol_class[256 + s]): op for op, s in nfa.op_symbol.items()}
     live, nonempty = _trim(table, accept, entries, call_cols)
     keep = np.flatnonzero(live)
     renum = np.zeros(table.shape[0], np.int64)
@@ -260,17 +283,18 @@ def compile_grammar(
     t = new_id[block[t[reps]]]
     acc = acc[reps]
     rule_start = [int(new_id[block[renum[e]]]) if nonempty[i] and live[e] else 0 for i, e in enumerate(entries)]
-    return _machine(t, acc, symbol_class[:256], call_cols, rule_start, names, g.max_depth)
+    return _machine(t, acc, symbol_class[:256], call_cols, rule_start, names, g.max_depth, op_cols)
 
 
-def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth) -> Pushdown:
-    """Byte-level semantics (enter tables, checks, depth needs) of the minimised table over all rules."""
+def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth, op_cols=None) -> Pushdown:
+    """Byte-level semantics (key ops, enter tables, checks, depth needs) of the minimised table over all rules."""
     byte_cols = np.unique(byte_symbol)
     compact = np.zeros(t.shape[1], np.int64)
     compact[byte_cols] = np.arange(byte_cols.size)
     byte_class = compact[byte_symbol].astype(np.int32)
     delta = t[:, byte_cols]
     q_count, k = delta.shape
+    op, ops = _key_ops(t, delta, op_cols or {}, call_cols)
     bottom = q_count  # appended below: accepting, no transition
     calls = [(q, r, int(t[q, c])) for c, r in call_cols.items() for q in np.flatnonzero(t[:, c]).tolist()]
     calls_at: dict[int, list] = {}
@@ -314,10 +338,15 @@ def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth) ->
     delta = np.concatenate([delta, np.zeros((1, k), delta.dtype)]).astype(np.int32)
     accept = np.concatenate([accept, [True]])
     closed = np.concatenate([closed, [True]])
+    if op is not None:
+        op = np.concatenate([op, np.zeros((1, k), np.int32)])
+        callee = {rule_start[r] for _, r, _ in calls}
+        if _reaches(delta, enter, callee, op):
+            raise KeyRegisterError("key register ops inside a called rule are not supported (one register per row)")
     p = Pushdown(
         delta, byte_class, accept, enter, enter_push, tuple(pushes), 1, bottom,
         np.zeros(q_count + 1, np.int32), np.zeros(0, np.int32), int(max_depth),
-        accept & ~(delta != 0).any(axis=1) & ~(enter != 0).any(axis=1),
+        accept & ~(delta != 0).any(axis=1) & ~(enter != 0).any(axis=1), op, ops,
     )  # fmt: skip
     member = _membership(p, calls, rule_start)
     _check_returns(p, calls, rule_start, member, names)
@@ -325,7 +354,164 @@ def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth) ->
     if need[p.start] > max_depth:
         raise GrammarError(f"the shortest output of the grammar nests {need[p.start]} calls deep (max_depth={max_depth})")
     returns = sorted({s for seq_ in pushes for s in seq_} | {bottom})
-    return p._replace(need=need.astype(np.int32), returns=np.asarray(returns, np.int32))
+    p = p._replace(need=need.astype(np.int32), returns=np.asarray(returns, np.int32))
+    if op is not None:
+        p = p._replace(key_need=_key_needs(p))
+        if any(p.key_need[r] for r in returns):
+            raise KeyRegisterError("a call returns where a key must still be written")
+    return p
+
+
+def _key_needs(p: Pushdown) -> tuple:
+    """Per state, the bits of which one at least must be clear to complete the output (0: none needed).
+
+    A least fixpoint over the byte transitions: accepting states need nothing; a shift or a call
+    passes on its target's need (a call's callee holds no ops: it completes); a byte read with an
+    op passes on its target's need as the op leaves it (a bit it clears satisfies it, a bit it adds
+    cannot), and its ``absent`` bits (a key written for the first time) are needed when the target
+    needs nothing. Alternatives join: one that needs nothing wins, otherwise any of their bits will
+    do. An op's ``present`` test (required keys before ``}``) counts as satisfiable: the JSON objects
+    recording keys can always write a missing required key first. A key test whose target needs
+    other keys too would need a conjunction: :class:`KeyRegisterError`.
+    """
+    free = p.accept.copy()
+    free[p.bottom] = True
+    mask = [0] * p.num_states
+    moves = []  # (state, target, op) of every shift; calls as moves to a state that needs nothing
+    for q, b in zip(*np.nonzero(p.delta)):
+        moves.append((int(q), int(p.delta[q, b]), p.ops[int(p.op[q, b])]))
+    callers = np.flatnonzero((p.enter != 0).any(axis=1)).tolist()
+    free[callers] = True
+    changed = True
+    while changed:
+        changed = False
+        for q, t, o in moves:
+            if free[q]:
+                continue
+            if free[t]:
+                got = o.absent or None
+            else:
+                if mask[t] & o.clear & ~o.add:
+                    got = None
+                else:
+                    got = mask[t] & ~(o.clear | o.add)
+                    if o.absent and got:
+                        raise KeyRegisterError("a key test where the next state needs keys too")
+                    if not got:
+                        continue
+            if got is None:
+                free[q] = changed = True
+            elif mask[q] | got != mask[q]:
+                mask[q] |= got
+                changed = True
+    return tuple(0 if free[q] else mask[q] for q in range(p.num_states))
+
+
+class KeyRegisterError(GrammarError):
+    """Key-register ops where this automaton cannot apply them: in a called rule (one register per
+    row), right before a call, or in conflict (:class:`KeyOpConflictError`)."""
+
+
+class KeyOpConflictError(KeyRegisterError):
+    """A byte can be read both with and without a key-register op (or with two), e.g. where a JSON
+    object that records its keys and one that does not are both still possible."""
+
+
+def _key_ops(t: np.ndarray, delta: np.ndarray, op_cols: dict, call_cols):
+    """Moves key-op symbol transitions onto the bytes read after them (``delta`` updated in place).
+
+    A state with op transitions reads byte ``b`` either by its own shift or through its ops (composed
+    along a chain of them) and the shift after them; more than one way is a :class:`KeyOpConflictError`.
+    Returns ``(op, ops)``: ``int32[Q, K]`` indices into the ops (0: none), or ``(None, (KeyOp(),))``.
+    """
+    if not op_cols:
+        return None, (KeyOp(),)
+    cols = np.fromiter(op_cols, np.int64)
+    col_ops = [op_cols[c] for c in cols.tolist()]
+    has = (t[:, cols] != 0).any(axis=1)
+    calls = (t[:, list(call_cols)] != 0).any(axis=1) if call_cols else np.zeros(t.shape[0], bool)
+    direct = delta.copy()
+    memo: dict[int, list] = {}
+
+    def through(q: int, path: tuple = ()) -> list:
+        """Per byte class: ``(target, op)`` reached from ``q`` through its op transitions (``None``: none)."""
+        if q in memo:
+            return memo[q]
+        if q in path:
+            raise GrammarError("key register ops loop without reading a byte")
+        out = [None] * delta.shape[1]
+        for c, o in zip(cols.tolist(), col_ops):
+            x = int(t[q, c])
+            if not x:
+                continue
+            if calls[x]:
+                raise KeyRegisterError("a key register op right before a call is not supported")
+            reach = [(int(direct[x, b]), KeyOp()) if direct[x, b] else None for b in range(delta.shape[1])]
+            if has[x]:
+                for b, got in enumerate(through(x, path + (q,))):
+                    if got is not None:
+                        if reach[b] is not None:
+                            raise KeyOpConflictError(_conflict(b))
+                        reach[b] = got
+            for b, got in enumerate(reach):
+                if got is None:
+                    continue
+                if out[b] is not None:
+                    raise KeyOpConflictError(_conflict(b))
+                both = compose(o, got[1])
+                if both is not None:
+                    out[b] = (got[0], both)
+        memo[q] = out
+        return out
+
+    op = np.zeros(delta.shape, np.int32)
+    ids = {KeyOp(): 0}
+    for q in np.flatnonzero(has).tolist():
+        for b, got in enumerate(through(q)):
+            if got is None:
+                continue
+            if direct[q, b]:
+                raise KeyOpConflictError(_conflict(b))
+            delta[q, b] = got[0]
+            op[q, b] = ids.setdefault(got[1], len(ids))
+    return op, _dense(tuple(ids))
+
+
+def _dense(ops: tuple) -> tuple:
+    """The ops over the bits they test or set, numbered from 0 in order (others are never set)."""
+    used = 0
+    for o in ops:
+        used |= o.absent | o.present | o.add
+    position, i = {}, 0
+    while used >> i:
+        if used >> i & 1:
+            position[i] = len(position)
+        i += 1
+
+    def dense(mask: int) -> int:
+        return sum(1 << j for i, j in position.items() if mask >> i & 1)
+
+    return tuple(KeyOp(dense(o.absent), dense(o.present), dense(o.clear), dense(o.add)) for o in ops)
+
+
+def _conflict(b: int) -> str:
+    return f"a byte (class {b}) can be read with two different key-register ops (or with and without one)"
+
+
+def _reaches(delta: np.ndarray, enter: np.ndarray, starts, op: np.ndarray) -> bool:
+    """Whether a state reachable from ``starts`` by shifts and entered calls reads a byte with a key op."""
+    seen = np.zeros(delta.shape[0], bool)
+    todo = [s for s in starts if s]
+    seen[todo] = True
+    while todo:
+        q = todo.pop()
+        if op[q].any():
+            return True
+        for x in set(delta[q].tolist()) | set(enter[q].tolist()):
+            if x and not seen[x]:
+                seen[x] = True
+                todo.append(x)
+    return False
 
 
 def _byte_name(byte_class, b: int) -> str:

@@ -85,7 +85,8 @@ class GrammarStage(Stage):
                 )
         if t is None:
             zero = jnp.zeros(info.batch_shape, jnp.int32)
-            return _tables.GrammarState(zero, jnp.zeros(info.batch_shape + (0,), jnp.int32), zero)
+            none = info.batch_shape + (0,)
+            return _tables.GrammarState(zero, jnp.zeros(none, jnp.int32), zero, jnp.zeros(none, jnp.uint32))
         return _rows(_tables.initial_state(t, ids), info.batch_shape)
 
     def update(self, logits, state, params, info):

@@ -98,6 +98,7 @@ MIN_PUSHES = 4
 MIN_POPS = 2
 MIN_RETURN_ROWS = 8  # return_next: the dead state and the states a return can pop,
 MIN_RETURN_COLS = 32  # the dead class and the classes those states read
+MIN_KEY_OPS = 16  # key-register ops of a grammar (objects recording their keys)
 
 _STATIC = ("depth", "max_pops", "window")
 
@@ -138,6 +139,11 @@ class Tables:
       bottom: ``int32[G]`` the state below every stack.
       limit: ``int32[G]`` stack limit (traced: changing it never recompiles; ``<= depth``).
       eos: ``int32[G, N]`` EOS ids (``-1`` padding).
+      effect_op: ``idx[G, E]`` the key-register op of each effect (0: none; ``[G, 1]`` when no grammar has one).
+      key_ops: ``uint32[G, O, 4, K]`` the ops' ``absent``, ``present``, ``clear`` and ``add`` bits over the
+        ``K`` words of a row's key register (``K = 0`` when no grammar has ops).
+      key_need: ``uint32[G, S, K]`` per state, the key bits of which one at least must be clear (inside
+        a key, after ``,``: the output must stay completable; 0: none).
       depth: static stack capacity ``D`` (0: no grammar recurses).
       max_pops: static bound on the frames one token returns from.
       window: static number of stack-dependent tokens examined per row and step.
@@ -168,6 +174,9 @@ class Tables:
     bottom: Array
     limit: Array
     eos: Array
+    effect_op: Array
+    key_ops: Array
+    key_need: Array
     depth: int = 0
     max_pops: int = 0
     window: int = 0
@@ -188,11 +197,14 @@ class GrammarState(NamedTuple):
       state: ``int32[B]`` automaton state (0 = dead: a token the grammar did not allow was accepted).
       stack: ``int32[B, D]`` return states of a recursive grammar, oldest first.
       depth: ``int32[B]`` frames in use.
+      keys: ``uint32[B, K]`` the key register: declared properties written in the open objects
+        (:class:`~jaxsample.structured.automaton.KeyOp`; ``K = 0`` when no grammar records keys).
     """
 
     state: Array
     stack: Array
     depth: Array
+    keys: Array
 
 
 def bucket(n: int, minimum: int) -> int:
@@ -298,6 +310,9 @@ def stack(
     n_ret = bucket(1 + max(x[0].size for x in returns if x is not None), MIN_RETURN_ROWS) if rec else 1
     n_col = bucket(1 + max(x[1].size for x in returns if x is not None), MIN_RETURN_COLS) if rec else 1
     n_eos = max(len(g.eos_ids) for g in grammars) or 1
+    key_ops = [p.key_ops for p in rec if p.key_ops.shape[0] > 1]
+    n_ops = bucket(max([k.shape[0] for k in key_ops], default=1), MIN_KEY_OPS) if key_ops else 1
+    n_words = bucket(max(k.shape[2] for k in key_ops), 1) if key_ops else 0
     v = vocab.pop()
     s_rec, s_pop = (s if rec else 1), (s if window else 1)  # stack arrays only where the code reads them
     cw = -(-c // 32)
@@ -325,6 +340,9 @@ def stack(
     bottom = np.zeros(n, np.int32)
     limit = np.zeros(n, np.int32)
     eos = np.full((n, n_eos), -1, np.int32)
+    effect_op = np.zeros((n, n_eff if key_ops else 1), _index_dtype(n_ops))
+    key_table = np.zeros((n, n_ops, 4, n_words), np.uint32)
+    key_need = np.zeros((n, s if key_ops else 1, n_words), np.uint32)
     start = np.zeros(n, np.int32)  # padding grammars: start in the dead state
     for i, (g, p) in enumerate(zip(grammars, pds)):
         k = g.num_states
@@ -358,6 +376,10 @@ def stack(
         e = p.effect.copy()
         e[:, 1] = np.where(e[:, 1] >= 0, return_col[i, np.maximum(e[:, 1], 0)].astype(np.int32), -1)
         effect[i, : e.shape[0], : e.shape[1]] = e
+        if key_ops:
+            effect_op[i, : p.effect_op.size] = p.effect_op
+            key_table[i, : p.key_ops.shape[0], :, : p.key_ops.shape[2]] = p.key_ops
+            key_need[i, : p.key_need.shape[0], : p.key_need.shape[1]] = p.key_need
         if window:
             pop_start[i, :k], pop_count[i, :k], token, value = lists[i]
             pop_token[i, : token.size], pop_next[i, : value.size] = token, remap(value)
@@ -365,7 +387,7 @@ def stack(
         limit[i] = limits[i]
     arrays = [row_sets, live_bits, pattern_bits, pattern_rank, row_offset, targets, class_of, forced, start, mask_id,
               mask_rows, mask_blocks, accept, need, effect, pop_start, pop_count, pop_token, pop_next, return_row,
-              return_col, return_next, bottom, limit, eos]  # fmt: skip
+              return_col, return_next, bottom, limit, eos, effect_op, key_table, key_need]  # fmt: skip
     return Tables(*jax.device_put(arrays), depth=d, max_pops=max_pops, window=window)  # one transfer call: ~4x faster
 
 
@@ -541,7 +563,8 @@ def _as_state(tables: Tables, state) -> GrammarState:
     if isinstance(state, GrammarState):
         return state
     s = jnp.asarray(state, jnp.int32)
-    return GrammarState(s, jnp.zeros(s.shape + (tables.depth,), jnp.int32), jnp.zeros(s.shape, jnp.int32))
+    return GrammarState(s, jnp.zeros(s.shape + (tables.depth,), jnp.int32), jnp.zeros(s.shape, jnp.int32),
+                        jnp.zeros(s.shape + (tables.key_ops.shape[3],), jnp.uint32))  # fmt: skip
 
 
 def initial_state(tables: Tables, grammar: ArrayLike) -> GrammarState:
@@ -558,8 +581,17 @@ def _frames_accept(tables: Tables, g: Array, st: GrammarState) -> Array:
     return jnp.all(~used | tables.accept[g[:, None], st.stack], axis=1)
 
 
+def _key_op(tables: Tables, gg: Array, v: Array, apply: Array, keys: Array) -> tuple[Array, Array]:
+    """Where ``apply``, effect ``v``'s key op on ``keys [..., K]``: ``(passed, keys after)``."""
+    n_eff = tables.effect_op.shape[1]
+    op = tables.key_ops[gg, tables.effect_op[gg, jnp.clip(v - tables.forced.shape[1], 0, n_eff - 1)].astype(jnp.int32)]
+    absent, present, clear, add = (op[..., j, :] for j in range(4))
+    passed = jnp.all(keys & absent == 0, axis=-1) & jnp.all(keys & present == present, axis=-1)
+    return ~apply | passed, jnp.where(apply[..., None], (keys & ~clear) | add, keys)
+
+
 def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, first: Array | None = None):
-    """Follows a token's returns: ``(valid, state, depth after pops, effect row or None)``.
+    """Follows a token's returns: ``(valid, state, depth after pops, effect row or None, key register)``.
 
     Shapes are ``[B]`` (one token per row) or ``[B, W]`` (several tokens per row); ``first``: the
     tokens' ``next`` values from the row's state when known (the listed stack-dependent tokens).
@@ -569,11 +601,12 @@ def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, first: A
     lanes = tokens.ndim == 2
     gg = g[:, None] if lanes else g
     depth = jnp.broadcast_to(st.depth[:, None], tokens.shape) if lanes else st.depth
+    keys = jnp.broadcast_to(st.keys[:, None], tokens.shape + st.keys.shape[-1:]) if lanes else st.keys
     cls = tables.class_of[gg, jnp.clip(tokens, 0, v_size - 1)].astype(jnp.int32)
     cls = jnp.where((tokens >= 0) & (tokens < v_size), cls, 0)
     v = _next(tables, gg, st.state[:, None] if lanes else st.state, cls) if first is None else first
     if tables.max_pops == 0:
-        return v != 0, v, depth, None
+        return v != 0, v, depth, None, keys
     n_eff = tables.effect.shape[1]
     rows = jnp.arange(g.shape[0])
     col = tables.return_col[gg, cls].astype(jnp.int32)  # the class read after a return, as a column of return_next
@@ -582,6 +615,9 @@ def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, first: A
         e = tables.effect[gg, jnp.clip(v - s_size, 0, n_eff - 1)]
         ret = (v >= s_size) & (e[..., 0] < 0)
         fits &= ~ret | (depth + e[..., 3] <= tables.limit[gg])
+        if keys.shape[-1]:  # the key ops of the bytes before the return
+            passed, keys = _key_op(tables, gg, v, ret, keys)
+            fits &= passed
         at = st.depth - 1 - i
         popped = jnp.where(at >= 0, st.stack[rows, jnp.clip(at, 0, max(tables.depth - 1, 0))], tables.bottom[g])  # [B]
         row = tables.return_row[g, popped].astype(jnp.int32)
@@ -590,10 +626,16 @@ def _resolve(tables: Tables, g: Array, st: GrammarState, tokens: Array, first: A
         depth = jnp.where(ret, jnp.maximum(depth - 1, 0), depth)
     eff = v >= s_size
     e = tables.effect[gg, jnp.clip(v - s_size, 0, n_eff - 1)]
+    if keys.shape[-1]:
+        passed, keys = _key_op(tables, gg, v, eff, keys)
+        fits &= passed
     target = jnp.where(eff, e[..., 0], v)
     room = jnp.where(eff, e[..., 3], tables.need[gg, jnp.clip(v, 0, s_size - 1)])
     valid = fits & (v != 0) & (target > 0) & (depth + room <= tables.limit[gg])
-    return valid, target, depth, jnp.where(eff[..., None], e, 0)
+    if keys.shape[-1]:  # a key still needed there must be writable
+        need = tables.key_need[gg, jnp.clip(target, 0, s_size - 1)]
+        valid &= jnp.all(need == 0, axis=-1) | jnp.any(keys & need != need, axis=-1)
+    return valid, target, depth, jnp.where(eff[..., None], e, 0), keys
 
 
 def _mask_words(tables: Tables, g: Array, q: Array, room: Array) -> Array:
@@ -661,14 +703,14 @@ def advance(tables: Tables, grammar: ArrayLike, state, tokens: ArrayLike) -> Gra
     st = _as_state(tables, state)
     tokens = jnp.asarray(tokens, jnp.int32)
     g = _ids(tables, grammar)
-    valid, target, depth, e = _resolve(tables, g, st, tokens)
-    new = GrammarState(jnp.where(valid, target, 0), st.stack, st.depth)
+    valid, target, depth, e, keys = _resolve(tables, g, st, tokens)
+    new = GrammarState(jnp.where(valid, target, 0), st.stack, st.depth, jnp.where(valid[:, None], keys, st.keys))
     if e is not None:
         pos = jnp.arange(tables.depth)[None, :] - depth[:, None]  # slot j of the pushes goes to depth + j
         npush = e[:, 2]
         pushed = jnp.take_along_axis(e[:, 4:], jnp.clip(pos, 0, max(e.shape[1] - 5, 0)), axis=1) if e.shape[1] > 4 else 0
         stk = jnp.where((pos >= 0) & (pos < npush[:, None]), pushed, st.stack)
-        new = GrammarState(new.state, jnp.where(valid[:, None], stk, st.stack), jnp.where(valid, depth + npush, st.depth))
+        new = new._replace(stack=jnp.where(valid[:, None], stk, st.stack), depth=jnp.where(valid, depth + npush, st.depth))
     keep = (grammar >= 0) & (tokens >= 0)
     return jax.tree.map(lambda a, b: jnp.where(keep.reshape(keep.shape + (1,) * (a.ndim - 1)), a, b), new, st)
 
