@@ -195,3 +195,30 @@ def test_rows_are_never_stranded_by_written_keys():
             ids.append(int(rng.choice(np.flatnonzero(allowed & ~eos))))
             assert m.accept_token(ids[-1])
     assert finished >= 20
+
+
+def test_an_object_too_large_for_the_tracked_sets_keeps_any_order_with_the_register():
+    """20 properties: the tracked-set form keeps schema order (past ``max_order_states``) and refuses a
+    valid document in another order; with the register the token tables accept it."""
+    import numpy as np
+
+    from jaxsample import structured as st
+    from tests._structured_vocab import bpe_vocab
+
+    v = bpe_vocab(size=1216)
+    props = {f"p{i:02d}": {"type": "string", "maxLength": 3} for i in range(20)}
+    schema = {"type": "object", "properties": props, "required": ["p00"], "additionalProperties": False}
+    doc = json.dumps({k: "ab" for k in reversed(props)}, separators=(",", ":")).encode()
+    ids = [v.token_bytes.index(bytes([b])) for b in doc]  # one byte per token
+
+    def accepts(g) -> bool:
+        m = st.Matcher(g)
+        return m.accept_tokens(ids) == len(ids) and m.is_accepting()
+
+    assert not accepts(st.compile_json_schema(schema, v, whitespace="compact"))
+    registered = st.compile_json_schema(schema, v, whitespace="compact", key_register=True)
+    assert accepts(registered) and registered.num_states < 400
+    twice = doc.replace(b'"p19"', b'"p18"', 1)  # p18 written twice
+    m = st.Matcher(registered)
+    assert m.accept_tokens([v.token_bytes.index(bytes([b])) for b in twice]) < len(twice)
+    assert np.asarray(m.allowed()).any()  # refused at the repeat, never stranded
