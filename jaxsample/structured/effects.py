@@ -423,11 +423,13 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     base = (nxt != 0) & resting[:, None]
     base[eq[ret & ~ret_empty], ec[ret & ~ret_empty]] = False
     tests = np.array([bool(o.absent or o.present) for o in ops])[effect_op[nxt[eq, ec] - q_count]] & resting[eq]
-    needs = np.array(pd.key_need or [0] * q_count, object) != 0  # states where a key must still be written
-    ends = needs[np.where(nxt < q_count, nxt, 0)] & resting[:, None]  # ... and the entries ending there
-    ends[eq, ec] = needs[np.maximum(fx[:, 0], 0)] & (fx[:, 0] >= 0) & resting[eq]
-    tests |= ends[eq, ec]
-    base &= ~ends
+    ends = None  # the entries ending where a key must still be written (a dense pass only if there are such states)
+    if any(pd.key_need):
+        needs = np.array(pd.key_need, object) != 0
+        ends = needs[np.where(nxt < q_count, nxt, 0)] & resting[:, None]
+        ends[eq, ec] = needs[np.maximum(fx[:, 0], 0)] & (fx[:, 0] >= 0) & resting[eq]
+        tests |= ends[eq, ec]
+        base &= ~ends
     base[eq[tests], ec[tests]] = False  # a key op's test or a key still needed: listed, resolved on the row's register
     need = np.where(base, need, big)
     finite = need[base & (need < big)]
@@ -439,7 +441,8 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     depends = ret & ~ret_empty & resting[eq]
     viable, pops = _chains(pd, nxt, effect, eq[depends], ec[depends], bool(ret.any()))
     viable[eq[tests], ec[tests]] = True
-    viable |= ends
+    if ends is not None:
+        viable |= ends
     first, which = unique_rows(viable)  # states with the same stack-dependent classes share one list
     lists = [np.flatnonzero(viable[f][class_of]) for f in first.tolist()]
     offset = np.concatenate([[0], np.cumsum([t.size for t in lists])]).astype(np.int32)
@@ -449,7 +452,8 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     forced = np.where((pop_count == 0) & (room_mask_id[:, 0] == room_mask_id[:, -1]), forced, -1)
     mask_id = room_mask_id[:, -1]
     key_ops = _key_words(ops)
-    key_need = _words(list(pd.key_need or [0] * q_count), key_ops.shape[2])
+    n = key_ops.shape[2]
+    key_need = _words(list(pd.key_need), n) if any(pd.key_need) else np.zeros((q_count, n), np.uint32)
     stack = PushdownTables(effect, pd.need, room_mask_id, pop_start, pop_count, pop_token, pd.bottom, pd.max_depth,
                            pops, effect_op, key_ops, key_need)  # fmt: skip
     masks = _pack(patterns, class_of)
