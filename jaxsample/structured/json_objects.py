@@ -228,6 +228,7 @@ class ObjectBuilder:
         clears the nesting's bits for the next object there; ``{`` clears them too (they are clear
         there already; it tells the automaton, whose completability analysis needs it)."""
         c = self.c
+        c.key_ops = True
         bits = {name: c.key_bit(name, self.path) for name in self.declared}
         members = []
         for name in self.declared:
@@ -322,6 +323,7 @@ class ObjectBuilder:
                 options.append(seq(self.extras, after(0, start, min(1, cap))))
         out = c.container("{", "}", alt(*options), close_ok(0, start, 0))
         if c.keys_recorded() and out != EMPTY:  # the same ops as registered objects' (union branches)
+            c.key_ops = True
             out = seq(KeyOp(clear=c.level_keys()), *out.items[:-1], KeyOp(clear=c.level_keys()), out.items[-1])
         extras = 0 if self.extras is None or not c.opts["value_calls"] else c.size(self.extras)
         c._sizes[id(out)] = (out, cost if any_order else sum(c.size(m) for _, m in self.members) + extras + 1)

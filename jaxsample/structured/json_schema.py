@@ -178,6 +178,7 @@ class _Compiler:
         self.first = None  # (property, level): objects at that nesting write it first (see discriminator)
         self.key_names: dict[int, dict[str, int]] = {}  # level -> property -> its index in the level's bits
         self.in_rule = False  # compiling a called rule (no key register there: one register per row)
+        self.key_ops = False  # whether an object emitted key-register ops (then a pushdown automaton)
 
     def keys_recorded(self) -> bool:
         """Whether objects here may use the key register (option ``key_register``, outside called rules)."""
@@ -349,8 +350,8 @@ class _Compiler:
             rule, (schema, path) = self.pending.popitem()
             self.active, self.open_refs, self.in_rule = {rule}, collections.Counter(), True
             self.rules[rule] = self.compile(schema, path)
-        if not self.rules:
-            return root
+        if not self.rules:  # key ops need the pushdown construction (one rule, no stack)
+            return Grammar({ROOT_RULE: root}, ROOT_RULE, 0) if self.key_ops else root
         return Grammar({ROOT_RULE: root, **self.rules}, ROOT_RULE, int(self.opts["max_depth"]))
 
     def ref(self, schema, path):
