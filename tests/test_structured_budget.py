@@ -50,9 +50,10 @@ def test_ref_calls_keep_the_language_and_cut_the_states():
             check.validate(loads(doc.decode()))
             for bad in (doc[:-1], doc + b"}", doc.replace(b'"x"', b'"z"', 1), doc.replace(b":", b"::", 1)):
                 assert inline.matches(bad) == calls.matches(bad), bad
-    # any order: inlined, the outer object is past max_order_states and keeps schema order; called,
-    # its values are small and it takes any order (a superset, still exactly the schema's documents)
-    inline = am.compile_expr(schema_expr(SCHEMA, whitespace="compact"))
+    # any order: inlined without the key register, the outer object is past max_order_states and keeps
+    # schema order; called, its values are small and it takes any order (a superset, still exactly the
+    # schema's documents)
+    inline = am.compile_expr(schema_expr(SCHEMA, whitespace="compact", key_register=False))
     calls = am.compile_expr(schema_expr(SCHEMA, whitespace="compact", ref_calls=True))
     assert calls.matches(b'{"b":{"x":""},"a":{"y":"","x":""}}') and not inline.matches(b'{"b":{"x":""},"a":{"x":""}}')
     for i in range(30):
@@ -75,7 +76,7 @@ BIG = {
 def test_value_calls_take_any_order_exactly():
     rng = np.random.default_rng(0)
     check = validator(BIG)
-    ordered = am.compile_expr(schema_expr(BIG, whitespace="compact"))  # past the budget: schema order
+    ordered = am.compile_expr(schema_expr(BIG, whitespace="compact", key_register=False))  # past the budget: schema order
     calls = am.compile_expr(schema_expr(BIG, whitespace="compact", value_calls=True))
     assert isinstance(calls, Pushdown) and not isinstance(ordered, Pushdown)
     doc = b'{"e":{"y":7,"x":"q"},"a":{"x":""}}'
@@ -116,15 +117,18 @@ def test_ambiguous_value_calls_are_retried_inline(fresh_cache):
 def test_budget_fallbacks_in_order(fresh_cache, monkeypatch):
     v = bpe_vocab()
     explicit = {}
-    for name, options in [("calls", {"ref_calls": True}), ("both", {"ref_calls": True, "property_order": "schema"})]:
+    for name, options in [("calls", {"ref_calls": True}), ("both", {"ref_calls": True, "property_order": "schema"}),
+                          ("register", {"key_register": True})]:  # fmt: skip
         explicit[name] = st.compile_json_schema(SCHEMA, v, whitespace="compact", **options)
     grammar_cache.clear()
-    monkeypatch.setattr(am, "MAX_DFA_STATES", 500)  # inline any order exceeds it, calls fit
-    got = st.compile_json_schema(SCHEMA, v, whitespace="compact")
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 500)  # inline any order exceeds it, calls fit (so does the register)
+    got = st.compile_json_schema(SCHEMA, v, whitespace="compact", key_register=False)
     assert st.same_grammar(got, explicit["calls"])
+    got = st.compile_json_schema(SCHEMA, v, whitespace="compact")  # "auto": the register first
+    assert st.same_grammar(got, explicit["register"]) and got.pushdown.key_ops.shape[0] > 1
     grammar_cache.clear()
     monkeypatch.setattr(am, "MAX_DFA_STATES", 400)  # only calls in schema order fit
-    got = st.compile_json_schema(json.dumps(SCHEMA), v, whitespace="compact")
+    got = st.compile_json_schema(json.dumps(SCHEMA), v, whitespace="compact", key_register=False)
     assert st.same_grammar(got, explicit["both"])
     ids = bpe_tokenizer().encode('{"a":{"x":"q"},"c":{"x":""}}').ids
     m = st.Matcher(got)
@@ -145,8 +149,9 @@ def test_ref_call_fallbacks_need_a_ref(fresh_cache, monkeypatch):
     monkeypatch.setattr(am, "MAX_DFA_STATES", 60)
     with pytest.raises(am.BudgetError):
         st.compile_json_schema(schema, bpe_vocab(), whitespace="compact")
-    assert [o.get("ref_calls", False) for o in seen] == [False, False]  # the default, then schema order
-    assert seen[1]["property_order"] == "schema"
+    # the default, the key register (a schema with properties), then schema order: no ref_calls
+    assert [(o.get("ref_calls", False), o.get("key_register", "auto")) for o in seen] == [(False, "auto"), (False, True), (False, "auto")]
+    assert seen[2]["property_order"] == "schema"
 
 
 def test_ambiguous_union_is_retried_with_inline_generic(fresh_cache):

@@ -10,6 +10,7 @@ import pytest
 from jaxsample.structured import automaton as am
 from jaxsample.structured.json_schema import schema_expr
 from jaxsample.structured.numbers import integer_range, number_range
+from jaxsample.structured.pushdown import Pushdown
 from tests._format_rules import RULES, loads, validator
 from tests.test_structured_regex import random_member
 
@@ -411,13 +412,18 @@ def test_coverage_cases_are_exact_on_examples_and_sound_on_samples(name):
 def test_properties_keep_schema_order_when_asked_or_past_the_budget():
     schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcdef"}, "required": ["a", "f"]}
     ordered = am.compile_expr(schema_expr(schema, whitespace="compact", property_order="schema"))
-    small = am.compile_expr(schema_expr(schema, whitespace="compact", max_order_states=10))
+    small = am.compile_expr(schema_expr(schema, whitespace="compact", max_order_states=10, key_register=False))
     free = am.compile_expr(schema_expr(schema, whitespace="compact"))
+    registered = am.compile_expr(schema_expr(schema, whitespace="compact", max_order_states=10))  # "auto"
     for d in (ordered, small, free):
         assert d.matches(b'{"a":1,"c":3,"f":6}')
         assert not d.matches(b'{"a":1}') and not d.matches(b'{"a":1,"a":1,"f":6}')
     assert free.matches(b'{"f":6,"a":1}') and not ordered.matches(b'{"f":6,"a":1}') and not small.matches(b'{"f":6,"a":1}')
     assert free.num_states > 4 * ordered.num_states  # the price of any order
+    # past the budget the default records the keys instead (any order, linear size)
+    assert isinstance(registered, Pushdown) and registered.op is not None and not isinstance(free, Pushdown)
+    for doc, ok in [(b'{"f":6,"a":1}', True), (b'{"a":1,"c":3,"f":6}', True), (b'{"a":1}', False), (b'{"a":1,"a":1,"f":6}', False)]:
+        assert registered.matches(doc) == ok, doc
 
 
 # ---------------------------------------------------------------------------------- defects

@@ -1,5 +1,6 @@
 """Regex parser and byte automata: whole-string semantics against Python ``re``, UTF-8, errors."""
 
+import collections
 import re
 
 import numpy as np
@@ -88,19 +89,21 @@ def _pushdown_distance(pd: Pushdown) -> np.ndarray:
 
 
 def _random_pushdown_member(pd: Pushdown, rng, stop: float, limit: int) -> bytes:
-    """A random string of a pushdown automaton (within its depth limit): random bytes, then the cheapest
-    completion (one byte per byte class is tried; the byte is drawn from the chosen class)."""
+    """A random string of a pushdown automaton (within its depth limit, following its key register):
+    random bytes, then the cheapest completion (one byte per byte class is tried; the byte is drawn
+    from the chosen class)."""
     dist = _pushdown_distance(pd)
     reps = [int(np.flatnonzero(pd.byte_class == c)[0]) for c in range(int(pd.byte_class.max()) + 1)]
-    q, stack, out = pd.start, [], bytearray()
+    q, stack, keys, out = pd.start, [], 0, bytearray()
 
     def options():
         got = []
         for c, b in enumerate(reps):
             st = list(stack)
-            q2 = pd.step(q, b, st)
-            if q2 and len(st) + pd.need[q2] <= pd.max_depth and all(i + pd.need[r] <= pd.max_depth for i, r in enumerate(st)):
-                got.append((c, q2, st, dist[q2] + sum(int(dist[r]) for r in st)))
+            q2, _, keys2 = pd.step_peak(q, b, st, keys)
+            if (q2 and pd.viable(q2, keys2) and len(st) + pd.need[q2] <= pd.max_depth
+                    and all(i + pd.need[r] <= pd.max_depth for i, r in enumerate(st))):  # fmt: skip
+                got.append((c, q2, st, keys2, dist[q2] + sum(int(dist[r]) for r in st)))
         return got
 
     def done():
@@ -112,12 +115,32 @@ def _random_pushdown_member(pd: Pushdown, rng, stop: float, limit: int) -> bytes
         opts = options()
         if not opts:
             break
-        c, q, stack, _ = opts[int(rng.integers(len(opts)))]
+        c, q, stack, keys, _ = opts[int(rng.integers(len(opts)))]
         out.append(int(rng.choice(np.flatnonzero(pd.byte_class == c))))
+    if pd.op is not None:  # the distances ignore the register: a shortest completion by search
+        return bytes(out) + _key_completion(pd, reps, q, stack, keys)
     while not done():  # finish along the cheapest completion
-        c, q, stack, _ = min(options(), key=lambda o: o[3])
+        c, q, stack, keys, _ = min(options(), key=lambda o: o[4])
         out.append(int(rng.choice(np.flatnonzero(pd.byte_class == c))))
     return bytes(out)
+
+
+def _key_completion(pd: Pushdown, reps: list, q: int, stack: list, keys: int) -> bytes:
+    """A shortest completion from a configuration of an automaton with key-register ops (breadth first)."""
+    todo, seen = collections.deque([(q, tuple(stack), keys, b"")]), set()
+    while todo:
+        q, stack, keys, out = todo.popleft()
+        if pd.accept[q] and all(pd.accept[r] for r in stack):
+            return out
+        if (q, stack, keys) in seen:
+            continue
+        seen.add((q, stack, keys))
+        for b in reps:
+            st = list(stack)
+            q2, _, keys2 = pd.step_peak(q, b, st, keys)
+            if q2 and len(st) <= pd.max_depth:
+                todo.append((q2, tuple(st), keys2, out + bytes([b])))
+    raise AssertionError("no completion")
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)

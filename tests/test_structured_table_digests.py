@@ -66,17 +66,18 @@ PINNED = {
     "sample17": "575e04d1892a2975",
     "sample175": "4242b09488a5e876",
     "sample178": "cb43edb48f21a560",
-    "sample180": "0555e0c7f05bd64a",
-    "sample188": "b1b6ccf9ae2ddb6f",
-    "sample192": "bc167d8f7b495829",
-    "sample198": "558ef12e8da44349",
+    "sample180": "778ba02434a3cd37",
+    "sample188": "1b13687cd1309132",
+    "sample192": "1d211b716d2a1097",
+    "sample198": "a2c6267ddb10aa6a",
     "sample219": "32e4ca3116a230cd",
     "sample25": "aa6f5e57557f82cd",
     "sample25_keys": "6bbf26841c042bc1",
     "sample32": "bbe97b9a239fdf4e",
     "sample5": "dff7445bf0c2bf06",
-    "sample53": "c16ce9fe02a50600",
-    "sample53_spec": "a1b12b3b4813f63d",
+    "sample53": "6201cbad56245383",
+    "sample53_tracked": "c16ce9fe02a50600",
+    "sample53_spec": "88de0c0875cc55e1",
     "tree": "acbddf1334da2c51",
 }
 
@@ -96,17 +97,18 @@ PINNED_DEVICE = {
     "sample17": "e6ba2a4574cf5c56",
     "sample175": "fb1d2ddb997bc151",
     "sample178": "b6d5884df590444e",
-    "sample180": "28fd6f663c532886",
-    "sample188": "74b2839fd1bd51e7",
-    "sample192": "357387f2eba71322",
-    "sample198": "73fa2474281b0b4a",
+    "sample180": "bea167b92764559e",
+    "sample188": "7cb88721b8f6dd32",
+    "sample192": "9b172a817d6146c7",
+    "sample198": "e52b465c8a1d69fd",
     "sample219": "86eda4b26bd81365",
     "sample25": "f06ea1698af4584f",
     "sample25_keys": "c77d9bdb99a1437d",
     "sample32": "571e5325245b84f5",
     "sample5": "0ce67bc6acf97b11",
-    "sample53": "62426e6cf6744557",
-    "sample53_spec": "6d382a309aadfb1b",
+    "sample53": "e35ce358c539a4d7",
+    "sample53_tracked": "62426e6cf6744557",
+    "sample53_spec": "322dbe06189c81aa",
     "tree": "e30637adf439d249",
 }
 
@@ -162,6 +164,7 @@ def cases() -> dict:
     records = load()[1]
     for i in SAMPLE:
         out[f"sample{i}"] = functools.partial(st.compile_json_schema, records[i]["schema"])
+    out["sample53_tracked"] = lambda v: st.compile_json_schema(records[53]["schema"], v, key_register=False)
     out["sample53_spec"] = lambda v: st.compile_json_schema(records[53]["schema"], v, open_objects=True, untyped="any")
     out["person_keys"] = lambda v: st.compile_json_schema(PERSON, v, key_register=True)
     out["sample25_keys"] = lambda v: st.compile_json_schema(records[25]["schema"], v, key_register=True)

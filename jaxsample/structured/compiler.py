@@ -122,7 +122,8 @@ def _fallbacks(schema, options: dict) -> list[dict]:
     if explicit or options.get("property_order", "any") != "any":
         return []
     refs, unions = _has_keyword(schema, "$ref"), _has_keyword(schema, "anyOf") or _has_keyword(schema, "oneOf")
-    return [{**options, **f} for f in BUDGET_FALLBACKS
+    register = options.get("key_register", json_schema.KEY_REGISTER) == "auto" and _has_keyword(schema, "properties")
+    return [{**options, **f} for f in [{"key_register": True}] * register + list(BUDGET_FALLBACKS)
             if (refs or not f.get("ref_calls")) and (unions or not f.get("discriminator_first"))]
 
 
@@ -154,7 +155,7 @@ def first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> Any
     try:
         return _first_fit(schema, options, attempt)
     except pushdown.KeyRegisterError:
-        if not options.get("key_register", json_schema.KEY_REGISTER):
+        if options.get("key_register", json_schema.KEY_REGISTER) is False:
             raise
         return _first_fit(schema, {**options, "key_register": False}, attempt)
 

@@ -36,6 +36,11 @@ from jaxsample.structured.schema_merge import error
 CALL_MIN_STATES = 16
 
 
+class RegisterWanted(Exception):
+    """Option ``key_register="auto"``: an object (at the JSON pointer given) is too large for any order
+    in the tracked-set form and can record its keys; the schema is compiled with the register."""
+
+
 class ObjectBuilder:
     """Object languages: declared properties in any order (or schema order), extras, counts, predicates."""
 
@@ -215,12 +220,16 @@ class ObjectBuilder:
                 raise error(at, "", "overlapping patternProperties make more than 64 key regions")
         return regions
 
-    def registered(self) -> bool:
-        """Whether the object records its keys in the key register: any order, presence conditions
+    def registrable(self) -> bool:
+        """Whether the object can record its keys in the key register: any order, presence conditions
         that are ``required`` only, no property counts, outside called rules."""
         c, s = self.c, self.s
-        return (c.keys_recorded() and c.opts["property_order"] == "any" and self.members
-                and all(p[0] == "has" for p in self.pred[1]) and "minProperties" not in s and "maxProperties" not in s)
+        return bool(not c.in_rule and c.opts["property_order"] == "any" and self.members
+                    and all(p[0] == "has" for p in self.pred[1]) and "minProperties" not in s and "maxProperties" not in s)  # fmt: skip
+
+    def registered(self) -> bool:
+        """Whether the object records its keys in the key register (option ``key_register=True``)."""
+        return self.c.keys_recorded() and self.registrable()
 
     def build_registered(self):
         """``{ member (, member)* }`` over every declared member and extra: a declared key marks its bit
@@ -267,6 +276,8 @@ class ObjectBuilder:
                 members.update((name, self.call_member(name)) for name in called)
                 if self.extras is not None:
                     self.extras = self.extras_expr(calls=True)
+        if not any_order and c.opts["key_register"] == "auto" and self.registrable():
+            raise RegisterWanted(self.path)
         tracked = set(self.declared) if any_order else sm.predicate_names(self.pred)
         if (lo or hi is not None) and not any_order:
             tracked = set(self.declared)  # counting needs the set anyway

@@ -85,7 +85,7 @@ from jaxsample.structured.automaton import (
     seq,
     star,
 )
-from jaxsample.structured.json_objects import ObjectBuilder
+from jaxsample.structured.json_objects import ObjectBuilder, RegisterWanted
 from jaxsample.structured.json_text import (
     JSON_WS,
     STRING_BODY,
@@ -122,8 +122,9 @@ def _is_type(value, t: str) -> bool:
 # -------------------------------------------------------------------------------------- compiler
 #: Key-register bits reserved per nesting level (see :meth:`_Compiler.key_bit`).
 LEVEL_KEYS = 4096
-#: The default of option ``key_register``.
-KEY_REGISTER = False
+#: The values of option ``key_register``, and its default.
+KEY_REGISTER_MODES = (True, False, "auto")
+KEY_REGISTER = "auto"
 
 
 class _Compiler:
@@ -138,6 +139,8 @@ class _Compiler:
             raise ValueError(f"property_order must be one of {PROPERTY_ORDERS}, got {opts['property_order']!r}")
         if opts["untyped"] not in UNTYPED_MODES:
             raise ValueError(f"untyped must be one of {UNTYPED_MODES}, got {opts['untyped']!r}")
+        if not (isinstance(opts["key_register"], bool) or opts["key_register"] == "auto"):
+            raise ValueError(f"key_register must be one of {KEY_REGISTER_MODES}, got {opts['key_register']!r}")
         if opts["unknown_formats"] not in ("ignore", "error"):
             raise ValueError(f"unknown_formats must be 'ignore' or 'error', got {opts['unknown_formats']!r}")
         if ws_pattern is not None:
@@ -182,7 +185,7 @@ class _Compiler:
 
     def keys_recorded(self) -> bool:
         """Whether objects here may use the key register (option ``key_register``, outside called rules)."""
-        return self.opts["key_register"] and not self.in_rule
+        return self.opts["key_register"] is True and not self.in_rule
 
     def key_bit(self, name: str, path: str) -> int:
         """The key-register bit of property ``name`` at the current nesting: objects at one nesting
@@ -333,7 +336,7 @@ class _Compiler:
         of called values name it)."""
         inline = max(self.inline_until - self.level, 0)
         first = None if self.first is None else (self.first, self.level)
-        level = self.level if self.opts["key_register"] else None  # key bits are per nesting
+        level = self.level if self.opts["key_register"] is True else None  # key bits are per nesting
         return frozenset(self.active), frozenset((+self.open_refs).items()), inline, first, level
 
     def value_call(self, schema, value) -> Call:
@@ -1000,9 +1003,13 @@ def schema_expr(
         register of key bits (:class:`~jaxsample.structured.automaton.KeyOp`) instead of one copy of
         their states per set of written properties: linear size at any number of properties. Objects
         whose presence conditions go beyond ``required``, that count properties or that sit in a
-        called rule keep the tracked-set form. ``None``: :data:`KEY_REGISTER` (off for now);
-        :func:`~jaxsample.structured.compiler.compile_json_schema` retries without it where the
-        automaton cannot apply the ops (:class:`~jaxsample.structured.pushdown.KeyRegisterError`).
+        called rule keep the tracked-set form. ``True``: every such object; ``"auto"`` (the default,
+        :data:`KEY_REGISTER`): only a schema with an object past ``max_order_states`` (which would
+        otherwise keep schema order) is compiled with the register, and
+        :func:`~jaxsample.structured.compiler.compile_json_schema` tries it first for a schema over a
+        state budget; smaller schemas stay regular automata (no register lanes per step); ``False``:
+        never. The compiler retries without it where the automaton cannot apply the ops
+        (:class:`~jaxsample.structured.pushdown.KeyRegisterError`).
 
     Raises:
       GrammarError: unsupported keyword or invalid schema (the message names keyword and pointer).
@@ -1015,5 +1022,11 @@ def schema_expr(
                 open_objects=open_objects, untyped=untyped, unknown_formats=unknown_formats, max_depth=max_depth,
                 ref_calls=ref_calls, inline_generic=inline_generic, discriminator_first=discriminator_first,
                 value_calls=value_calls, key_register=KEY_REGISTER if key_register is None else key_register)  # fmt: skip
+    if opts["key_register"] == "auto":
+        try:
+            c = _Compiler(schema, opts)
+            return c.grammar(c.compile(schema))
+        except RegisterWanted:
+            opts["key_register"] = True
     c = _Compiler(schema, opts)
     return c.grammar(c.compile(schema))
