@@ -290,8 +290,8 @@ def run(engines, records, tok, args) -> dict:
     signal.signal(signal.SIGALRM, _alarm)
     stats = {e.name: {"times": {}, "bytes": [], "errors": Counter(), "failed": {}, "valid": [0, 0],
                       "invalid_acc": [0, 0], "outputs": [0, 0, 0]} for e in engines}  # fmt: skip
-    for k, rec in enumerate(records):
-        schema = rec["schema"]
+    for j, rec in enumerate(records):
+        k, schema = rec.get("index", j), rec["schema"]  # (the sample's index, also with --only)
         for e in engines:
             s = stats[e.name]
             _fired[0] = False
@@ -366,6 +366,7 @@ def main(argv=None):
                    help="jaxsample engines only: when the trained BPE stops short of --vocab (~9.2k tokens on "
                         "this corpus), add synthetic two-token pieces up to --vocab (benchmarks/structured.py)")
     p.add_argument("--limit", type=int, default=None, help="first N schemas of the sample")
+    p.add_argument("--only", default=None, help="comma-separated indices of the schemas to run (as --explain prints them)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--samples", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=300)
@@ -379,6 +380,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     provenance, records = load()
     records = records[: args.limit]
+    if args.only:
+        records = [{**records[int(i)], "index": int(i)} for i in args.only.split(",")]
     tok = train_tokenizer(args.vocab)
     v = tok.get_vocab_size()
     wanted = args.engines.split(",")

@@ -30,7 +30,8 @@ TREE = {
     },
     "$ref": "#/$defs/node",
 }
-# objects recording their keys (any order in linear size), next to generic values and arrays of objects
+# objects recording their keys (any order in linear size), next to generic values, arrays of objects
+# and a union whose objects may both close needing different keys, one open to the other's key
 KEYS = {
     "type": "object",
     "properties": {
@@ -39,6 +40,9 @@ KEYS = {
         "c": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "integer"},
                                                                           "y": {"type": "integer"}}, "required": ["x"]}},
         "d": {},
+        "e": {"anyOf": [{"type": "object", "properties": {"k": {"type": "integer"}, "p": {"type": "integer"}}, "required": ["p"]},
+                        {"type": "object", "properties": {"k": {"type": "integer"}, "q": {"type": "integer"}}, "required": ["q"],
+                         "additionalProperties": {"type": "integer"}}]},
     },
     "required": ["a"],
 }  # fmt: skip
@@ -102,7 +106,7 @@ DEEP = {  # documents reaching each grammar's limit
     "json_mode": b'[[[1, "x"], {"k": null}], 2.5]',
     "tree": b'{"v":1,"kids":[{"v":2,"kids":[{"v":3},{"v":4}]},{"v":5}]}',
     "tree_keys": b'{"kids":[{"v":2,"kids":[{"v":3},{"v":4}]},{"v":5}],"v":1}',
-    "keys": b'{"c": [{"y": 1, "x": 2}, {"x": 3}], "d": [[1], {"k": 2}], "a": 5, "b": "s"}',
+    "keys": b'{"c": [{"y": 1, "x": 2}, {"x": 3}], "d": [[1], {"k": 2}], "a": 5, "e": {"k": 1, "p": 2}, "b": "s"}',
 }
 
 

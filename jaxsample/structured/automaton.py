@@ -15,6 +15,7 @@ properties" linear), determinises it over byte equivalence classes and minimises
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -110,38 +111,78 @@ class Call:
     rule: str
 
 
+class KeyRegisterError(GrammarError):
+    """Key-register ops where the automaton cannot apply them: in a called rule (one register per
+    row), right before a call, or in conflict (:class:`~jaxsample.structured.pushdown.KeyOpConflictError`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class KeyOp:
     """A zero-width test and update of a row's *key register* (a bitset, zero at the start).
 
-    Bits in ``absent`` must be clear and bits in ``present`` set, else the path dies; then the bits
-    in ``clear`` are cleared and those in ``add`` set. JSON objects use it to record which declared
-    properties were written (any order in linear size instead of one state per set of written
-    properties). Only :func:`~jaxsample.structured.pushdown.compile_grammar` compiles it: it
-    attaches the op to the byte read after it (see :func:`compose` for several on one byte).
+    Bits in ``absent`` must be clear, bits in ``present`` set and, when ``either`` lists masks, every
+    bit of one of them set, else the path dies; then the bits in ``clear`` are cleared and those in
+    ``add`` set. JSON objects use it to record which declared properties were written (any order in
+    linear size instead of one state per set of written properties); ``either`` is where objects of a
+    union that may both close need different required keys (see :func:`either`). Only
+    :func:`~jaxsample.structured.pushdown.compile_grammar` compiles it: it attaches the op to the
+    byte read after it (see :func:`compose` for several on one byte).
     """
 
     absent: int = 0
     present: int = 0
     clear: int = 0
     add: int = 0
+    either: tuple = ()
 
     def apply(self, register: int) -> int | None:
         """The register after the op, ``None`` if its test fails."""
         if register & self.absent or register & self.present != self.present:
             return None
+        if self.either and not any(register & m == m for m in self.either):
+            return None
         return (register & ~self.clear) | self.add
+
+    def requirement(self) -> list[int]:
+        """The set bits the op needs as alternatives (one of the masks, wholly)."""
+        return [self.present | m for m in self.either] or [self.present]
+
+
+#: Most alternatives an op's ``either`` may list (a byte whose ops would need more: a
+#: :class:`~jaxsample.structured.pushdown.KeyRegisterError`, compiled without the register).
+MAX_EITHER = 8
+
+
+def _tested(absent: int, clear: int, add: int, alternatives) -> KeyOp | None:
+    """The op with these effects that needs one of ``alternatives`` (masks of set bits) wholly, its
+    common bits as ``present``; ``None`` if each alternative contradicts ``absent``."""
+    alts = sorted({m for m in alternatives if not m & absent})
+    alts = [m for m in alts if not any(n != m and n & m == n for n in alts)]  # a subset passes first
+    if not alts:
+        return None
+    if len(alts) > MAX_EITHER:
+        raise KeyRegisterError(f"a byte whose key ops need one of more than {MAX_EITHER} sets of keys")
+    common = functools.reduce(operator.and_, alts)
+    either = tuple(m & ~common for m in alts) if len(alts) > 1 else ()
+    return KeyOp(absent, common, clear, add, either)
 
 
 def compose(a: KeyOp, b: KeyOp) -> KeyOp | None:
     """The op of ``a`` then ``b`` (``None``: no register passes both)."""
     known = a.clear | a.add  # bits ``a`` leaves known: ``a.add`` set, the rest of ``a.clear`` clear
-    if b.absent & a.add or b.present & (a.clear & ~a.add):
+    if b.absent & a.add:
         return None
-    absent, present = a.absent | (b.absent & ~known), a.present | (b.present & ~known)
-    if absent & present:
+    later = [m & ~known for m in b.requirement() if not m & (a.clear & ~a.add)]
+    absent = a.absent | (b.absent & ~known)
+    return _tested(absent, a.clear | b.clear, (a.add & ~b.clear) | b.add, [x | y for x in a.requirement() for y in later])
+
+
+def either(a: KeyOp, b: KeyOp) -> KeyOp | None:
+    """One op passing where ``a`` or ``b`` passes, for two ops with the same effects (``absent``,
+    ``clear``, ``add``) that differ in the keys they need; ``None`` if they differ otherwise."""
+    if (a.absent, a.clear, a.add) != (b.absent, b.clear, b.add):
         return None
-    return KeyOp(absent, present, a.clear | b.clear, (a.add & ~b.clear) | b.add)
+    return _tested(a.absent, a.clear, a.add, a.requirement() + b.requirement())
 
 
 EPSILON = Seq(())

@@ -422,7 +422,7 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
     resting = ~pd.closed | (np.arange(q_count) == pd.bottom)  # a row never rests where its rule must end
     base = (nxt != 0) & resting[:, None]
     base[eq[ret & ~ret_empty], ec[ret & ~ret_empty]] = False
-    tests = np.array([bool(o.absent or o.present) for o in ops])[effect_op[nxt[eq, ec] - q_count]] & resting[eq]
+    tests = np.array([bool(o.absent or o.present or o.either) for o in ops])[effect_op[nxt[eq, ec] - q_count]] & resting[eq]
     ends = None  # the entries ending where a key must still be written (a dense pass only if there are such states)
     if any(pd.key_need):
         needs = np.array(pd.key_need, object) != 0
@@ -461,10 +461,13 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
 
 
 def _key_words(ops: list) -> np.ndarray:
-    """``uint32[O, 4, W]``: each op's ``absent``, ``present``, ``clear`` and ``add`` bits as words."""
-    width = max([max(o.absent, o.present, o.clear, o.add).bit_length() for o in ops] + [1])
+    """``uint32[O, 4 + E, W]``: each op's ``absent``, ``present``, ``clear`` and ``add`` bits as words,
+    then its ``either`` masks (``E``: the most an op lists; repeated to fill, zero for an op without)."""
+    width = max([max(o.absent, o.present, o.clear, o.add, *o.either).bit_length() for o in ops] + [1])
     n = -(-width // 32)
-    return np.stack([_words([o.absent, o.present, o.clear, o.add], n) for o in ops])
+    e = max(len(o.either) for o in ops)
+    fill = [list(o.either) + [o.either[-1]] * (e - len(o.either)) if o.either else [0] * e for o in ops]
+    return np.stack([_words([o.absent, o.present, o.clear, o.add, *f], n) for o, f in zip(ops, fill)])
 
 
 def _words(masks: list, n: int) -> np.ndarray:

@@ -90,6 +90,7 @@ class ObjectBuilder:
         if self.first is not None:  # written first: it leads the schema order too
             self.members.sort(key=lambda m: m[0] != self.first)
         self.declared = [n for n, _ in self.members]
+        self.extra_keys: list[ByteDFA] = []  # the key automaton of each extra part
         self.extra_parts = self.extra_members(list(props), name_filter)
         self.extras = None if self.extra_parts is None else self.extras_expr(calls=False)
 
@@ -135,6 +136,7 @@ class ObjectBuilder:
             value = c.compile(sub, f"{at}/{sm.pointer_token(region[0])}")
             if value != EMPTY and not dfa_ops.is_empty(key):
                 out.append((dfa_ops.Automaton.of(key), sub, value))
+                self.extra_keys.append(key)
         if self.additional is not False:
             key = dfa_ops.difference(body_dfa(), taken)
             for other in keys.values():
@@ -144,6 +146,7 @@ class ObjectBuilder:
             value = c.compile(self.additional, f"{self.path}/additionalProperties")
             if value != EMPTY and not dfa_ops.is_empty(key):
                 out.append((dfa_ops.Automaton.of(key), self.additional, value))
+                self.extra_keys.append(key)
         return out or None
 
     def extras_expr(self, calls: bool):
@@ -222,9 +225,9 @@ class ObjectBuilder:
 
     def registrable(self) -> bool:
         """Whether the object can record its keys in the key register: any order, presence conditions
-        that are ``required`` only, no property counts, outside called rules."""
+        that are ``required`` only, no property counts, outside called rules, some member."""
         c, s = self.c, self.s
-        return bool(not c.in_rule and c.opts["property_order"] == "any" and self.members
+        return bool(not c.in_rule and c.opts["property_order"] == "any" and (self.members or self.extras is not None)
                     and all(p[0] == "has" for p in self.pred[1]) and "minProperties" not in s and "maxProperties" not in s)  # fmt: skip
 
     def registered(self) -> bool:
@@ -244,7 +247,8 @@ class ObjectBuilder:
             mark = KeyOp(absent=bits[name], add=bits[name])
             members.append(seq(lit('"'), encoded_literal(name), mark, lit('"'), c.colon, self.values[name]))
         if self.extras is not None:
-            members.append(self.extras)
+            c.open_levels.append((c.level, frozenset(self.declared)))
+            members.append(self.marked_extras() if c.known else self.extras)
         member = alt(*members)
         start = members[self.declared.index(self.first)] if self.first is not None else member
         needed = {p[1] for p in self.pred[1]}
@@ -257,6 +261,25 @@ class ObjectBuilder:
         out = seq(open_, c.ws, alt(EPSILON, items) if not required and self.first is None else items, close)
         c._sizes[id(out)] = (out, sum(c.size(m) for m in members) + 1)
         return out
+
+    def marked_extras(self):
+        """The undeclared members, where a key is a property name that objects at this nesting declare
+        elsewhere (a union's other branches) marking its bit as theirs do: the objects then read the
+        key alike (a repeated undeclared key of such a name is refused: duplicate keys)."""
+        c = self.c
+        others = [n for n in c.known.get(c.level, {}) if n not in self.values and escape(n) == n]
+        if not others:
+            return self.extras
+        taken = names_dfa(others)
+        parts = []
+        for key, (_, sub, value) in zip(self.extra_keys, self.extra_parts):
+            plain = dfa_ops.Automaton.of(dfa_ops.difference(key, taken))
+            parts.append(seq(lit('"'), plain, lit('"'), c.colon, value))
+            for name in others:
+                if key.matches(name.encode()):
+                    bit = c.key_bit(name, self.path)
+                    parts.append(seq(lit('"'), lit(name), KeyOp(absent=bit, add=bit), lit('"'), c.colon, value))
+        return alt(*parts)
 
     def build(self):
         c, s = self.c, self.s

@@ -128,7 +128,7 @@ KEY_REGISTER = "auto"
 
 
 class _Compiler:
-    def __init__(self, root, opts: dict):
+    def __init__(self, root, opts: dict, known: dict | None = None):
         self.root = root
         self.opts = opts
         ws_pattern = opts["whitespace_pattern"]
@@ -179,7 +179,9 @@ class _Compiler:
         self._anchors = None
         self.string = seq(lit('"'), STRING_BODY, lit('"'))
         self.first = None  # (property, level): objects at that nesting write it first (see discriminator)
-        self.key_names: dict[int, dict[str, int]] = {}  # level -> property -> its index in the level's bits
+        self.key_names: dict[int, dict[str, int]] = {l: dict(n) for l, n in (known or {}).items()}  # level -> property -> its bit index
+        self.known = known  # every level's property names, from a first pass (undeclared ones are marked too)
+        self.open_levels: list[tuple[int, frozenset]] = []  # (level, declared names) of recording objects with extras
         self.in_rule = False  # compiling a called rule (no key register there: one register per row)
         self.key_ops = False  # whether an object emitted key-register ops (then a pushdown automaton)
 
@@ -196,6 +198,11 @@ class _Compiler:
         if i >= LEVEL_KEYS:
             raise error(path, "properties", f"more than {LEVEL_KEYS} property names at one nesting")
         return 1 << (self.level * LEVEL_KEYS + i)
+
+    def unmarked(self) -> bool:
+        """Whether an object recording its keys takes an undeclared key that another object at its
+        nesting declares (the two would read the key with and without a mark: a second pass marks it)."""
+        return self.known is None and any(self.key_names.get(l, {}).keys() - d for l, d in self.open_levels)
 
     def level_keys(self) -> int:
         """Every key-register bit of the current nesting (cleared where an object closes)."""
@@ -1024,9 +1031,18 @@ def schema_expr(
                 value_calls=value_calls, key_register=KEY_REGISTER if key_register is None else key_register)  # fmt: skip
     if opts["key_register"] == "auto":
         try:
-            c = _Compiler(schema, opts)
-            return c.grammar(c.compile(schema))
+            return _compiled(schema, opts)
         except RegisterWanted:
             opts["key_register"] = True
+    return _compiled(schema, opts)
+
+
+def _compiled(schema, opts: dict):
+    """The expression or grammar of ``schema``; compiled a second time, knowing every nesting's
+    property names, where objects recording keys take as undeclared a key that another declares."""
     c = _Compiler(schema, opts)
-    return c.grammar(c.compile(schema))
+    out = c.grammar(c.compile(schema))
+    if c.unmarked():
+        c = _Compiler(schema, opts, known=c.key_names)
+        out = c.grammar(c.compile(schema))
+    return out

@@ -61,7 +61,8 @@ class Matcher:
         self.vocab_size = int(grammar.class_of.shape[0])
         words = pd.key_ops.astype(object) if pd is not None else np.zeros((1, 4, 1), object)
         masks = (words << (32 * np.arange(words.shape[2], dtype=object))).sum(axis=2)
-        self._ops = [KeyOp(*(int(x) for x in row)) for row in masks]
+        self._ops = [KeyOp(*(int(x) for x in row[:4]), tuple(dict.fromkeys(int(x) for x in row[4:] if x)))
+                     for row in masks]  # fmt: skip
         if pd is not None:
             words = pd.key_need.astype(object) << (32 * np.arange(pd.key_need.shape[1], dtype=object))
             self._need = words.sum(axis=1).tolist()

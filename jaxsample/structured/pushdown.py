@@ -39,6 +39,8 @@ simply not allowed (a closing bracket, a scalar or an empty container still is).
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -50,12 +52,14 @@ from jaxsample.structured.automaton import (
     EmptyLanguageError,
     GrammarError,
     KeyOp,
+    KeyRegisterError,
     Repeat,
     Seq,
     _determinise,
     _NFA,
     budgets,
     compose,
+    either,
 )
 from jaxsample.structured.minimise import _gather, coreachable, partition, predecessors
 
@@ -407,11 +411,6 @@ def _key_needs(p: Pushdown) -> tuple:
     return tuple(0 if free[q] else mask[q] for q in range(p.num_states))
 
 
-class KeyRegisterError(GrammarError):
-    """Key-register ops where this automaton cannot apply them: in a called rule (one register per
-    row), right before a call, or in conflict (:class:`KeyOpConflictError`)."""
-
-
 class KeyOpConflictError(KeyRegisterError):
     """A byte can be read both with and without a key-register op (or with two), e.g. where a JSON
     object that records its keys and one that does not are both still possible."""
@@ -421,7 +420,9 @@ def _key_ops(t: np.ndarray, delta: np.ndarray, op_cols: dict, call_cols):
     """Moves key-op symbol transitions onto the bytes read after them (``delta`` updated in place).
 
     A state with op transitions reads byte ``b`` either by its own shift or through its ops (composed
-    along a chain of them) and the shift after them; more than one way is a :class:`KeyOpConflictError`.
+    along a chain of them) and the shift after them; more than one way is a :class:`KeyOpConflictError`,
+    except ways to the same state whose ops differ only in the keys they need (objects of a union that
+    may both close): one op needing either (:func:`~jaxsample.structured.automaton.either`).
     Returns ``(op, ops)``: ``int32[Q, K]`` indices into the ops (0: none), or ``(None, (KeyOp(),))``.
     """
     if not op_cols:
@@ -456,9 +457,12 @@ def _key_ops(t: np.ndarray, delta: np.ndarray, op_cols: dict, call_cols):
             for b, got in enumerate(reach):
                 if got is None:
                     continue
-                if out[b] is not None:
-                    raise KeyOpConflictError(_conflict(b))
                 both = compose(o, got[1])
+                if both is not None and out[b] is not None:
+                    merged = either(out[b][1], both) if out[b][0] == got[0] else None
+                    if merged is None:
+                        raise KeyOpConflictError(_conflict(b))
+                    both = merged
                 if both is not None:
                     out[b] = (got[0], both)
         memo[q] = out
@@ -481,7 +485,7 @@ def _dense(ops: tuple) -> tuple:
     """The ops over the bits they test or set, numbered from 0 in order (others are never set)."""
     used = 0
     for o in ops:
-        used |= o.absent | o.present | o.add
+        used |= o.absent | o.present | o.add | functools.reduce(operator.or_, o.either, 0)
     position, i = {}, 0
     while used >> i:
         if used >> i & 1:
@@ -491,7 +495,8 @@ def _dense(ops: tuple) -> tuple:
     def dense(mask: int) -> int:
         return sum(1 << j for i, j in position.items() if mask >> i & 1)
 
-    return tuple(KeyOp(dense(o.absent), dense(o.present), dense(o.clear), dense(o.add)) for o in ops)
+    return tuple(KeyOp(dense(o.absent), dense(o.present), dense(o.clear), dense(o.add), tuple(map(dense, o.either)))
+                 for o in ops)  # fmt: skip
 
 
 def _conflict(b: int) -> str:

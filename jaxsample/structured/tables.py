@@ -140,8 +140,9 @@ class Tables:
       limit: ``int32[G]`` stack limit (traced: changing it never recompiles; ``<= depth``).
       eos: ``int32[G, N]`` EOS ids (``-1`` padding).
       effect_op: ``idx[G, E]`` the key-register op of each effect (0: none; ``[G, 1]`` when no grammar has one).
-      key_ops: ``uint32[G, O, 4, K]`` the ops' ``absent``, ``present``, ``clear`` and ``add`` bits over the
-        ``K`` words of a row's key register (``K = 0`` when no grammar has ops).
+      key_ops: ``uint32[G, O, 4 + E, K]`` the ops' ``absent``, ``present``, ``clear`` and ``add`` bits over the
+        ``K`` words of a row's key register (``K = 0`` when no grammar has ops), then ``E`` masks of
+        which one must be wholly set (an op's ``either``, repeated to fill; zero: none needed).
       key_need: ``uint32[G, S, K]`` per state, the key bits of which one at least must be clear (inside
         a key, after ``,``: the output must stay completable; 0: none).
       depth: static stack capacity ``D`` (0: no grammar recurses).
@@ -313,6 +314,7 @@ def stack(
     key_ops = [p.key_ops for p in rec if p.key_ops.shape[0] > 1]
     n_ops = bucket(max([k.shape[0] for k in key_ops], default=1), MIN_KEY_OPS) if key_ops else 1
     n_words = bucket(max(k.shape[2] for k in key_ops), 1) if key_ops else 0
+    n_rows = max([k.shape[1] for k in key_ops], default=4)
     v = vocab.pop()
     s_rec, s_pop = (s if rec else 1), (s if window else 1)  # stack arrays only where the code reads them
     cw = -(-c // 32)
@@ -341,7 +343,7 @@ def stack(
     limit = np.zeros(n, np.int32)
     eos = np.full((n, n_eos), -1, np.int32)
     effect_op = np.zeros((n, n_eff if key_ops else 1), _index_dtype(n_ops))
-    key_table = np.zeros((n, n_ops, 4, n_words), np.uint32)
+    key_table = np.zeros((n, n_ops, n_rows, n_words), np.uint32)
     key_need = np.zeros((n, s if key_ops else 1, n_words), np.uint32)
     start = np.zeros(n, np.int32)  # padding grammars: start in the dead state
     for i, (g, p) in enumerate(zip(grammars, pds)):
@@ -378,7 +380,9 @@ def stack(
         effect[i, : e.shape[0], : e.shape[1]] = e
         if key_ops:
             effect_op[i, : p.effect_op.size] = p.effect_op
-            key_table[i, : p.key_ops.shape[0], :, : p.key_ops.shape[2]] = p.key_ops
+            o, r, w = p.key_ops.shape
+            key_table[i, :o, :r, :w] = p.key_ops
+            key_table[i, :o, r:, :w] = p.key_ops[:, -1:] if r > 4 else 0  # an op's last either mask again
             key_need[i, : p.key_need.shape[0], : p.key_need.shape[1]] = p.key_need
         if window:
             pop_start[i, :k], pop_count[i, :k], token, value = lists[i]
@@ -587,6 +591,9 @@ def _key_op(tables: Tables, gg: Array, v: Array, apply: Array, keys: Array) -> t
     op = tables.key_ops[gg, tables.effect_op[gg, jnp.clip(v - tables.forced.shape[1], 0, n_eff - 1)].astype(jnp.int32)]
     absent, present, clear, add = (op[..., j, :] for j in range(4))
     passed = jnp.all(keys & absent == 0, axis=-1) & jnp.all(keys & present == present, axis=-1)
+    if op.shape[-2] > 4:  # one of the ``either`` masks wholly set
+        alts = op[..., 4:, :]
+        passed &= jnp.any(jnp.all(keys[..., None, :] & alts == alts, axis=-1), axis=-1)
     return ~apply | passed, jnp.where(apply[..., None], (keys & ~clear) | add, keys)
 
 
