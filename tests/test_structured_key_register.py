@@ -15,7 +15,7 @@ from jaxsample.structured.automaton import KeyOp, compose, either
 from jaxsample.structured.json_schema import schema_expr
 
 masks = hs.integers(0, 15)
-ops = hs.builds(KeyOp, masks, masks, masks, masks, hs.lists(hs.integers(1, 15), max_size=2).map(tuple))
+ops = hs.builds(KeyOp, masks, masks, masks, masks, hs.lists(hs.tuples(masks, masks), max_size=2).map(tuple))
 
 
 @settings(max_examples=400, deadline=None)
@@ -28,13 +28,13 @@ def test_composed_ops_act_as_one_after_the_other(a, b, register):
 
 
 @settings(max_examples=400, deadline=None)
-@given(ops, masks, masks, masks)
-def test_either_passes_where_one_of_the_two_passes(a, present, other, register):
-    b = KeyOp(a.absent, present, a.clear, a.add, (other,) if other else ())
+@given(ops, masks, masks, hs.tuples(masks, masks), masks)
+def test_either_passes_where_one_of_the_two_passes(a, absent, present, other, register):
+    b = KeyOp(absent, present, a.clear, a.add, (other,))
     one = either(a, b)
     want = a.apply(register) if a.apply(register) is not None else b.apply(register)
     assert (None if one is None else one.apply(register)) == want
-    assert either(a, KeyOp(a.absent, present, a.clear, a.add ^ 1)) is None  # other effects: no single op
+    assert either(a, KeyOp(absent, present, a.clear, a.add ^ 1)) is None  # other effects: no single op
 
 
 SCHEMAS = {
@@ -48,6 +48,9 @@ SCHEMAS = {
                "additionalProperties": {"type": "integer"}},
     "prefix_keys": {"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "integer"},
                                                      "abc": {"type": "integer"}}, "required": ["ab"]},
+    # dependentRequired: "}" needs, per dependency, its name clear or its names set (alternatives)
+    "dependent": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                                                   "c": {"type": "integer"}}, "dependentRequired": {"a": ["b"], "c": ["a", "b"]}},
     # both objects may close after {"b": 1}: "}" needs a or c (one op needing either)
     "union_required": {"anyOf": [
         {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a"]},

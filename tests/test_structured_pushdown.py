@@ -45,6 +45,7 @@ KEYS = {
                          "additionalProperties": {"type": "integer"}}]},
     },
     "required": ["a"],
+    "dependentRequired": {"b": ["c"]},
 }  # fmt: skip
 # name: (byte-level automaton, token tables), the same grammar and limit
 SOURCES = {

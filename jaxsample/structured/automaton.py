@@ -120,11 +120,12 @@ class KeyRegisterError(GrammarError):
 class KeyOp:
     """A zero-width test and update of a row's *key register* (a bitset, zero at the start).
 
-    Bits in ``absent`` must be clear, bits in ``present`` set and, when ``either`` lists masks, every
-    bit of one of them set, else the path dies; then the bits in ``clear`` are cleared and those in
-    ``add`` set. JSON objects use it to record which declared properties were written (any order in
-    linear size instead of one state per set of written properties); ``either`` is where objects of a
-    union that may both close need different required keys (see :func:`either`). Only
+    Bits in ``absent`` must be clear, bits in ``present`` set and, when ``either`` lists
+    ``(present, absent)`` pairs, one of them must hold too, else the path dies; then the bits in
+    ``clear`` are cleared and those in ``add`` set. JSON objects use it to record which declared
+    properties were written (any order in linear size instead of one state per set of written
+    properties); ``either`` is where objects of a union that may both close need different keys
+    (see :func:`either`) and where a written key needs others (``dependentRequired``). Only
     :func:`~jaxsample.structured.pushdown.compile_grammar` compiles it: it attaches the op to the
     byte read after it (see :func:`compose` for several on one byte).
     """
@@ -137,52 +138,50 @@ class KeyOp:
 
     def apply(self, register: int) -> int | None:
         """The register after the op, ``None`` if its test fails."""
-        if register & self.absent or register & self.present != self.present:
-            return None
-        if self.either and not any(register & m == m for m in self.either):
+        if not any(register & p == p and not register & a for p, a in self.requirement()):
             return None
         return (register & ~self.clear) | self.add
 
-    def requirement(self) -> list[int]:
-        """The set bits the op needs as alternatives (one of the masks, wholly)."""
-        return [self.present | m for m in self.either] or [self.present]
+    def requirement(self) -> list[tuple[int, int]]:
+        """The op's test as alternatives: ``(bits that must be set, bits that must be clear)``."""
+        return [(self.present | p, self.absent | a) for p, a in self.either] or [(self.present, self.absent)]
 
 
 #: Most alternatives an op's ``either`` may list (a byte whose ops would need more: a
-#: :class:`~jaxsample.structured.pushdown.KeyRegisterError`, compiled without the register).
+#: :class:`KeyRegisterError`, compiled without the register).
 MAX_EITHER = 8
 
 
-def _tested(absent: int, clear: int, add: int, alternatives) -> KeyOp | None:
-    """The op with these effects that needs one of ``alternatives`` (masks of set bits) wholly, its
-    common bits as ``present``; ``None`` if each alternative contradicts ``absent``."""
-    alts = sorted({m for m in alternatives if not m & absent})
-    alts = [m for m in alts if not any(n != m and n & m == n for n in alts)]  # a subset passes first
+def key_test(alternatives, clear: int = 0, add: int = 0) -> KeyOp | None:
+    """The op with these effects whose test passes where one of ``alternatives`` (``(bits set,
+    bits clear)`` pairs) holds: their common bits as ``present``/``absent``, the rest as ``either``;
+    ``None`` if none can hold."""
+    alts = sorted({(p, a) for p, a in alternatives if not p & a})
+    alts = [(p, a) for p, a in alts if not any((q, b) != (p, a) and q & p == q and b & a == b for q, b in alts)]
     if not alts:
         return None
     if len(alts) > MAX_EITHER:
         raise KeyRegisterError(f"a byte whose key ops need one of more than {MAX_EITHER} sets of keys")
-    common = functools.reduce(operator.and_, alts)
-    either = tuple(m & ~common for m in alts) if len(alts) > 1 else ()
-    return KeyOp(absent, common, clear, add, either)
+    present = functools.reduce(operator.and_, [p for p, _ in alts])
+    absent = functools.reduce(operator.and_, [a for _, a in alts])
+    either = tuple((p & ~present, a & ~absent) for p, a in alts) if len(alts) > 1 else ()
+    return KeyOp(absent, present, clear, add, either)
 
 
 def compose(a: KeyOp, b: KeyOp) -> KeyOp | None:
     """The op of ``a`` then ``b`` (``None``: no register passes both)."""
-    known = a.clear | a.add  # bits ``a`` leaves known: ``a.add`` set, the rest of ``a.clear`` clear
-    if b.absent & a.add:
-        return None
-    later = [m & ~known for m in b.requirement() if not m & (a.clear & ~a.add)]
-    absent = a.absent | (b.absent & ~known)
-    return _tested(absent, a.clear | b.clear, (a.add & ~b.clear) | b.add, [x | y for x in a.requirement() for y in later])
+    known, cleared = a.clear | a.add, a.clear & ~a.add  # after ``a``: ``a.add`` set, ``cleared`` clear
+    later = [(p & ~known, x & ~known) for p, x in b.requirement() if not (p & cleared or x & a.add)]
+    both = [(p | q, x | y) for p, x in a.requirement() for q, y in later]
+    return key_test(both, a.clear | b.clear, (a.add & ~b.clear) | b.add)
 
 
 def either(a: KeyOp, b: KeyOp) -> KeyOp | None:
-    """One op passing where ``a`` or ``b`` passes, for two ops with the same effects (``absent``,
-    ``clear``, ``add``) that differ in the keys they need; ``None`` if they differ otherwise."""
-    if (a.absent, a.clear, a.add) != (b.absent, b.clear, b.add):
+    """One op passing where ``a`` or ``b`` passes, for two ops with the same effects (``clear``,
+    ``add``) that differ in their tests; ``None`` if their effects differ."""
+    if (a.clear, a.add) != (b.clear, b.add):
         return None
-    return _tested(a.absent, a.clear, a.add, a.requirement() + b.requirement())
+    return key_test(a.requirement() + b.requirement(), a.clear, a.add)
 
 
 EPSILON = Seq(())

@@ -461,13 +461,15 @@ def _tables(pd: Pushdown, nxt: np.ndarray, class_of: np.ndarray, effect: np.ndar
 
 
 def _key_words(ops: list) -> np.ndarray:
-    """``uint32[O, 4 + E, W]``: each op's ``absent``, ``present``, ``clear`` and ``add`` bits as words,
-    then its ``either`` masks (``E``: the most an op lists; repeated to fill, zero for an op without)."""
-    width = max([max(o.absent, o.present, o.clear, o.add, *o.either).bit_length() for o in ops] + [1])
+    """``uint32[O, 4 + 2E, W]``: each op's ``absent``, ``present``, ``clear`` and ``add`` bits as words,
+    then the set bits and the clear bits of its ``either`` pairs (``E``: the most an op lists; the
+    last pair repeated to fill, zero for an op without)."""
+    width = max([max(o.absent, o.present, o.clear, o.add, *(p | a for p, a in o.either)).bit_length() for o in ops] + [1])
     n = -(-width // 32)
     e = max(len(o.either) for o in ops)
-    fill = [list(o.either) + [o.either[-1]] * (e - len(o.either)) if o.either else [0] * e for o in ops]
-    return np.stack([_words([o.absent, o.present, o.clear, o.add, *f], n) for o, f in zip(ops, fill)])
+    fill = [list(o.either) + [o.either[-1]] * (e - len(o.either)) if o.either else [(0, 0)] * e for o in ops]
+    return np.stack([_words([o.absent, o.present, o.clear, o.add, *(p for p, _ in f), *(a for _, a in f)], n)
+                     for o, f in zip(ops, fill)])  # fmt: skip
 
 
 def _words(masks: list, n: int) -> np.ndarray:

@@ -28,12 +28,24 @@ import functools
 
 from jaxsample.structured import dfa_ops
 from jaxsample.structured import schema_merge as sm
-from jaxsample.structured.automaton import EMPTY, EPSILON, ByteDFA, KeyOp, alt, compile_expr, lit, seq, star
+from jaxsample.structured.automaton import EMPTY, EPSILON, ByteDFA, KeyOp, alt, compile_expr, key_test, lit, seq, star
 from jaxsample.structured.json_text import body_dfa, encoded_literal, escape, names_dfa
 from jaxsample.structured.schema_merge import error
 
 #: Values larger than this (estimated states) are all called once an object needs calls to fit.
 CALL_MIN_STATES = 16
+#: Most ``dependentRequired`` conditions of an object recording its keys (its ``}`` tests one of
+#: ``2**n`` alternatives; :data:`~jaxsample.structured.automaton.MAX_EITHER` at most).
+MAX_DEPENDENCIES = 3
+
+
+def _dependency(pred) -> tuple | None:
+    """``(name, names it requires)`` of a ``dependentRequired`` presence condition, else ``None``."""
+    if pred[0] == "any" and len(pred[1]) == 2 and pred[1][0][0] == "not" and pred[1][0][1][0] == "has":
+        then = pred[1][1]
+        if then[0] == "all" and all(q[0] == "has" for q in then[1]):
+            return pred[1][0][1][1], [q[1] for q in then[1]]
+    return None
 
 
 class RegisterWanted(Exception):
@@ -225,10 +237,14 @@ class ObjectBuilder:
 
     def registrable(self) -> bool:
         """Whether the object can record its keys in the key register: any order, presence conditions
-        that are ``required`` only, no property counts, outside called rules, some member."""
+        that are ``required`` and at most :data:`MAX_DEPENDENCIES` ``dependentRequired``, no property
+        counts, outside called rules, some member."""
         c, s = self.c, self.s
+        deps = [_dependency(p) for p in self.pred[1] if p[0] != "has"]
+        writable = all(d is not None and (d[0] not in self.values or set(d[1]) <= self.values.keys()) for d in deps)
         return bool(not c.in_rule and c.opts["property_order"] == "any" and (self.members or self.extras is not None)
-                    and all(p[0] == "has" for p in self.pred[1]) and "minProperties" not in s and "maxProperties" not in s)  # fmt: skip
+                    and writable and len(deps) <= MAX_DEPENDENCIES
+                    and "minProperties" not in s and "maxProperties" not in s)  # fmt: skip
 
     def registered(self) -> bool:
         """Whether the object records its keys in the key register (option ``key_register=True``)."""
@@ -236,9 +252,10 @@ class ObjectBuilder:
 
     def build_registered(self):
         """``{ member (, member)* }`` over every declared member and extra: a declared key marks its bit
-        (absent before: each at most once) before its closing quote; ``}`` needs the required bits and
-        clears the nesting's bits for the next object there; ``{`` clears them too (they are clear
-        there already; it tells the automaton, whose completability analysis needs it)."""
+        (absent before: each at most once) before its closing quote; ``}`` needs the required bits (and
+        for each dependency its name's bit clear or its required bits set: alternatives) and clears
+        the nesting's bits for the next object there; ``{`` clears them too (they are clear there
+        already; it tells the automaton, whose completability analysis needs it)."""
         c = self.c
         c.key_ops = True
         bits = {name: c.key_bit(name, self.path) for name in self.declared}
@@ -251,14 +268,18 @@ class ObjectBuilder:
             members.append(self.marked_extras() if c.known else self.extras)
         member = alt(*members)
         start = members[self.declared.index(self.first)] if self.first is not None else member
-        needed = {p[1] for p in self.pred[1]}
+        needed = {p[1] for p in self.pred[1] if p[0] == "has"}
         if not needed <= bits.keys():  # a required property that no value can have
             return EMPTY
-        required = sum(bits[n] for n in needed)
-        close = seq(KeyOp(present=required, clear=c.level_keys()), lit("}"))
+        tests = [(sum(bits[n] for n in needed), 0)]
+        for name, deps in filter(None, map(_dependency, self.pred[1])):
+            if name in bits:  # absent, or every dependency present (each can be written: registrable)
+                tests = [t for s, a in tests for t in [(s, a | bits[name]), (s | sum(bits[d] for d in deps), a)]]
+        test = key_test(tests, clear=c.level_keys())
+        close = seq(test, lit("}"))
         items = seq(start, star(seq(c.comma, member)), c.ws)
         open_ = seq(KeyOp(clear=c.level_keys()), lit("{"))  # (clear already: says so to the automaton)
-        out = seq(open_, c.ws, alt(EPSILON, items) if not required and self.first is None else items, close)
+        out = seq(open_, c.ws, alt(EPSILON, items) if test.apply(0) is not None and self.first is None else items, close)
         c._sizes[id(out)] = (out, sum(c.size(m) for m in members) + 1)
         return out
 

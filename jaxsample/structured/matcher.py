@@ -61,8 +61,9 @@ class Matcher:
         self.vocab_size = int(grammar.class_of.shape[0])
         words = pd.key_ops.astype(object) if pd is not None else np.zeros((1, 4, 1), object)
         masks = (words << (32 * np.arange(words.shape[2], dtype=object))).sum(axis=2)
-        self._ops = [KeyOp(*(int(x) for x in row[:4]), tuple(dict.fromkeys(int(x) for x in row[4:] if x)))
-                     for row in masks]  # fmt: skip
+        e = (masks.shape[1] - 4) // 2
+        self._ops = [KeyOp(*(int(x) for x in row[:4]), tuple(dict.fromkeys(
+            (int(p), int(a)) for p, a in zip(row[4 : 4 + e], row[4 + e :]) if p or a))) for row in masks]  # fmt: skip
         if pd is not None:
             words = pd.key_need.astype(object) << (32 * np.arange(pd.key_need.shape[1], dtype=object))
             self._need = words.sum(axis=1).tolist()

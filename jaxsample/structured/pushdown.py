@@ -485,7 +485,7 @@ def _dense(ops: tuple) -> tuple:
     """The ops over the bits they test or set, numbered from 0 in order (others are never set)."""
     used = 0
     for o in ops:
-        used |= o.absent | o.present | o.add | functools.reduce(operator.or_, o.either, 0)
+        used |= functools.reduce(operator.or_, [p | a for p, a in o.requirement()]) | o.add
     position, i = {}, 0
     while used >> i:
         if used >> i & 1:
@@ -495,8 +495,8 @@ def _dense(ops: tuple) -> tuple:
     def dense(mask: int) -> int:
         return sum(1 << j for i, j in position.items() if mask >> i & 1)
 
-    return tuple(KeyOp(dense(o.absent), dense(o.present), dense(o.clear), dense(o.add), tuple(map(dense, o.either)))
-                 for o in ops)  # fmt: skip
+    return tuple(KeyOp(dense(o.absent), dense(o.present), dense(o.clear), dense(o.add),
+                       tuple((dense(p), dense(a)) for p, a in o.either)) for o in ops)  # fmt: skip
 
 
 def _conflict(b: int) -> str:

@@ -140,9 +140,10 @@ class Tables:
       limit: ``int32[G]`` stack limit (traced: changing it never recompiles; ``<= depth``).
       eos: ``int32[G, N]`` EOS ids (``-1`` padding).
       effect_op: ``idx[G, E]`` the key-register op of each effect (0: none; ``[G, 1]`` when no grammar has one).
-      key_ops: ``uint32[G, O, 4 + E, K]`` the ops' ``absent``, ``present``, ``clear`` and ``add`` bits over the
-        ``K`` words of a row's key register (``K = 0`` when no grammar has ops), then ``E`` masks of
-        which one must be wholly set (an op's ``either``, repeated to fill; zero: none needed).
+      key_ops: ``uint32[G, O, 4 + 2E, K]`` the ops' ``absent``, ``present``, ``clear`` and ``add`` bits over
+        the ``K`` words of a row's key register (``K = 0`` when no grammar has ops), then the set and
+        the clear bits of ``E`` alternatives of which one must hold (an op's ``either``, the last
+        repeated to fill; zeros: none needed).
       key_need: ``uint32[G, S, K]`` per state, the key bits of which one at least must be clear (inside
         a key, after ``,``: the output must stay completable; 0: none).
       depth: static stack capacity ``D`` (0: no grammar recurses).
@@ -381,8 +382,13 @@ def stack(
         if key_ops:
             effect_op[i, : p.effect_op.size] = p.effect_op
             o, r, w = p.key_ops.shape
-            key_table[i, :o, :r, :w] = p.key_ops
-            key_table[i, :o, r:, :w] = p.key_ops[:, -1:] if r > 4 else 0  # an op's last either mask again
+            key_table[i, :o, :4, :w] = p.key_ops[:, :4]
+            if r > 4:  # the set and clear bits of either pairs, each part filled with its last pair
+                e, pad = (r - 4) // 2, (n_rows - 4) // 2
+                for part in range(2):
+                    rows = p.key_ops[:, 4 + part * e : 4 + (part + 1) * e]
+                    key_table[i, :o, 4 + part * pad : 4 + (part + 1) * pad, :w] = np.concatenate(
+                        [rows, np.repeat(rows[:, -1:], pad - e, axis=1)], axis=1)
             key_need[i, : p.key_need.shape[0], : p.key_need.shape[1]] = p.key_need
         if window:
             pop_start[i, :k], pop_count[i, :k], token, value = lists[i]
@@ -591,9 +597,11 @@ def _key_op(tables: Tables, gg: Array, v: Array, apply: Array, keys: Array) -> t
     op = tables.key_ops[gg, tables.effect_op[gg, jnp.clip(v - tables.forced.shape[1], 0, n_eff - 1)].astype(jnp.int32)]
     absent, present, clear, add = (op[..., j, :] for j in range(4))
     passed = jnp.all(keys & absent == 0, axis=-1) & jnp.all(keys & present == present, axis=-1)
-    if op.shape[-2] > 4:  # one of the ``either`` masks wholly set
-        alts = op[..., 4:, :]
-        passed &= jnp.any(jnp.all(keys[..., None, :] & alts == alts, axis=-1), axis=-1)
+    if op.shape[-2] > 4:  # one of the ``either`` pairs holds
+        e = (op.shape[-2] - 4) // 2
+        need, gone = op[..., 4 : 4 + e, :], op[..., 4 + e :, :]
+        held = jnp.all((keys[..., None, :] & need == need) & (keys[..., None, :] & gone == 0), axis=-1)
+        passed &= jnp.any(held, axis=-1)
     return ~apply | passed, jnp.where(apply[..., None], (keys & ~clear) | add, keys)
 
 

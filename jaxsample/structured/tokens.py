@@ -58,9 +58,9 @@ class PushdownTables(NamedTuple):
       max_depth: default stack limit.
       max_pops: the most frames one token returns from.
       effect_op: ``int32[E]`` the key-register op each effect applies (an index in ``key_ops``; 0: none).
-      key_ops: ``uint32[O, 4 + E, W]`` the ops' ``absent``, ``present``, ``clear`` and ``add`` bits, then
-        ``E`` ``either`` masks (:class:`~jaxsample.structured.automaton.KeyOp`) as ``W`` words of the
-        row's key register.
+      key_ops: ``uint32[O, 4 + 2E, W]`` the ops' ``absent``, ``present``, ``clear`` and ``add`` bits, then
+        the set and clear bits of ``E`` ``either`` pairs (:class:`~jaxsample.structured.automaton.KeyOp`)
+        as ``W`` words of the row's key register.
         Tokens with an op that tests the register are listed with the stack-dependent ones.
       key_need: ``uint32[S, W]`` per state, the key bits of which one at least must be clear for the
         output to stay completable (0: none); tokens ending in such a state are listed too.
