@@ -279,3 +279,8 @@ def test_an_object_too_large_for_the_tracked_sets_keeps_any_order_with_the_regis
     m = st.Matcher(registered)
     assert m.accept_tokens([v.token_bytes.index(bytes([b])) for b in twice]) < len(twice)
     assert np.asarray(m.allowed()).any()  # refused at the repeat, never stranded
+
+
+def test_key_register_option_is_checked():
+    with pytest.raises(ValueError, match="key_register"):
+        schema_expr({"type": "object"}, key_register="yes")

@@ -133,8 +133,9 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
 
     A schema that exceeds a state budget (:class:`~jaxsample.structured.automaton.BudgetError`)
     with the default ``property_order="any"``, ``ref_calls=False``, ``discriminator_first=False`` and
-    ``value_calls=False`` is compiled again with the :data:`BUDGET_FALLBACKS` in turn (references as
-    stack calls, then
+    ``value_calls=False`` is compiled again with the :data:`BUDGET_FALLBACKS` in turn, after the key
+    register (``key_register=True``, when the option is ``"auto"``, the default, and the schema has
+    ``properties``: the same language in fewer states) (references as stack calls, then
     discriminators first, without and with calls, then every object in schema order, without and
     with calls): the first that fits is returned, else the budget error. A schema whose
     pushdown automaton cannot choose between a generic value and a typed container of another
