@@ -13,7 +13,9 @@ required ones not), tracking only the names its predicate needs. With option ``v
 an object first makes its large values **calls** of rules compiled
 once (a value's states are then not repeated per set; the set stays in the caller's states; one
 stack frame per called value) and keeps any order if that fits; ``2**n`` sets of keys alone can
-still be too many (then schema order).
+still be too many (then schema order). With the compiler's ``key_register`` (by default for a
+schema holding such an object) objects record their written keys in a per-row register instead
+(:meth:`ObjectBuilder.build_registered`): any order in linear size.
 
 >>> from jaxsample.structured.automaton import compile_expr
 >>> from jaxsample.structured.json_schema import schema_expr

@@ -1009,8 +1009,8 @@ def schema_expr(
       key_register: objects in any order record the declared properties written in a per-row
         register of key bits (:class:`~jaxsample.structured.automaton.KeyOp`) instead of one copy of
         their states per set of written properties: linear size at any number of properties. Objects
-        whose presence conditions go beyond ``required``, that count properties or that sit in a
-        called rule keep the tracked-set form. ``True``: every such object; ``"auto"`` (the default,
+        whose presence conditions go beyond ``required`` and three ``dependentRequired``, that count
+        properties or that sit in a called rule keep the tracked-set form. ``True``: every such object; ``"auto"`` (the default,
         :data:`KEY_REGISTER`): only a schema with an object past ``max_order_states`` (which would
         otherwise keep schema order) is compiled with the register, and
         :func:`~jaxsample.structured.compiler.compile_json_schema` tries it first for a schema over a
