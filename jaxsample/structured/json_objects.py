@@ -31,7 +31,7 @@ import functools
 from jaxsample.structured import dfa_ops
 from jaxsample.structured import schema_merge as sm
 from jaxsample.structured.automaton import EMPTY, EPSILON, ByteDFA, KeyOp, alt, compile_expr, key_test, lit, seq, star
-from jaxsample.structured.json_text import body_dfa, encoded_literal, escape, names_dfa
+from jaxsample.structured.json_text import encoded_literal, escape, names_dfa, other_names_dfa
 from jaxsample.structured.schema_merge import error
 
 #: Values larger than this (estimated states) are all called once an object needs calls to fit.
@@ -152,7 +152,7 @@ class ObjectBuilder:
                 out.append((dfa_ops.Automaton.of(key), sub, value))
                 self.extra_keys.append(key)
         if self.additional is not False:
-            key = dfa_ops.difference(body_dfa(), taken)
+            key = other_names_dfa(tuple(names))
             for other in keys.values():
                 key = dfa_ops.difference(key, other)
             if name_filter is not None:

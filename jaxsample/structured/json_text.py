@@ -156,5 +156,15 @@ def body_dfa() -> ByteDFA:
 
 def names_dfa(names) -> ByteDFA:
     """DFA of every JSON encoding (between the quotes) of the given strings."""
-    names = list(names)
+    return _names_dfa(tuple(names))
+
+
+@functools.lru_cache(maxsize=1024)
+def _names_dfa(names: tuple) -> ByteDFA:
     return compile_expr(alt(*map(encoded_literal, names))) if names else dfa_ops.EMPTY_DFA
+
+
+@functools.lru_cache(maxsize=1024)
+def other_names_dfa(names: tuple) -> ByteDFA:
+    """DFA of every string body (between the quotes) that encodes none of the given strings."""
+    return dfa_ops.difference(body_dfa(), names_dfa(names))

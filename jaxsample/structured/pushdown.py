@@ -369,45 +369,51 @@ def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth, op
 def _key_needs(p: Pushdown) -> tuple:
     """Per state, the bits of which one at least must be clear to complete the output (0: none needed).
 
-    A least fixpoint over the byte transitions: accepting states need nothing; a shift or a call
-    passes on its target's need (a call's callee holds no ops: it completes); a byte read with an
-    op passes on its target's need as the op leaves it (a bit it clears satisfies it, a bit it adds
-    cannot), and its ``absent`` bits (a key written for the first time) are needed when the target
-    needs nothing. Alternatives join: one that needs nothing wins, otherwise any of their bits will
+    A least fixpoint over the byte transitions (a worklist over the distinct moves, joins only
+    grow): accepting states need nothing; a shift or a call passes on its target's need (a call's
+    callee holds no ops: it completes); a byte read with an op passes on its target's need as the op
+    leaves it (a bit it clears satisfies it, a bit it adds cannot), and its ``absent`` bits (a key
+    written for the first time) are needed when the target needs nothing or the op satisfies the
+    target's need. Alternatives join: one that needs nothing wins, otherwise any of their bits will
     do. An op's ``present`` test (required keys before ``}``) counts as satisfiable: the JSON objects
-    recording keys can always write a missing required key first. A key test whose target needs
-    other keys too would need a conjunction: :class:`KeyRegisterError`.
+    recording keys can always write a missing required key first. A key test whose target still
+    needs other keys would need a conjunction: :class:`KeyRegisterError`.
     """
     free = p.accept.copy()
     free[p.bottom] = True
-    mask = [0] * p.num_states
-    moves = []  # (state, target, op) of every shift; calls as moves to a state that needs nothing
-    for q, b in zip(*np.nonzero(p.delta)):
-        moves.append((int(q), int(p.delta[q, b]), p.ops[int(p.op[q, b])]))
-    callers = np.flatnonzero((p.enter != 0).any(axis=1)).tolist()
-    free[callers] = True
-    changed = True
-    while changed:
-        changed = False
-        for q, t, o in moves:
+    free[np.flatnonzero((p.enter != 0).any(axis=1))] = True
+    free, mask = free.tolist(), [0] * p.num_states
+    qs, bs = np.nonzero(p.delta)
+    n, m = p.num_states, len(p.ops)
+    code = np.unique((qs.astype(np.int64) * n + p.delta[qs, bs]) * m + p.op[qs, bs])
+    moves = list(zip((code // (n * m)).tolist(), (code // m % n).tolist(), [p.ops[o] for o in (code % m).tolist()]))
+    into: list[list] = [[] for _ in range(n)]  # per target: (state, op) of its moves
+    for q, t, o in moves:
+        into[t].append((q, o))
+
+    def gain(t: int, o: KeyOp) -> int | None:
+        """What a move to ``t`` with ``o`` needs (``None``: nothing); a key test into a state that
+        needs keys gives nothing here (``t`` may need nothing later) and is checked at the end."""
+        if free[t] or mask[t] & o.clear & ~o.add:
+            return o.absent or None
+        return 0 if o.absent else mask[t] & ~(o.clear | o.add)
+
+    todo = list(range(p.num_states))  # a worklist of targets: the joins only grow (a least fixpoint)
+    while todo:
+        t = todo.pop()
+        for q, o in into[t]:
             if free[q]:
                 continue
-            if free[t]:
-                got = o.absent or None
-            else:
-                if mask[t] & o.clear & ~o.add:
-                    got = None
-                else:
-                    got = mask[t] & ~(o.clear | o.add)
-                    if o.absent and got:
-                        raise KeyRegisterError("a key test where the next state needs keys too")
-                    if not got:
-                        continue
+            got = gain(t, o)
             if got is None:
-                free[q] = changed = True
+                free[q] = True
+                todo.append(q)
             elif mask[q] | got != mask[q]:
                 mask[q] |= got
-                changed = True
+                todo.append(q)
+    for q, t, o in moves:
+        if o.absent and not free[q] and gain(t, o) == 0 and mask[t] & ~(o.clear | o.add):
+            raise KeyRegisterError("a key test where the next state needs keys too")
     return tuple(0 if free[q] else mask[q] for q in range(p.num_states))
 
 
@@ -486,14 +492,16 @@ def _dense(ops: tuple) -> tuple:
     used = 0
     for o in ops:
         used |= functools.reduce(operator.or_, [p | a for p, a in o.requirement()]) | o.add
-    position, i = {}, 0
-    while used >> i:
-        if used >> i & 1:
-            position[i] = len(position)
-        i += 1
+    bits = [i for i, c in enumerate(reversed(bin(used))) if c == "1"]
+    position = {i: j for j, i in enumerate(bits)}
 
     def dense(mask: int) -> int:
-        return sum(1 << j for i, j in position.items() if mask >> i & 1)
+        out, mask = 0, mask & used  # bits never tested or set (a clear of them) are dropped
+        while mask:
+            low = mask & -mask
+            out |= 1 << position[low.bit_length() - 1]
+            mask ^= low
+        return out
 
     return tuple(KeyOp(dense(o.absent), dense(o.present), dense(o.clear), dense(o.add),
                        tuple((dense(p), dense(a)) for p, a in o.either)) for o in ops)  # fmt: skip
