@@ -474,7 +474,8 @@ def _key_words(ops: list) -> np.ndarray:
 
 def _words(masks: list, n: int) -> np.ndarray:
     """``uint32[len(masks), n]``: bit masks as ``n`` words each (bit ``i`` in word ``i // 32``)."""
-    return np.array([[(m >> (32 * w)) & 0xFFFFFFFF for w in range(n)] for m in masks], np.uint32).reshape(len(masks), n)
+    data = b"".join(m.to_bytes(4 * n, "little") for m in masks)
+    return np.frombuffer(data, "<u4").astype(np.uint32).reshape(len(masks), n)
 
 
 def _chains(pd: Pushdown, nxt, effect, q, c, returns: bool):

@@ -543,13 +543,13 @@ def _membership(p: Pushdown, calls, rule_start) -> np.ndarray:
             continue
         seen = out[i]
         seen[s] = True
-        todo = [s]
-        while todo:
-            q = todo.pop()
-            for x in set(p.delta[q].tolist()) | set(ret_of.get(q, ())):
-                if x and not seen[x]:
-                    seen[x] = True
-                    todo.append(x)
+        frontier = np.array([s])
+        while frontier.size:  # breadth first, a layer at a time
+            nxt = [p.delta[frontier].ravel()] + [np.asarray(ret_of[q]) for q in frontier.tolist() if q in ret_of]
+            nxt = np.unique(np.concatenate(nxt))
+            frontier = nxt[~seen[nxt]]
+            seen[frontier] = True
+        seen[0] = False  # the dead state
     return out
 
 
