@@ -107,6 +107,13 @@ SCHEMAS = {
         {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a"]},
         {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"],
          "additionalProperties": {"type": "integer"}}]},
+    # the second branch counts its members (tracked-set form): its keys mark the first's bits too
+    "union_counted": {"anyOf": [
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a"]},
+        {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 1}]},
+    "union_counted_declared": {"anyOf": [
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["b"]},
+        {"type": "object", "properties": {"a": {"type": "integer"}, "c": {"type": "integer"}}, "minProperties": 2}]},
 }  # fmt: skip
 
 
@@ -205,16 +212,18 @@ def test_union_branches_that_close_with_different_requirements_keep_the_register
         assert (m.accept_tokens(ids) == len(ids) and m.is_accepting()) == ok, text
 
 
-def test_compile_json_schema_falls_back_where_union_branches_read_a_key_differently():
-    """One branch records its keys, the other counts them (``maxProperties``: the tracked-set form):
-    ``"a"`` would be read with a mark and without one, so the schema compiles without the register,
-    to the same grammar as ``key_register=False``."""
+def test_compile_json_schema_falls_back_where_union_branches_close_to_different_places():
+    """After ``{"r":{"t":1}`` both branches' inner objects may close, one needing ``t``, the other
+    nothing, and each goes on to its own outer object (``x`` or ``y`` next): one op cannot choose
+    the next state, so the schema compiles without the register, to the same grammar as
+    ``key_register=False``."""
     from jaxsample import structured as st
     from tests._structured_vocab import bpe_vocab
 
-    one = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}, "required": ["b"]}
-    counted = {"type": "object", "properties": {"a": {"type": "integer"}, "c": {"type": "string"}}, "maxProperties": 1}
-    schema = {"anyOf": [one, counted]}
+    inner = {"type": "object", "properties": {"t": {"type": "integer"}}, "required": ["t"]}
+    loose = {"type": "object", "properties": {"t": {"type": "integer"}, "u": {"type": "integer"}}}
+    schema = {"anyOf": [{"type": "object", "properties": {"r": inner, "x": {"type": "integer"}}},
+                        {"type": "object", "properties": {"r": loose, "y": {"type": "integer"}}}]}
     with pytest.raises(pushdown.KeyOpConflictError):
         am.compile_expr(schema_expr(schema, key_register=True))
     v = bpe_vocab(size=1216)

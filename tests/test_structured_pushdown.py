@@ -43,6 +43,8 @@ KEYS = {
         "e": {"anyOf": [{"type": "object", "properties": {"k": {"type": "integer"}, "p": {"type": "integer"}}, "required": ["p"]},
                         {"type": "object", "properties": {"k": {"type": "integer"}, "q": {"type": "integer"}}, "required": ["q"],
                          "additionalProperties": {"type": "integer"}}]},
+        "f": {"anyOf": [{"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]},
+                        {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 1}]},
     },
     "required": ["a"],
     "dependentRequired": {"b": ["c"]},

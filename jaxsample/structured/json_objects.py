@@ -304,6 +304,27 @@ class ObjectBuilder:
                     parts.append(seq(lit('"'), lit(name), KeyOp(absent=bit, add=bit), lit('"'), c.colon, value))
         return alt(*parts)
 
+    def marked_members(self, members: dict) -> dict:
+        """For an object keeping the tracked-set form where others at its nesting record keys: its
+        members whose name another object's bit stands for, marking it as theirs do (and its extras
+        likewise, :meth:`marked_extras`), so that union branches read a key alike; in the first pass
+        (names not known yet) none, only noted for the second."""
+        c = self.c
+        c.open_levels.append((c.level, frozenset()))
+        if not c.known:
+            return {}
+        known = c.known.get(c.level, {})
+        if self.extras is not None:
+            self.extras = self.marked_extras()
+        out = {}
+        for name in self.declared:
+            if name in known:
+                bit = c.key_bit(name, self.path)
+                key = seq(lit('"'), encoded_literal(name), KeyOp(absent=bit, add=bit), lit('"'), c.colon)
+                value = members[name].items[len(self.keys[name].items):]  # (a member: its key's items, then its value)
+                out[name] = seq(key, *value)
+        return out
+
     def build(self):
         c, s = self.c, self.s
         if self.registered():
@@ -324,6 +345,8 @@ class ObjectBuilder:
                     self.extras = self.extras_expr(calls=True)
         if not any_order and c.opts["key_register"] == "auto" and self.registrable():
             raise RegisterWanted(self.path)
+        if c.keys_recorded() and (self.members or self.extras is not None):
+            members.update(self.marked_members(members))
         tracked = set(self.declared) if any_order else sm.predicate_names(self.pred)
         if (lo or hi is not None) and not any_order:
             tracked = set(self.declared)  # counting needs the set anyway

@@ -181,7 +181,7 @@ class _Compiler:
         self.first = None  # (property, level): objects at that nesting write it first (see discriminator)
         self.key_names: dict[int, dict[str, int]] = {l: dict(n) for l, n in (known or {}).items()}  # level -> property -> its bit index
         self.known = known  # every level's property names, from a first pass (undeclared ones are marked too)
-        self.open_levels: list[tuple[int, frozenset]] = []  # (level, declared names) of recording objects with extras
+        self.open_levels: list[tuple[int, frozenset]] = []  # (level, names marked already) of objects reading undeclared or tracked keys
         self.in_rule = False  # compiling a called rule (no key register there: one register per row)
         self.key_ops = False  # whether an object emitted key-register ops (then a pushdown automaton)
 
@@ -201,7 +201,8 @@ class _Compiler:
 
     def unmarked(self) -> bool:
         """Whether an object recording its keys takes an undeclared key that another object at its
-        nesting declares (the two would read the key with and without a mark: a second pass marks it)."""
+        nesting declares, or an object keeping the tracked-set form reads keys where others record
+        theirs (the two would read the key with and without a mark: a second pass marks it)."""
         return self.known is None and any(self.key_names.get(l, {}).keys() - d for l, d in self.open_levels)
 
     def level_keys(self) -> int:
