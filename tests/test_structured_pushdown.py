@@ -371,3 +371,49 @@ def test_a_grammar_past_the_budget_fails_in_the_budgets_time_not_its_sizes():
     with pytest.raises(am.BudgetError):
         compile_grammar(Grammar(rules, "root"), max_nfa_states=1_000)
     assert time.perf_counter() - start < 0.5  # (a pass over its 30,000 branches first: ~1.5 s)
+
+
+def test_calls_entered_on_one_byte_become_one_call_of_their_union():
+    """Rules entered on one byte that return to one state are one call of a rule matching either:
+    the same strings, and the same frames at every limit as the grammar factored by hand."""
+    from jaxsample.structured.automaton import EPSILON, Call, alt, lit, seq
+    from jaxsample.structured.pushdown import Grammar, compile_grammar
+
+    def obj(k):
+        return seq(lit("{"), lit(k), alt(EPSILON, Call("v")), lit("}"))
+
+    union = {"root": seq(lit("["), alt(Call("a"), Call("b")), lit("]")), "a": obj("x"), "b": obj("y"),
+             "v": seq(lit("("), alt(Call("b"), Call("a")), lit(")"))}  # fmt: skip
+    factored = {"root": seq(lit("["), Call("c"), lit("]")), "c": seq(lit("{"), alt(lit("x"), lit("y")), alt(EPSILON, Call("v")), lit("}")),
+                "v": seq(lit("("), Call("c"), lit(")"))}  # fmt: skip
+    rng = np.random.default_rng(0)
+
+    def nested(n):
+        inner = "" if n == 0 else "(" + nested(n - 1) + ")"
+        return "{" + str(rng.choice(list("xyz"))) + inner + "}"
+
+    docs = [f"[{nested(n)}]".encode() for n in range(6) for _ in range(8)] + [b"[]", b"[{x}", b"{x}", b"[{x()}]"]
+    for limit in range(1, 5):
+        merged, plain = compile_grammar(Grammar(union, "root", limit)), compile_grammar(Grammar(factored, "root", limit))
+        got = [merged.matches(d) for d in docs]
+        assert got == [plain.matches(d) for d in docs], limit
+        assert any(got) and not all(got)
+    # a rule of the grammar's own named like the union keeps its meaning
+    own = compile_grammar(Grammar({"root": seq(lit("["), alt(Call("a"), Call("b")), lit("]"), Call("a | b")),
+                                   "a": lit("{x}"), "b": lit("{y}"), "a | b": lit("!")}, "root"))  # fmt: skip
+    assert [own.matches(s) for s in (b"[{x}]!", b"[{y}]!", b"[{y}]{x}", b"[!]!")] == [True, True, False, False]
+
+
+def test_a_call_entered_on_a_byte_that_also_shifts_is_inlined_and_other_ambiguity_is_refused():
+    from jaxsample.structured.automaton import Call, alt, lit, seq
+    from jaxsample.structured.pushdown import AmbiguousCallError, Grammar, compile_grammar
+
+    p = compile_grammar(Grammar({"root": alt(lit("{z}"), Call("a")), "a": lit("{x}")}, "root"))
+    assert [p.matches(s) for s in (b"{z}", b"{x}", b"{y}", b"{")] == [True, True, False, False]
+    # joined at the root, a | b then calls a and b on "(" returning to different places (")" or "]"
+    # follows): which one returned could not be told; refused with the error of the grammar as written
+    rules = {"root": alt(Call("a"), Call("b")), "a": alt(seq(lit("("), Call("a"), lit(")")), lit("x")),
+             "b": alt(seq(lit("("), Call("b"), lit("]")), lit("y"))}  # fmt: skip
+    with pytest.raises(AmbiguousCallError, match="two ways") as err:
+        compile_grammar(Grammar(rules, "root"))
+    assert [(sorted(r), shifts, one) for r, shifts, one in err.value.conflicts] == [(["a", "b"], False, True)]

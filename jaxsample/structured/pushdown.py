@@ -57,18 +57,31 @@ from jaxsample.structured.automaton import (
     Seq,
     _determinise,
     _NFA,
+    alt,
     budgets,
     compose,
     either,
+    repeat,
+    seq,
 )
 from jaxsample.structured.minimise import _gather, coreachable, partition, predecessors
 
 #: Default stack capacity (frames) of recursive grammars.
 DEFAULT_MAX_DEPTH = 32
+#: Most rewrites of ambiguous calls (:func:`merge_calls`, :func:`inline_calls`) per grammar.
+MAX_CALL_REWRITES = 16
 
 
 class AmbiguousCallError(GrammarError):
-    """A byte both shifts and enters a called rule (or enters two) where a rule is called."""
+    """A byte both shifts and enters a called rule (or enters two) where a rule is called.
+
+    ``conflicts``: every such place of the automaton, as ``(rules entered, whether the byte also
+    shifts, whether the calls all return to one state)`` (see :func:`compile_grammar`).
+    """
+
+    def __init__(self, message: str, conflicts: tuple = ()):
+        super().__init__(message)
+        self.conflicts = conflicts
 
 
 class Grammar(NamedTuple):
@@ -251,11 +264,157 @@ def compile_grammar(
 ) -> Pushdown:
     """The pushdown automaton of a recursive grammar (see the module docstring).
 
+    Where one byte enters several rules that all return to the same state (``a | b`` with both
+    starting ``{``), the alternatives are one call of a rule matching either (:func:`merge_calls`);
+    where it also shifts, non-recursive rules entered there are inlined (:func:`inline_calls`): the
+    same language. Every conflict found is rewritten, then compiled again (at most
+    :data:`MAX_CALL_REWRITES` rounds); a conflict no rewrite removes, or a rewritten grammar that
+    fails, raises the first :class:`AmbiguousCallError`.
+
     Raises:
       GrammarError: undefined rules, left recursion, a choice the automaton cannot make
         deterministically, a budget exceeded, or a root that needs more than ``max_depth`` frames.
       EmptyLanguageError: if the grammar matches nothing.
     """
+    parts: dict[str, frozenset] = {}
+    first = None
+    for rewrites in range(MAX_CALL_REWRITES + 1):
+        try:
+            return _compile(g, max_nfa_states, max_dfa_states)
+        except AmbiguousCallError as err:
+            first = first or err
+            recursive = _recursive(g.rules)
+            if any(rules & recursive if shifts else not one_return for rules, shifts, one_return in err.conflicts):
+                raise first from None  # a conflict no rewrite removes: refused at once
+            inline = frozenset().union(*(rules for rules, shifts, _ in err.conflicts if shifts))
+            merge = [rules for rules, shifts, _ in err.conflicts if not shifts]
+            rewritten = merge_calls(inline_calls(g, inline) or g, merge, parts)
+            if rewritten is g or rewrites == MAX_CALL_REWRITES:
+                raise first from None
+            g = rewritten
+        except GrammarError:
+            if first is None:
+                raise
+            raise first from None  # the rewrites did not help: the grammar as written is ambiguous
+
+
+def _called(expr) -> set:
+    """The rules ``expr`` calls."""
+    out, seen, todo = set(), set(), [expr]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, Call):
+            out.add(x.rule)
+        elif isinstance(x, (Alt, Seq)):
+            todo.extend(x.items)
+        elif isinstance(x, Repeat):
+            todo.append(x.item)
+    return out
+
+
+def _recursive(rules: dict) -> frozenset:
+    """The rules that can call themselves (inlining one would only move its ambiguity a level down)."""
+    calls = {name: _called(body) for name, body in rules.items()}
+    out = set()
+    for name in rules:
+        seen, todo = set(), list(calls[name])
+        while todo:
+            r = todo.pop()
+            if r == name:
+                out.add(name)
+                break
+            if r not in seen and r in calls:
+                seen.add(r)
+                todo.extend(calls[r])
+    return frozenset(out)
+
+
+def _map_alts(join):
+    """A rewrite of expressions applying ``join`` to the (rewritten) alternatives of every :class:`Alt`
+    (memoised by node: expressions are DAGs)."""
+    memo: dict[int, tuple] = {}
+
+    def walk(x):
+        hit = memo.get(id(x))
+        if hit is not None:
+            return hit[1]
+        if isinstance(x, Alt):
+            y = alt(*join([walk(i) for i in x.items]))
+        elif isinstance(x, Seq):
+            y = seq(*(walk(i) for i in x.items))
+        elif isinstance(x, Repeat):
+            y = repeat(walk(x.item), x.lo, x.hi)
+        else:
+            y = x
+        memo[id(x)] = (x, y)
+        return y
+
+    return walk
+
+
+def merge_calls(g: Grammar, groups: list, parts: dict) -> Grammar:
+    """``g`` with the calls of each group of rules in ``groups`` that are alternatives of one
+    :class:`Alt` replaced by one call of a rule matching any of them (named ``a | b``; ``parts`` maps
+    such names to the rules they join and is updated); ``g`` itself where no :class:`Alt` holds two.
+
+    Exact: the alternatives of an :class:`Alt` share what follows it, so ``Call(a) | Call(b)`` and a
+    call of ``a | b`` (whose body is ``body(a) | body(b)``) match the same strings with one frame.
+    """
+    added: dict[str, Any] = {}
+    changed = []
+
+    def join(items: list) -> list:
+        for rules in groups:
+            calls = [i for i in items if isinstance(i, Call) and i.rule in rules]
+            if len(calls) < 2:
+                continue
+            changed.append(True)
+            base = frozenset().union(*(parts.get(c.rule, {c.rule}) for c in calls))
+            name = " | ".join(sorted(base))
+            while name in g.rules and parts.get(name) != base:  # a rule of the grammar's own named so
+                name += "'"
+            if name not in g.rules and name not in added:
+                parts[name] = base
+                added[name] = alt(*(g.rules[r] for r in sorted(base)))
+            at = items.index(calls[0])
+            items = [i for i in items if i not in calls]
+            items = items[:at] + [Call(name)] + items[at:]
+        return items
+
+    walk = _map_alts(join)
+    new = {name: walk(body) for name, body in g.rules.items()}
+    if not changed:
+        return g
+    while len(new) < len(g.rules) + len(added):  # merged bodies may join more calls
+        name = next(n for n in added if n not in new)
+        new[name] = walk(added[name])
+    return g._replace(rules=new)
+
+
+def inline_calls(g: Grammar, rules: frozenset) -> Grammar | None:
+    """``g`` with the calls of ``rules`` that are alternatives of an :class:`Alt` beside others
+    replaced by the rules' bodies (``None``: no such call), so that the automaton can choose between
+    them and the other alternatives. The same strings; the inlined level takes no stack frame."""
+    if not rules:
+        return None
+    changed = []
+
+    def join(items: list) -> list:
+        mine = [isinstance(i, Call) and i.rule in rules for i in items]
+        if not any(mine) or all(mine):
+            return items
+        changed.append(True)
+        return [g.rules[i.rule] if m else i for i, m in zip(items, mine)]
+
+    walk = _map_alts(join)
+    new = {name: walk(body) for name, body in g.rules.items()}
+    return g._replace(rules=new) if changed else None
+
+
+def _compile(g: Grammar, max_nfa_states: int | None, max_dfa_states: int | None) -> Pushdown:
     max_nfa_states, max_dfa_states = budgets(max_nfa_states, max_dfa_states)
     nfa = _NFA(max_nfa_states, g.rules, _nullable_rules(g.rules))
     nfa.call_index(g.root)
@@ -307,6 +466,7 @@ def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth, op
     closed = accept & ~(delta != 0).any(axis=1) & np.array([q not in calls_at for q in range(q_count)])
     pushes: dict[tuple, int] = {(): 0}
     entry_memo: dict[tuple[int, int], tuple[int, tuple] | None] = {}
+    ambiguous: dict[tuple, str] = {}
 
     def act(q: int, b: int, path: tuple = ()) -> tuple[int, tuple] | None:
         """``(state, pushed return states)`` after shifting or entering with byte class ``b`` at ``q``."""
@@ -317,17 +477,15 @@ def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth, op
             rule = names[[i for i, s in enumerate(rule_start) if s == q][0]] if q in rule_start else "?"
             raise GrammarError(f"rule {rule!r} is left-recursive (it can call itself before reading a byte)")
         found = [(int(delta[q, b]), ())] if delta[q, b] else []
+        entered = []
         for r, ret in calls_at.get(q, ()):
             inner = act(rule_start[r], b, path + (key,))
             if inner is not None:
                 found.append((inner[0], (() if closed[ret] else (ret,)) + inner[1]))
-                callee = names[r]
-        if len(found) > 1:
-            raise AmbiguousCallError(
-                f"byte {_byte_name(byte_class, b)} can continue two ways where rule {callee!r} is called "
-                "(the grammar is ambiguous there for a deterministic pushdown automaton; factor the "
-                "common prefix out of the alternatives)"
-            )
+                entered.append((names[r], ret))
+        if len(found) > 1:  # noted, then raised once every byte is checked
+            ambiguous.setdefault((frozenset(r for r, _ in entered), bool(delta[q, b]), len({r for _, r in entered}) == 1),
+                                 f"byte {_byte_name(byte_class, b)} can continue two ways where rule {entered[-1][0]!r} is called")  # fmt: skip
         entry_memo[key] = found[0] if found else None
         return entry_memo[key]
 
@@ -339,6 +497,10 @@ def _machine(t, accept, byte_symbol, call_cols, rule_start, names, max_depth, op
             if got is not None and not delta[q, b]:
                 enter[q, b] = got[0]
                 enter_push[q, b] = pushes.setdefault(got[1], len(pushes))
+    if ambiguous:
+        raise AmbiguousCallError(
+            f"{next(iter(ambiguous.values()))} (the grammar is ambiguous there for a deterministic pushdown "
+            "automaton; factor the common prefix out of the alternatives)", tuple(ambiguous))
     delta = np.concatenate([delta, np.zeros((1, k), delta.dtype)]).astype(np.int32)
     accept = np.concatenate([accept, [True]])
     closed = np.concatenate([closed, [True]])
