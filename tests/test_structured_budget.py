@@ -170,9 +170,27 @@ def test_ref_call_fallbacks_need_a_ref(fresh_cache, monkeypatch):
     monkeypatch.setattr(am, "MAX_DFA_STATES", 60)
     with pytest.raises(am.BudgetError):
         st.compile_json_schema(schema, bpe_vocab(), whitespace="compact")
-    # the default, the key register (a schema with properties), then schema order: no ref_calls
-    assert [(o.get("ref_calls", False), o.get("key_register", "auto")) for o in seen] == [(False, "auto"), (False, True), (False, "auto")]
-    assert seen[2]["property_order"] == "schema"
+    # the default, the key register (a schema with properties), then schema order: no ref_calls; then
+    # the last resort (the default with a larger subset construction)
+    assert [(o.get("ref_calls", False), o.get("key_register", "auto")) for o in seen] == [(False, "auto"), (False, True), (False, "auto"), (False, "auto")]
+    assert seen[2]["property_order"] == "schema" and "property_order" not in seen[3]
+
+
+def test_last_resort_compiles_the_schema_itself_with_a_larger_subset_construction(fresh_cache, monkeypatch):
+    # (a|b)*a(a|b){6}: 128 DFA states, minimal too; no fallback applies to a string pattern
+    schema = {"type": "string", "pattern": "^(a|b)*a(a|b){6}$"}
+    v = bpe_vocab()
+    whole = st.compile_json_schema(schema, v)
+    grammar_cache.clear()
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 100)  # 2.5 x 100 holds it: the same grammar
+    assert st.same_grammar(st.compile_json_schema(schema, v), whole)
+    assert am.budgets(None, None)[1] == 100  # (scaled only within the last resort)
+    grammar_cache.clear()
+    with pytest.raises(am.BudgetError, match="more than 100 DFA states"):  # explicit options: as asked
+        st.compile_json_schema(schema, v, property_order="schema")
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 40)  # 100 in the last resort: the first error
+    with pytest.raises(am.BudgetError, match="more than 40 DFA states"):
+        st.compile_json_schema(schema, v)
 
 
 def test_ambiguous_union_is_retried_with_inline_generic(fresh_cache):

@@ -14,6 +14,8 @@ properties" linear), determinises it over byte equivalence classes and minimises
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import operator
 from dataclasses import dataclass, field
@@ -438,10 +440,24 @@ class _NFA:
         raise TypeError(f"not an expression node: {node!r}")
 
 
+_DFA_SCALE = contextvars.ContextVar("dfa_budget_scale", default=1.0)
+
+
+@contextlib.contextmanager
+def dfa_budget_scaled(factor: float):
+    """Within the block (this thread or task), the default ``MAX_DFA_STATES`` budget times ``factor``."""
+    token = _DFA_SCALE.set(factor)
+    try:
+        yield
+    finally:
+        _DFA_SCALE.reset(token)
+
+
 def budgets(max_nfa_states: int | None, max_dfa_states: int | None) -> tuple[int, int]:
-    """The state budgets, ``None`` meaning the module's current ``MAX_NFA_STATES`` / ``MAX_DFA_STATES``."""
+    """The state budgets, ``None`` meaning the module's current ``MAX_NFA_STATES`` / ``MAX_DFA_STATES``
+    (the latter scaled within :func:`dfa_budget_scaled`)."""
     return (MAX_NFA_STATES if max_nfa_states is None else max_nfa_states,
-            MAX_DFA_STATES if max_dfa_states is None else max_dfa_states)  # fmt: skip
+            int(MAX_DFA_STATES * _DFA_SCALE.get()) if max_dfa_states is None else max_dfa_states)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------- DFA

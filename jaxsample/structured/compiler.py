@@ -84,6 +84,12 @@ BUDGET_FALLBACKS = ({"ref_calls": True}, {"discriminator_first": True}, {"discri
                     {"property_order": "schema"}, {"property_order": "schema", "ref_calls": True})  # fmt: skip
 
 
+#: A schema that no fallback fits within the budgets is compiled once more with its own options and
+#: ``MAX_DFA_STATES`` times this (the subset construction of open objects in unions makes several
+#: times the states it minimises to: sample schemas of 7k-15k final states pass 60k on the way).
+LAST_RESORT_DFA_SCALE = 2.5
+
+
 #: ``inline_generic`` of the retries, in turn, when a union's generic value and typed container meet on
 #: one byte (a deeper level where they meet needs more inline levels).
 INLINE_GENERIC = (3, 6)
@@ -114,12 +120,17 @@ def _has_keyword(schema, keyword: str) -> bool:
     return False
 
 
+def _explicit(options: dict) -> bool:
+    """Whether the options ask for a form the fallbacks would choose (then compiled as asked)."""
+    return any(options.get(k) for k in ("ref_calls", "discriminator_first", "value_calls")) or \
+        options.get("property_order", "any") != "any"  # fmt: skip
+
+
 def _fallbacks(schema, options: dict) -> list[dict]:
     """The :data:`BUDGET_FALLBACKS` that can change the result (``ref_calls`` only with a ``$ref``,
     ``discriminator_first`` only with a union; none for explicit ``ref_calls``, ``discriminator_first``,
     ``value_calls`` or schema order)."""
-    explicit = any(options.get(k) for k in ("ref_calls", "discriminator_first", "value_calls"))
-    if explicit or options.get("property_order", "any") != "any":
+    if _explicit(options):
         return []
     refs, unions = _has_keyword(schema, "$ref"), _has_keyword(schema, "anyOf") or _has_keyword(schema, "oneOf")
     register = options.get("key_register", json_schema.KEY_REGISTER) == "auto" and _has_keyword(schema, "properties")
@@ -137,7 +148,9 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     register (``key_register=True``, when the option is ``"auto"``, the default, and the schema has
     ``properties``: the same language in fewer states) (references as stack calls, then
     discriminators first, without and with calls, then every object in schema order, without and
-    with calls): the first that fits is returned, else the budget error. A schema whose
+    with calls): the first that fits is returned; where none does, the schema's own options once more
+    with :data:`LAST_RESORT_DFA_SCALE` times the DFA budget (not for explicit ``ref_calls``,
+    ``discriminator_first``, ``value_calls`` or schema order), else the first budget error. A schema whose
     pushdown automaton cannot choose between a generic value and a typed container of another
     union branch (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`) is first compiled
     again with each ``inline_generic`` of :data:`INLINE_GENERIC` in turn (the same language), then
@@ -164,27 +177,40 @@ def first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> Any
 def _first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> Any:
     """``attempt(options)``, retried as :func:`compile_json_schema` retries: on an
     :class:`~jaxsample.structured.pushdown.AmbiguousCallError` with each of :func:`_ambiguity_retries`,
-    then on a :class:`~jaxsample.structured.automaton.BudgetError` with each of :func:`_fallbacks`;
-    the first result, else the first error. ``attempt`` builds from the options (a token grammar, or
+    then on a :class:`~jaxsample.structured.automaton.BudgetError` with each of :func:`_fallbacks`,
+    then (options not explicit) the first again with :data:`LAST_RESORT_DFA_SCALE` times the DFA
+    budget; the first result, else the first error. ``attempt`` builds from the options (a token grammar, or
     anything else built the same way, e.g. the byte automaton with it)."""
     with _deep_recursion():
         try:
-            try:
-                return attempt(options)
-            except pushdown.AmbiguousCallError as ambiguous:
-                for retry in _ambiguity_retries(options):
-                    try:
-                        return attempt(retry)
-                    except pushdown.AmbiguousCallError as err:
-                        ambiguous = err
-                raise ambiguous
+            return _unambiguous(options, attempt)
         except automaton.BudgetError as err:
             for fallback in _fallbacks(schema, options):
                 try:
                     return attempt(fallback)
                 except automaton.GrammarError:
                     continue
-            raise err
+            if _explicit(options):
+                raise err
+            try:  # the last resort: the schema's own options, a larger subset construction
+                with automaton.dfa_budget_scaled(LAST_RESORT_DFA_SCALE):
+                    return _unambiguous(options, attempt)
+            except automaton.GrammarError:
+                raise err from None
+
+
+def _unambiguous(options: dict, attempt: Callable[[dict], Any]) -> Any:
+    """``attempt(options)``, on an :class:`~jaxsample.structured.pushdown.AmbiguousCallError` each of
+    :func:`_ambiguity_retries` in turn; the first result, else the last ambiguity error."""
+    try:
+        return attempt(options)
+    except pushdown.AmbiguousCallError as ambiguous:
+        for retry in _ambiguity_retries(options):
+            try:
+                return attempt(retry)
+            except pushdown.AmbiguousCallError as err:
+                ambiguous = err
+        raise ambiguous
 
 
 def compile_json(vocab: Vocabulary, *, max_depth: int = pushdown.DEFAULT_MAX_DEPTH, whitespace: str = "bounded") -> TokenGrammar:
