@@ -165,8 +165,8 @@ def test_budget_fallbacks_in_order(fresh_cache, monkeypatch):
 def test_ref_call_fallbacks_need_a_ref(fresh_cache, monkeypatch):
     schema = {"type": "object", "properties": {k: {"type": "string", "maxLength": 8} for k in "abcde"}}
     seen = []
-    real = compiler.json_schema.schema_expr
-    monkeypatch.setattr(compiler.json_schema, "schema_expr", lambda s, **o: seen.append(o) or real(s, **o))
+    real = compiler.json_schema.schema_expr_and_options
+    monkeypatch.setattr(compiler.json_schema, "schema_expr_and_options", lambda s, **o: seen.append(o) or real(s, **o))
     monkeypatch.setattr(am, "MAX_DFA_STATES", 60)
     with pytest.raises(am.BudgetError):
         st.compile_json_schema(schema, bpe_vocab(), whitespace="compact")
@@ -174,6 +174,29 @@ def test_ref_call_fallbacks_need_a_ref(fresh_cache, monkeypatch):
     # the last resort (the default with a larger subset construction)
     assert [(o.get("ref_calls", False), o.get("key_register", "auto")) for o in seen] == [(False, "auto"), (False, True), (False, "auto"), (False, "auto")]
     assert seen[2]["property_order"] == "schema" and "property_order" not in seen[3]
+
+
+def test_options_that_come_to_a_failed_attempt_are_not_compiled_again(fresh_cache, monkeypatch):
+    schema = {"type": "object", "properties": {k: {"type": "string", "maxLength": 8} for k in "abcde"}}
+    seen, compiled = [], []
+    real, real_compile = compiler.json_schema.schema_expr_and_options, compiler.compile_expression
+    monkeypatch.setattr(compiler.json_schema, "schema_expr_and_options", lambda s, **o: seen.append(o) or real(s, **o))
+    monkeypatch.setattr(compiler, "compile_expression", lambda e, v: compiled.append(e) or real_compile(e, v))
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 60)
+    with pytest.raises(am.BudgetError):  # "auto" chooses the register (an object past max_order_states)
+        st.compile_json_schema(schema, bpe_vocab(), whitespace="compact", max_order_states=10)
+    # the default (the register), not the register fallback again, schema order, the last resort
+    assert [(o.get("key_register", "auto"), o.get("property_order", "any")) for o in seen] == [("auto", "any"), ("auto", "schema"), ("auto", "any")]
+    assert len(compiled) == 3
+    seen.clear()
+    monkeypatch.setattr(am, "MAX_NFA_STATES", 30)  # an NFA budget error first: no last resort
+    with pytest.raises(am.NFABudgetError):
+        st.compile_json_schema(schema, bpe_vocab(), whitespace="compact", max_order_states=10)
+    assert [o.get("property_order", "any") for o in seen] == ["any", "schema"]
+    seen.clear()
+    with pytest.raises(am.NFABudgetError):  # "auto" without the register: the register is another attempt
+        st.compile_json_schema(schema, bpe_vocab(), whitespace="compact")
+    assert [(o.get("key_register", "auto"), o.get("property_order", "any")) for o in seen] == [("auto", "any"), (True, "any"), ("auto", "schema")]
 
 
 def test_last_resort_compiles_the_schema_itself_with_a_larger_subset_construction(fresh_cache, monkeypatch):
@@ -242,8 +265,8 @@ def test_discriminator_fallback_needs_a_union(fresh_cache, monkeypatch):
     got = st.compile_json_schema(union, v, whitespace="compact")
     assert st.same_grammar(got, explicit)
     seen = []
-    real = compiler.json_schema.schema_expr
-    monkeypatch.setattr(compiler.json_schema, "schema_expr", lambda s, **o: seen.append(o) or real(s, **o))
+    real = compiler.json_schema.schema_expr_and_options
+    monkeypatch.setattr(compiler.json_schema, "schema_expr_and_options", lambda s, **o: seen.append(o) or real(s, **o))
     monkeypatch.setattr(am, "MAX_DFA_STATES", 10)
     with pytest.raises(am.BudgetError):  # no union: no discriminator retry
         st.compile_json_schema(branch("a"), v, whitespace="compact")

@@ -45,6 +45,11 @@ class BudgetError(GrammarError):
     """A state budget (``MAX_NFA_STATES``, ``MAX_DFA_STATES``) was exceeded."""
 
 
+class NFABudgetError(BudgetError):
+    """``MAX_NFA_STATES`` was exceeded: the expression itself is too large (a larger DFA budget
+    would not help)."""
+
+
 # --------------------------------------------------------------------------------------- expressions
 # Nodes compare structurally. Front ends share subtrees (an object's rest after each property is one
 # node under many parents), so a tree can be far larger than its nodes: each node's hash is
@@ -369,7 +374,7 @@ class _NFA:
 
     def new(self) -> int:
         if len(self.eps) >= self.max_states:
-            raise BudgetError(
+            raise NFABudgetError(
                 f"constraint too large: more than {self.max_states} NFA states (lower repetition bounds, "
                 "max_whitespace or the recursion depth)"
             )

@@ -150,7 +150,9 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     discriminators first, without and with calls, then every object in schema order, without and
     with calls): the first that fits is returned; where none does, the schema's own options once more
     with :data:`LAST_RESORT_DFA_SCALE` times the DFA budget (not for explicit ``ref_calls``,
-    ``discriminator_first``, ``value_calls`` or schema order), else the first budget error. A schema whose
+    ``discriminator_first``, ``value_calls`` or schema order, nor when the first error was the NFA
+    budget's), else the first budget error; options that come to an attempt made before (``"auto"``
+    may have chosen the register already) are not compiled twice. A schema whose
     pushdown automaton cannot choose between a generic value and a typed container of another
     union branch (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`) is first compiled
     again with each ``inline_generic`` of :data:`INLINE_GENERIC` in turn (the same language), then
@@ -159,7 +161,35 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)
     with _collector_paused():
-        return first_fit(schema, options, lambda o: compile_expression(json_schema.schema_expr(schema, **o), vocab))
+        return first_fit(schema, options, _SchemaAttempts(schema, vocab))
+
+
+class _SchemaAttempts:
+    """:func:`compile_json_schema`'s attempt, ``options -> TokenGrammar``, remembering failures: options
+    that, filled in and with ``key_register="auto"`` resolved, equal those of an attempt that failed
+    under the same state budgets fail again at once with its error (the register fallback asks for
+    what ``"auto"`` may have chosen already; the chain without the register meets attempts it made)."""
+
+    def __init__(self, schema, vocab: Vocabulary):
+        self.schema, self.vocab = schema, vocab
+        self.failed: dict = {}
+
+    def __call__(self, options: dict) -> TokenGrammar:
+        budgets = automaton.budgets(None, None)
+        keys = [(_frozen(json_schema.schema_options(**options)), budgets)]
+        if keys[0] in self.failed:
+            raise self.failed[keys[0]]
+        try:
+            expr, used = json_schema.schema_expr_and_options(self.schema, **options)
+            keys.append((_frozen(used), budgets))
+            return compile_expression(expr, self.vocab)
+        except automaton.GrammarError as err:
+            self.failed.update(dict.fromkeys(keys, err))
+            raise
+
+
+def _frozen(options: dict) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in options.items()))
 
 
 def first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> Any:
@@ -178,8 +208,8 @@ def _first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> An
     """``attempt(options)``, retried as :func:`compile_json_schema` retries: on an
     :class:`~jaxsample.structured.pushdown.AmbiguousCallError` with each of :func:`_ambiguity_retries`,
     then on a :class:`~jaxsample.structured.automaton.BudgetError` with each of :func:`_fallbacks`,
-    then (options not explicit) the first again with :data:`LAST_RESORT_DFA_SCALE` times the DFA
-    budget; the first result, else the first error. ``attempt`` builds from the options (a token grammar, or
+    then (options not explicit, the first error not the NFA budget's) the first again with
+    :data:`LAST_RESORT_DFA_SCALE` times the DFA budget; the first result, else the first error. ``attempt`` builds from the options (a token grammar, or
     anything else built the same way, e.g. the byte automaton with it)."""
     with _deep_recursion():
         try:
@@ -190,7 +220,7 @@ def _first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> An
                     return attempt(fallback)
                 except automaton.GrammarError:
                     continue
-            if _explicit(options):
+            if _explicit(options) or isinstance(err, automaton.NFABudgetError):  # (the NFA would be the same)
                 raise err
             try:  # the last resort: the schema's own options, a larger subset construction
                 with automaton.dfa_budget_scaled(LAST_RESORT_DFA_SCALE):

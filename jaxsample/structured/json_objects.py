@@ -296,7 +296,7 @@ class ObjectBuilder:
         taken = names_dfa(others)
         parts = []
         for key, (_, sub, value) in zip(self.extra_keys, self.extra_parts):
-            plain = dfa_ops.Automaton.of(dfa_ops.difference(key, taken))
+            plain = c.unmarked_key(key, taken)
             parts.append(seq(lit('"'), plain, lit('"'), c.colon, value))
             for name in others:
                 if key.matches(name.encode()):

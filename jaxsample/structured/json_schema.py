@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import json
 import math
 from typing import Any
@@ -176,6 +177,7 @@ class _Compiler:
         self._inline: dict[int, Any] = {}
         self._sizes: dict[int, tuple[Any, int]] = {}
         self._entered: dict[tuple, Any] = {}  # (rule, context) -> its expression: a reference used twice is shared
+        self._unmarked: dict[tuple, tuple] = {}  # (id(key), id(names)) -> (key, names, their difference)
         self._anchors = None
         self.string = seq(lit('"'), STRING_BODY, lit('"'))
         self.first = None  # (property, level): objects at that nesting write it first (see discriminator)
@@ -188,6 +190,14 @@ class _Compiler:
     def keys_recorded(self) -> bool:
         """Whether objects here may use the key register (option ``key_register``, outside called rules)."""
         return self.opts["key_register"] is True and not self.in_rule
+
+    def unmarked_key(self, key: ByteDFA, names: ByteDFA) -> dfa_ops.Automaton:
+        """The keys ``key`` accepts that ``names`` does not, as an expression node (computed once per
+        pair: an object entered in many places asks again with the same automata)."""
+        hit = self._unmarked.get((id(key), id(names)))
+        if hit is None or hit[0] is not key or hit[1] is not names:
+            hit = self._unmarked[id(key), id(names)] = (key, names, dfa_ops.Automaton.of(dfa_ops.difference(key, names)))
+        return hit[2]
 
     def key_bit(self, name: str, path: str) -> int:
         """The key-register bit of property ``name`` at the current nesting: objects at one nesting
@@ -1030,12 +1040,40 @@ def schema_expr(
                 open_objects=open_objects, untyped=untyped, unknown_formats=unknown_formats, max_depth=max_depth,
                 ref_calls=ref_calls, inline_generic=inline_generic, discriminator_first=discriminator_first,
                 value_calls=value_calls, key_register=KEY_REGISTER if key_register is None else key_register)  # fmt: skip
+    return _resolved(schema, opts)[0]
+
+
+def schema_options(**options) -> dict:
+    """Every option of :func:`schema_expr`, its defaults filled in (``key_register`` as given, or
+    :data:`KEY_REGISTER`)."""
+    unknown = options.keys() - _DEFAULTS.keys()
+    if unknown:
+        raise TypeError(f"schema_expr() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    out = {**_DEFAULTS, **options}
+    if out["key_register"] is None:
+        out["key_register"] = KEY_REGISTER
+    return out
+
+
+def schema_expr_and_options(schema: Any, **options) -> tuple:
+    """:func:`schema_expr`'s result and every option it was built with, ``key_register="auto"``
+    resolved (``True`` where an object wanted the register, else ``False``: the same expression)."""
+    if isinstance(schema, (str, bytes)):
+        schema = json.loads(schema)
+    return _resolved(schema, schema_options(**options))
+
+
+def _resolved(schema, opts: dict) -> tuple:
+    """``(expression or grammar, options)`` with ``key_register="auto"`` resolved."""
     if opts["key_register"] == "auto":
         try:
-            return _compiled(schema, opts)
+            return _compiled(schema, opts), {**opts, "key_register": False}
         except RegisterWanted:
-            opts["key_register"] = True
-    return _compiled(schema, opts)
+            opts = {**opts, "key_register": True}
+    return _compiled(schema, opts), opts
+
+
+_DEFAULTS = {name: p.default for name, p in inspect.signature(schema_expr).parameters.items() if p.kind is p.KEYWORD_ONLY}
 
 
 def _compiled(schema, opts: dict):
