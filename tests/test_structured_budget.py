@@ -171,9 +171,9 @@ def test_ref_call_fallbacks_need_a_ref(fresh_cache, monkeypatch):
     with pytest.raises(am.BudgetError):
         st.compile_json_schema(schema, bpe_vocab(), whitespace="compact")
     # the default, the key register (a schema with properties), then schema order: no ref_calls; then
-    # the last resort (the default with a larger subset construction)
-    assert [(o.get("ref_calls", False), o.get("key_register", "auto")) for o in seen] == [(False, "auto"), (False, True), (False, "auto"), (False, "auto")]
-    assert seen[2]["property_order"] == "schema" and "property_order" not in seen[3]
+    # the last resort (the three again with a larger subset construction)
+    assert [(o.get("ref_calls", False), o.get("key_register", "auto")) for o in seen] == [(False, "auto"), (False, True), (False, "auto")] * 2
+    assert [o.get("property_order", "any") for o in seen] == ["any", "any", "schema"] * 2
 
 
 def test_options_that_come_to_a_failed_attempt_are_not_compiled_again(fresh_cache, monkeypatch):
@@ -185,9 +185,9 @@ def test_options_that_come_to_a_failed_attempt_are_not_compiled_again(fresh_cach
     monkeypatch.setattr(am, "MAX_DFA_STATES", 60)
     with pytest.raises(am.BudgetError):  # "auto" chooses the register (an object past max_order_states)
         st.compile_json_schema(schema, bpe_vocab(), whitespace="compact", max_order_states=10)
-    # the default (the register), not the register fallback again, schema order, the last resort
-    assert [(o.get("key_register", "auto"), o.get("property_order", "any")) for o in seen] == [("auto", "any"), ("auto", "schema"), ("auto", "any")]
-    assert len(compiled) == 3
+    # the default (the register), not the register fallback again, schema order; the same in the last resort
+    assert [(o.get("key_register", "auto"), o.get("property_order", "any")) for o in seen] == [("auto", "any"), ("auto", "schema")] * 2
+    assert len(compiled) == 4
     seen.clear()
     monkeypatch.setattr(am, "MAX_NFA_STATES", 30)  # an NFA budget error first: no last resort
     with pytest.raises(am.NFABudgetError):
@@ -214,6 +214,26 @@ def test_last_resort_compiles_the_schema_itself_with_a_larger_subset_constructio
     monkeypatch.setattr(am, "MAX_DFA_STATES", 40)  # 100 in the last resort: the first error
     with pytest.raises(am.BudgetError, match="more than 40 DFA states"):
         st.compile_json_schema(schema, v)
+
+
+def test_last_resort_tries_the_fallbacks_that_exceeded_the_dfa_budget(fresh_cache, monkeypatch):
+    # subset construction peaks: inline 500, the register 80, ref_calls 130, schema order 215, with calls 90
+    p = {"type": "string", "pattern": "^(a|b)*a(a|b){5}$"}
+    schema = {"$defs": {"p": p}, "type": "object", "properties": {k: {"$ref": "#/$defs/p"} for k in "xyz"},
+              "required": list("xyz")}  # fmt: skip
+    v = bpe_vocab()
+    register = st.compile_json_schema(schema, v, whitespace="compact", key_register=True)
+    grammar_cache.clear()
+    seen = []
+    real = compiler.json_schema.schema_expr_and_options
+    monkeypatch.setattr(compiler.json_schema, "schema_expr_and_options", lambda s, **o: seen.append(o) or real(s, **o))
+    monkeypatch.setattr(am, "MAX_DFA_STATES", 40)  # every form fails; at 100 the register fits, the schema's own not
+    assert st.same_grammar(st.compile_json_schema(schema, v, whitespace="compact"), register)
+    assert [o.get("key_register", "auto") for o in seen] == ["auto", True, "auto", "auto", "auto", "auto", True]
+    text = '{"z":"bbabbbbb","x":"aaaaaa","y":"abbbbb"}'
+    ids = bpe_tokenizer().encode(text).ids
+    m = st.Matcher(register)
+    assert m.accept_tokens(ids) == len(ids) and m.is_accepting()
 
 
 def test_ambiguous_union_is_retried_with_inline_generic(fresh_cache):

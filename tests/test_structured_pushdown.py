@@ -404,6 +404,28 @@ def test_calls_entered_on_one_byte_become_one_call_of_their_union():
     assert [own.matches(s) for s in (b"[{x}]!", b"[{y}]!", b"[{y}]{x}", b"[!]!")] == [True, True, False, False]
 
 
+def test_calls_returning_to_different_places_are_inlined_where_not_recursive():
+    from jaxsample.structured.automaton import Call, alt, lit, seq
+    from jaxsample.structured.pushdown import AmbiguousCallError, Grammar, _called, compile_grammar, inline_all
+
+    # union branches calling a and b on "(" and returning to different places (">" or "]"), as the
+    # objects of a union whose same key has differently referenced values
+    rules = {"root": alt(seq(lit("<"), Call("a"), lit(">")), seq(lit("<"), Call("b"), lit("]")), Call("a")),
+             "a": seq(lit("("), Call("c"), lit(")")), "b": lit("(y)"), "c": alt(lit("x"), seq(lit("["), Call("c"), lit("]")))}  # fmt: skip
+    g = Grammar(rules, "root")
+    strings = [b"<(x)>", b"<(y)]", b"(x)", b"<([[x]])>", b"<(x)]", b"<(y)>", b"(y)", b"<([x)>"]
+    want = [True, True, True, True, False, False, False, False]
+    p = compile_grammar(g)
+    assert [p.matches(s) for s in strings] == want
+    flat = inline_all(g, frozenset({"a", "b"}))  # the rewrite: the same strings, c still called
+    assert "c" in _called(flat.rules["root"]) and not {"a", "b"} & _called(flat.rules["root"])
+    assert [compile_grammar(flat).matches(s) for s in strings] == want
+    with pytest.raises(AmbiguousCallError, match="two ways") as err:  # a and b recursive: refused as before
+        compile_grammar(Grammar({**rules, "a": alt(seq(lit("("), Call("a"), lit(")")), lit("x")),
+                                 "b": alt(seq(lit("("), Call("b"), lit(")")), lit("y"))}, "root"))  # fmt: skip
+    assert [(sorted(r), shifts, one) for r, shifts, one in err.value.conflicts] == [(["a", "b"], False, False)]
+
+
 def test_a_call_entered_on_a_byte_that_also_shifts_is_inlined_and_other_ambiguity_is_refused():
     from jaxsample.structured.automaton import Call, alt, lit, seq
     from jaxsample.structured.pushdown import AmbiguousCallError, Grammar, compile_grammar

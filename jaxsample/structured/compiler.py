@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import sys
@@ -85,8 +86,9 @@ BUDGET_FALLBACKS = ({"ref_calls": True}, {"discriminator_first": True}, {"discri
 
 
 #: A schema that no fallback fits within the budgets is compiled once more with its own options and
-#: ``MAX_DFA_STATES`` times this (the subset construction of open objects in unions makes several
-#: times the states it minimises to: sample schemas of 7k-15k final states pass 60k on the way).
+#: the fallbacks that exceeded the DFA budget, with ``MAX_DFA_STATES`` times this (the subset
+#: construction of open objects in unions makes several times the states it minimises to: sample
+#: schemas of 7k-15k final states pass 60k on the way).
 LAST_RESORT_DFA_SCALE = 2.5
 
 
@@ -148,10 +150,10 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     register (``key_register=True``, when the option is ``"auto"``, the default, and the schema has
     ``properties``: the same language in fewer states) (references as stack calls, then
     discriminators first, without and with calls, then every object in schema order, without and
-    with calls): the first that fits is returned; where none does, the schema's own options once more
-    with :data:`LAST_RESORT_DFA_SCALE` times the DFA budget (not for explicit ``ref_calls``,
-    ``discriminator_first``, ``value_calls`` or schema order, nor when the first error was the NFA
-    budget's), else the first budget error; options that come to an attempt made before (``"auto"``
+    with calls): the first that fits is returned; where none does, the schema's own options and the
+    fallbacks that exceeded the DFA budget (not the NFA budget) once more, in that order, with
+    :data:`LAST_RESORT_DFA_SCALE` times the DFA budget (not for explicit ``ref_calls``,
+    ``discriminator_first``, ``value_calls`` or schema order), else the first budget error; options that come to an attempt made before (``"auto"``
     may have chosen the register already) are not compiled twice. A schema whose
     pushdown automaton cannot choose between a generic value and a typed container of another
     union branch (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`) is first compiled
@@ -208,25 +210,33 @@ def _first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> An
     """``attempt(options)``, retried as :func:`compile_json_schema` retries: on an
     :class:`~jaxsample.structured.pushdown.AmbiguousCallError` with each of :func:`_ambiguity_retries`,
     then on a :class:`~jaxsample.structured.automaton.BudgetError` with each of :func:`_fallbacks`,
-    then (options not explicit, the first error not the NFA budget's) the first again with
-    :data:`LAST_RESORT_DFA_SCALE` times the DFA budget; the first result, else the first error. ``attempt`` builds from the options (a token grammar, or
-    anything else built the same way, e.g. the byte automaton with it)."""
+    then (options not explicit) those of them that failed on the DFA budget (not the NFA budget's:
+    the NFA would be the same) again, in the same order, with :data:`LAST_RESORT_DFA_SCALE` times the
+    DFA budget; the first result, else the first error. ``attempt`` builds from the options (a token
+    grammar, or anything else built the same way, e.g. the byte automaton with it)."""
     with _deep_recursion():
         try:
             return _unambiguous(options, attempt)
         except automaton.BudgetError as err:
+            larger = [] if isinstance(err, automaton.NFABudgetError) else [lambda: _unambiguous(options, attempt)]
             for fallback in _fallbacks(schema, options):
                 try:
                     return attempt(fallback)
+                except automaton.NFABudgetError:
+                    continue
+                except automaton.BudgetError:
+                    larger.append(functools.partial(attempt, fallback))
                 except automaton.GrammarError:
                     continue
-            if _explicit(options) or isinstance(err, automaton.NFABudgetError):  # (the NFA would be the same)
+            if _explicit(options):
                 raise err
-            try:  # the last resort: the schema's own options, a larger subset construction
-                with automaton.dfa_budget_scaled(LAST_RESORT_DFA_SCALE):
-                    return _unambiguous(options, attempt)
-            except automaton.GrammarError:
-                raise err from None
+            with automaton.dfa_budget_scaled(LAST_RESORT_DFA_SCALE):  # the last resort
+                for retry in larger:
+                    try:
+                        return retry()
+                    except automaton.GrammarError:
+                        continue
+            raise err from None
 
 
 def _unambiguous(options: dict, attempt: Callable[[dict], Any]) -> Any:

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxsample.structured.automaton import ByteDFA, BudgetError, EmptyLanguageError, GrammarError, MAX_DFA_STATES
+from jaxsample.structured.automaton import ByteDFA, BudgetError, EmptyLanguageError, GrammarError, budgets
 from jaxsample.structured.minimise import minimise, trim
 
 EMPTY_DFA = ByteDFA(np.zeros((2, 1), np.int32), np.zeros(256, np.int32), np.zeros(2, bool), 1)
 
 
-def _product(a: ByteDFA, b: ByteDFA, accept_both, b_total: bool, max_states: int) -> ByteDFA:
-    """Reachable product of ``a`` and ``b``; ``b_total``: ``b``'s dead state 0 is a live sink (complement)."""
+def _product(a: ByteDFA, b: ByteDFA, accept_both, b_total: bool, max_states: int | None) -> ByteDFA:
+    """Reachable product of ``a`` and ``b``; ``b_total``: ``b``'s dead state 0 is a live sink (complement);
+    ``max_states`` ``None``: the current DFA budget (:func:`~jaxsample.structured.automaton.budgets`)."""
+    max_states = budgets(None, max_states)[1]
     _, joint = np.unique(a.byte_class.astype(np.int64) * (int(b.byte_class.max()) + 1) + b.byte_class,
                          return_inverse=True)  # fmt: skip
     joint = joint.reshape(256).astype(np.int32)
@@ -67,12 +69,12 @@ def _product(a: ByteDFA, b: ByteDFA, accept_both, b_total: bool, max_states: int
     return ByteDFA(delta, joint, accept, start)
 
 
-def intersect(a: ByteDFA, b: ByteDFA, *, max_states: int = MAX_DFA_STATES) -> ByteDFA:
+def intersect(a: ByteDFA, b: ByteDFA, *, max_states: int | None = None) -> ByteDFA:
     """Minimal DFA of the byte strings both accept (possibly empty: check :func:`is_empty`)."""
     return _product(a, b, np.logical_and, False, max_states)
 
 
-def difference(a: ByteDFA, b: ByteDFA, *, max_states: int = MAX_DFA_STATES) -> ByteDFA:
+def difference(a: ByteDFA, b: ByteDFA, *, max_states: int | None = None) -> ByteDFA:
     """Minimal DFA of the byte strings ``a`` accepts and ``b`` does not."""
     return _product(a, b, lambda x, y: x & ~y, True, max_states)
 

@@ -266,10 +266,12 @@ def compile_grammar(
 
     Where one byte enters several rules that all return to the same state (``a | b`` with both
     starting ``{``), the alternatives are one call of a rule matching either (:func:`merge_calls`);
-    where it also shifts, non-recursive rules entered there are inlined (:func:`inline_calls`): the
-    same language. Every conflict found is rewritten, then compiled again (at most
-    :data:`MAX_CALL_REWRITES` rounds); a conflict no rewrite removes, or a rewritten grammar that
-    fails, raises the first :class:`AmbiguousCallError`.
+    where it also shifts, non-recursive rules entered there are inlined (:func:`inline_calls`); where
+    the rules entered return to different places (union branches calling different rules at the same
+    point), non-recursive ones are inlined everywhere (:func:`inline_all`): the same language. Every
+    conflict found is rewritten, then compiled again (at most :data:`MAX_CALL_REWRITES` rounds); a
+    conflict no rewrite removes (a recursive rule), or a rewritten grammar that fails, raises the
+    first :class:`AmbiguousCallError`.
 
     Raises:
       GrammarError: undefined rules, left recursion, a choice the automaton cannot make
@@ -284,11 +286,13 @@ def compile_grammar(
         except AmbiguousCallError as err:
             first = first or err
             recursive = _recursive(g.rules)
-            if any(rules & recursive if shifts else not one_return for rules, shifts, one_return in err.conflicts):
+            if any(rules & recursive for rules, shifts, one_return in err.conflicts if shifts or not one_return):
                 raise first from None  # a conflict no rewrite removes: refused at once
-            inline = frozenset().union(*(rules for rules, shifts, _ in err.conflicts if shifts))
-            merge = [rules for rules, shifts, _ in err.conflicts if not shifts]
-            rewritten = merge_calls(inline_calls(g, inline) or g, merge, parts)
+            everywhere = frozenset().union(*(rules for rules, shifts, one in err.conflicts if not (shifts or one)))
+            inline = frozenset().union(*(rules for rules, shifts, _ in err.conflicts if shifts)) - everywhere
+            merge = [rules for rules, shifts, one in err.conflicts if not shifts and one and not rules & everywhere]
+            inlined = inline_all(g, everywhere) or g
+            rewritten = merge_calls(inline_calls(inlined, inline) or inlined, merge, parts)
             if rewritten is g or rewrites == MAX_CALL_REWRITES:
                 raise first from None
             g = rewritten
@@ -332,16 +336,18 @@ def _recursive(rules: dict) -> frozenset:
     return frozenset(out)
 
 
-def _map_alts(join):
+def _map_alts(join, call=None):
     """A rewrite of expressions applying ``join`` to the (rewritten) alternatives of every :class:`Alt`
-    (memoised by node: expressions are DAGs)."""
+    and ``call(node, walk)`` (if given) to every :class:`Call` (memoised by node: expressions are DAGs)."""
     memo: dict[int, tuple] = {}
 
     def walk(x):
         hit = memo.get(id(x))
         if hit is not None:
             return hit[1]
-        if isinstance(x, Alt):
+        if isinstance(x, Call) and call is not None:
+            y = call(x, walk)
+        elif isinstance(x, Alt):
             y = alt(*join([walk(i) for i in x.items]))
         elif isinstance(x, Seq):
             y = seq(*(walk(i) for i in x.items))
@@ -410,6 +416,25 @@ def inline_calls(g: Grammar, rules: frozenset) -> Grammar | None:
         return [g.rules[i.rule] if m else i for i, m in zip(items, mine)]
 
     walk = _map_alts(join)
+    new = {name: walk(body) for name, body in g.rules.items()}
+    return g._replace(rules=new) if changed else None
+
+
+def inline_all(g: Grammar, rules: frozenset) -> Grammar | None:
+    """``g`` with every call of the (non-recursive) ``rules`` replaced by the rule's body (``None``: no
+    such call): rules entered on one byte from callers that return to different places become states
+    of their callers, which the automaton follows in parallel. The same strings; fewer frames."""
+    if not rules:
+        return None
+    changed = []
+
+    def call(x: Call, walk):
+        if x.rule not in rules:
+            return x
+        changed.append(True)
+        return walk(g.rules[x.rule])
+
+    walk = _map_alts(lambda items: items, call)
     new = {name: walk(body) for name, body in g.rules.items()}
     return g._replace(rules=new) if changed else None
 
