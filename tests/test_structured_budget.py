@@ -234,6 +234,13 @@ def test_last_resort_tries_the_fallbacks_that_exceeded_the_dfa_budget(fresh_cach
     ids = bpe_tokenizer().encode(text).ids
     m = st.Matcher(register)
     assert m.accept_tokens(ids) == len(ids) and m.is_accepting()
+    seen.clear()
+    grammar_cache.clear()
+    monkeypatch.setattr(am, "MAX_NFA_STATES", 30)  # the NFA too large: references as calls first, no last resort
+    with pytest.raises(am.NFABudgetError):
+        st.compile_json_schema(schema, v, whitespace="compact")
+    assert [(o.get("key_register", "auto"), o.get("ref_calls", False), o.get("property_order", "any")) for o in seen] == [
+        ("auto", False, "any"), (True, False, "any"), ("auto", True, "any"), ("auto", True, "schema"), ("auto", False, "schema")]
 
 
 def test_ambiguous_union_is_retried_with_inline_generic(fresh_cache):

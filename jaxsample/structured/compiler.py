@@ -128,15 +128,18 @@ def _explicit(options: dict) -> bool:
         options.get("property_order", "any") != "any"  # fmt: skip
 
 
-def _fallbacks(schema, options: dict) -> list[dict]:
+def _fallbacks(schema, options: dict, nfa: bool = False) -> list[dict]:
     """The :data:`BUDGET_FALLBACKS` that can change the result (``ref_calls`` only with a ``$ref``,
     ``discriminator_first`` only with a union; none for explicit ``ref_calls``, ``discriminator_first``,
-    ``value_calls`` or schema order)."""
+    ``value_calls`` or schema order), after the key register where ``"auto"``; with ``nfa`` (the
+    schema's own expression exceeded the NFA budget: its inlined references, mostly) those with
+    ``ref_calls`` before the other ones, which inline them too."""
     if _explicit(options):
         return []
     refs, unions = _has_keyword(schema, "$ref"), _has_keyword(schema, "anyOf") or _has_keyword(schema, "oneOf")
     register = options.get("key_register", json_schema.KEY_REGISTER) == "auto" and _has_keyword(schema, "properties")
-    return [{**options, **f} for f in [{"key_register": True}] * register + list(BUDGET_FALLBACKS)
+    chain = sorted(BUDGET_FALLBACKS, key=lambda f: not f.get("ref_calls")) if nfa else BUDGET_FALLBACKS
+    return [{**options, **f} for f in [{"key_register": True}] * register + list(chain)
             if (refs or not f.get("ref_calls")) and (unions or not f.get("discriminator_first"))]
 
 
@@ -150,7 +153,8 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     register (``key_register=True``, when the option is ``"auto"``, the default, and the schema has
     ``properties``: the same language in fewer states) (references as stack calls, then
     discriminators first, without and with calls, then every object in schema order, without and
-    with calls): the first that fits is returned; where none does, the schema's own options and the
+    with calls; those with calls first where the schema's own expression exceeded the NFA budget,
+    its inlined references being what is large): the first that fits is returned; where none does, the schema's own options and the
     fallbacks that exceeded the DFA budget (not the NFA budget) once more, in that order, with
     :data:`LAST_RESORT_DFA_SCALE` times the DFA budget (not for explicit ``ref_calls``,
     ``discriminator_first``, ``value_calls`` or schema order), else the first budget error; options that come to an attempt made before (``"auto"``
@@ -219,7 +223,7 @@ def _first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> An
             return _unambiguous(options, attempt)
         except automaton.BudgetError as err:
             larger = [] if isinstance(err, automaton.NFABudgetError) else [lambda: _unambiguous(options, attempt)]
-            for fallback in _fallbacks(schema, options):
+            for fallback in _fallbacks(schema, options, nfa=isinstance(err, automaton.NFABudgetError)):
                 try:
                     return attempt(fallback)
                 except automaton.NFABudgetError:
