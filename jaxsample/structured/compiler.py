@@ -154,15 +154,16 @@ def compile_json_schema(schema: Any, vocab: Vocabulary, **options) -> TokenGramm
     ``properties``: the same language in fewer states) (references as stack calls, then
     discriminators first, without and with calls, then every object in schema order, without and
     with calls; those with calls first where the schema's own expression exceeded the NFA budget,
-    its inlined references being what is large): the first that fits is returned; where none does, the schema's own options and the
-    fallbacks that exceeded the DFA budget (not the NFA budget) once more, in that order, with
-    :data:`LAST_RESORT_DFA_SCALE` times the DFA budget (not for explicit ``ref_calls``,
-    ``discriminator_first``, ``value_calls`` or schema order), else the first budget error; options that come to an attempt made before (``"auto"``
-    may have chosen the register already) are not compiled twice. A schema whose
-    pushdown automaton cannot choose between a generic value and a typed container of another
-    union branch (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`) is first compiled
-    again with each ``inline_generic`` of :data:`INLINE_GENERIC` in turn (the same language), then
-    without ``value_calls`` (see :func:`_ambiguity_retries`).
+    its inlined references being what is large): the first that fits is returned. Where none does,
+    the schema's own options and the fallbacks that exceeded the DFA budget (not the NFA budget) once
+    more, in that order, with :data:`LAST_RESORT_DFA_SCALE` times the DFA budget (not for explicit
+    ``ref_calls``, ``discriminator_first``, ``value_calls`` or schema order), else the first budget
+    error. Options that come to an attempt made before (``"auto"`` may have chosen the register
+    already) are not compiled twice. A schema whose pushdown automaton cannot choose between a
+    generic value and a typed container of another union branch
+    (:class:`~jaxsample.structured.pushdown.AmbiguousCallError`) is first compiled again with each
+    ``inline_generic`` of :data:`INLINE_GENERIC` in turn (the same language), then without
+    ``value_calls`` (see :func:`_ambiguity_retries`).
     """
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)

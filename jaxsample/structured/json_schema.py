@@ -196,7 +196,8 @@ class _Compiler:
         pair: an object entered in many places asks again with the same automata)."""
         hit = self._unmarked.get((id(key), id(names)))
         if hit is None or hit[0] is not key or hit[1] is not names:
-            hit = self._unmarked[id(key), id(names)] = (key, names, dfa_ops.Automaton.of(dfa_ops.difference(key, names)))
+            plain = dfa_ops.Automaton.of(dfa_ops.difference(key, names))
+            hit = self._unmarked[id(key), id(names)] = (key, names, plain)
         return hit[2]
 
     def key_bit(self, name: str, path: str) -> int:
@@ -1073,7 +1074,8 @@ def _resolved(schema, opts: dict) -> tuple:
     return _compiled(schema, opts), opts
 
 
-_DEFAULTS = {name: p.default for name, p in inspect.signature(schema_expr).parameters.items() if p.kind is p.KEYWORD_ONLY}
+_DEFAULTS = {name: p.default for name, p in inspect.signature(schema_expr).parameters.items()
+             if p.kind is p.KEYWORD_ONLY}  # fmt: skip
 
 
 def _compiled(schema, opts: dict):
