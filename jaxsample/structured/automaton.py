@@ -45,6 +45,14 @@ class BudgetError(GrammarError):
     """A state budget (``MAX_NFA_STATES``, ``MAX_DFA_STATES``) was exceeded."""
 
 
+def detached(err: GrammarError) -> GrammarError:
+    """``err`` without its traceback and context, to be raised again later: a failed attempt's frames
+    (and the automata in them, millions of objects) are then freed at once instead of living on in
+    a reference cycle until a full garbage collection, which the next compile would pay for."""
+    err.__traceback__ = err.__context__ = err.__cause__ = None
+    return err
+
+
 class NFABudgetError(BudgetError):
     """``MAX_NFA_STATES`` was exceeded: the expression itself is too large (a larger DFA budget
     would not help)."""

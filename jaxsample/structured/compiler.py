@@ -191,7 +191,7 @@ class _SchemaAttempts:
             keys.append((_frozen(used), budgets))
             return compile_expression(expr, self.vocab)
         except automaton.GrammarError as err:
-            self.failed.update(dict.fromkeys(keys, err))
+            self.failed.update(dict.fromkeys(keys, automaton.detached(err)))
             raise
 
 
@@ -223,6 +223,7 @@ def _first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> An
         try:
             return _unambiguous(options, attempt)
         except automaton.BudgetError as err:
+            err = automaton.detached(err)
             larger = [] if isinstance(err, automaton.NFABudgetError) else [lambda: _unambiguous(options, attempt)]
             for fallback in _fallbacks(schema, options, nfa=isinstance(err, automaton.NFABudgetError)):
                 try:
@@ -249,12 +250,13 @@ def _unambiguous(options: dict, attempt: Callable[[dict], Any]) -> Any:
     :func:`_ambiguity_retries` in turn; the first result, else the last ambiguity error."""
     try:
         return attempt(options)
-    except pushdown.AmbiguousCallError as ambiguous:
+    except pushdown.AmbiguousCallError as err:
+        ambiguous = automaton.detached(err)
         for retry in _ambiguity_retries(options):
             try:
                 return attempt(retry)
-            except pushdown.AmbiguousCallError as err:
-                ambiguous = err
+            except pushdown.AmbiguousCallError as again:
+                ambiguous = automaton.detached(again)
         raise ambiguous
 
 

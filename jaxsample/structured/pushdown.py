@@ -60,6 +60,7 @@ from jaxsample.structured.automaton import (
     alt,
     budgets,
     compose,
+    detached,
     either,
     repeat,
     seq,
@@ -284,7 +285,7 @@ def compile_grammar(
         try:
             return _compile(g, max_nfa_states, max_dfa_states)
         except AmbiguousCallError as err:
-            first = first or err
+            first = first or detached(err)
             recursive = _recursive(g.rules)
             if any(rules & recursive for rules, shifts, one_return in err.conflicts if shifts or not one_return):
                 raise first from None  # a conflict no rewrite removes: refused at once
