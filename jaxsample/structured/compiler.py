@@ -223,9 +223,9 @@ def _first_fit(schema: Any, options: dict, attempt: Callable[[dict], Any]) -> An
         try:
             return _unambiguous(options, attempt)
         except automaton.BudgetError as err:
-            err = automaton.detached(err)
-            larger = [] if isinstance(err, automaton.NFABudgetError) else [lambda: _unambiguous(options, attempt)]
-            for fallback in _fallbacks(schema, options, nfa=isinstance(err, automaton.NFABudgetError)):
+            err, nfa = automaton.detached(err), isinstance(err, automaton.NFABudgetError)
+            larger = [] if nfa else [lambda: _unambiguous(options, attempt)]
+            for fallback in _fallbacks(schema, options, nfa=nfa):
                 try:
                     return attempt(fallback)
                 except automaton.NFABudgetError:

@@ -1036,11 +1036,12 @@ def schema_expr(
     """
     if isinstance(schema, (str, bytes)):
         schema = json.loads(schema)
-    opts = dict(whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
-                max_whitespace=max_whitespace, property_order=property_order, max_order_states=max_order_states,
-                open_objects=open_objects, untyped=untyped, unknown_formats=unknown_formats, max_depth=max_depth,
-                ref_calls=ref_calls, inline_generic=inline_generic, discriminator_first=discriminator_first,
-                value_calls=value_calls, key_register=KEY_REGISTER if key_register is None else key_register)  # fmt: skip
+    opts = schema_options(whitespace=whitespace, whitespace_pattern=whitespace_pattern, separators=separators,
+                          max_whitespace=max_whitespace, property_order=property_order,
+                          max_order_states=max_order_states, open_objects=open_objects, untyped=untyped,
+                          unknown_formats=unknown_formats, max_depth=max_depth, ref_calls=ref_calls,
+                          inline_generic=inline_generic, discriminator_first=discriminator_first,
+                          value_calls=value_calls, key_register=key_register)  # fmt: skip
     return _resolved(schema, opts)[0]
 
 
